@@ -1,0 +1,305 @@
+//! Capabilities: what the operator lets a plugin do, and the check of every
+//! action against them. Deny by default: an empty grant allows nothing.
+use serde::{Deserialize, Serialize};
+
+use crate::action::Action;
+
+/// A plugin's grants, from its manifest entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Capabilities {
+    /// URL patterns the plugin may call with `http` actions:
+    /// `scheme://host[:port]/path-prefix`, where host may be `*` or
+    /// `*.suffix` and port may be `*` (omitted: the scheme's default port).
+    #[serde(default)]
+    pub http: Vec<UrlPattern>,
+    /// Namespaces (or `*`) whose Services' pods the plugin may call with
+    /// `refreshService` actions.
+    #[serde(default)]
+    pub refresh: Vec<NamePattern>,
+    /// `connection/destination` pairs the plugin may publish to; either part
+    /// may be `*`.
+    #[serde(default)]
+    pub bus: Vec<BusPattern>,
+    /// Namespaces (or `*`) in which the plugin may restart workloads.
+    #[serde(default)]
+    pub restart: Vec<NamePattern>,
+    /// Whether the plugin may emit Kubernetes Events.
+    #[serde(default)]
+    pub events: bool,
+    /// Whether Secret values reach the plugin (otherwise keys only).
+    #[serde(default)]
+    pub secret_values: bool,
+}
+
+/// The result of checking one action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", rename_all = "camelCase")]
+pub enum Verdict {
+    Allowed,
+    Refused {
+        /// The capability that would have been needed, e.g. `http`.
+        capability: &'static str,
+        reason: String,
+    },
+}
+
+impl Verdict {
+    pub fn is_allowed(&self) -> bool {
+        matches!(self, Verdict::Allowed)
+    }
+}
+
+fn refused(capability: &'static str, reason: String) -> Verdict {
+    Verdict::Refused { capability, reason }
+}
+
+impl Capabilities {
+    /// Checks one action against the grants.
+    pub fn check(&self, action: &Action) -> Verdict {
+        match action {
+            Action::Http { url, .. } => match url::Url::parse(url) {
+                Err(e) => refused("http", format!("invalid URL {url:?}: {e}")),
+                Ok(u) if self.http.iter().any(|p| p.matches(&u)) => Verdict::Allowed,
+                Ok(_) => refused("http", format!("URL {url} matches no granted http pattern")),
+            },
+            Action::RefreshService { namespace, service, .. } => {
+                if self.refresh.iter().any(|p| p.matches(namespace)) {
+                    Verdict::Allowed
+                } else {
+                    refused(
+                        "refresh",
+                        format!("refreshing Service {namespace}/{service}: namespace {namespace:?} not granted"),
+                    )
+                }
+            }
+            Action::Publish { connection, destination, .. } => {
+                if self.bus.iter().any(|p| p.matches(connection, destination)) {
+                    Verdict::Allowed
+                } else {
+                    refused("bus", format!("publishing to {connection}/{destination} not granted"))
+                }
+            }
+            Action::Restart { workload, .. } => {
+                if self.restart.iter().any(|p| p.matches(&workload.namespace)) {
+                    Verdict::Allowed
+                } else {
+                    refused(
+                        "restart",
+                        format!(
+                            "restarting {:?} {}/{}: namespace {:?} not granted",
+                            workload.kind, workload.namespace, workload.name, workload.namespace
+                        ),
+                    )
+                }
+            }
+            Action::Event { .. } => {
+                if self.events {
+                    Verdict::Allowed
+                } else {
+                    refused("events", "emitting Kubernetes Events not granted".to_string())
+                }
+            }
+        }
+    }
+}
+
+/// An exact name, or `*` for any.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct NamePattern(pub String);
+
+impl NamePattern {
+    pub fn matches(&self, name: &str) -> bool {
+        self.0 == "*" || self.0 == name
+    }
+}
+
+/// `connection/destination`, either part `*`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(into = "String")]
+pub struct BusPattern {
+    pub connection: String,
+    pub destination: String,
+}
+
+impl BusPattern {
+    pub fn matches(&self, connection: &str, destination: &str) -> bool {
+        (self.connection == "*" || self.connection == connection)
+            && (self.destination == "*" || self.destination == destination)
+    }
+}
+
+impl From<BusPattern> for String {
+    fn from(p: BusPattern) -> String {
+        format!("{}/{}", p.connection, p.destination)
+    }
+}
+
+impl std::str::FromStr for BusPattern {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('/') {
+            Some((c, d)) if !c.is_empty() && !d.is_empty() => Ok(BusPattern {
+                connection: c.to_string(),
+                destination: d.to_string(),
+            }),
+            _ => Err(format!(
+                "invalid bus grant {s:?}: expected connection/destination, e.g. rabbit/springCloudBus or nats/*"
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for BusPattern {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// `scheme://host[:port]/path-prefix`; host `*` or `*.suffix`; port `*`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(into = "String")]
+pub struct UrlPattern {
+    raw: String,
+    scheme: String,
+    host: String,
+    /// None: any port.
+    port: Option<u16>,
+    path_prefix: String,
+}
+
+impl From<UrlPattern> for String {
+    fn from(p: UrlPattern) -> String {
+        p.raw
+    }
+}
+
+impl std::str::FromStr for UrlPattern {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = |why: &str| format!("invalid http grant {s:?}: {why}");
+        let (scheme, rest) = s
+            .split_once("://")
+            .ok_or_else(|| bad("expected scheme://host[:port]/path"))?;
+        if scheme != "http" && scheme != "https" {
+            return Err(bad("scheme must be http or https"));
+        }
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        if authority.contains('@') {
+            return Err(bad("user info is not allowed"));
+        }
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, "*")) => (h, None),
+            Some((h, p)) => (h, Some(p.parse::<u16>().map_err(|_| bad("port must be a number or *"))?)),
+            None => (authority, Some(if scheme == "https" { 443 } else { 80 })),
+        };
+        if host.is_empty() || (host.contains('*') && host != "*" && !host.starts_with("*.")) || host[1..].contains('*') {
+            return Err(bad("host must be a name, an address, * or *.suffix"));
+        }
+        Ok(UrlPattern {
+            raw: s.to_string(),
+            scheme: scheme.to_string(),
+            host: host.to_ascii_lowercase(),
+            port,
+            path_prefix: path.to_string(),
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for UrlPattern {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl UrlPattern {
+    pub fn matches(&self, url: &url::Url) -> bool {
+        if url.scheme() != self.scheme || !url.username().is_empty() || url.password().is_some() {
+            return false;
+        }
+        let Some(host) = url.host_str() else {
+            return false;
+        };
+        let host_ok = match self.host.strip_prefix("*.") {
+            _ if self.host == "*" => true,
+            Some(suffix) => host.len() > suffix.len() + 1 && host.ends_with(&format!(".{suffix}")),
+            None => host == self.host,
+        };
+        let port_ok = self.port.is_none() || url.port_or_known_default() == self.port;
+        host_ok && port_ok && url.path().starts_with(&self.path_prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::action::{EventType, HttpMethod, WorkloadKind, WorkloadRef};
+
+    fn http(url: &str) -> Action {
+        Action::Http { method: HttpMethod::Post, url: url.into(), headers: vec![], body: None }
+    }
+
+    #[test]
+    fn empty_grant_denies_everything() {
+        let caps = Capabilities::default();
+        assert!(!caps.check(&http("http://127.0.0.1/")).is_allowed());
+        let ev = Action::Event { event_type: EventType::Normal, reason: "R".into(), message: "m".into() };
+        assert_eq!(
+            caps.check(&ev),
+            Verdict::Refused { capability: "events", reason: "emitting Kubernetes Events not granted".into() }
+        );
+    }
+
+    #[test]
+    fn url_patterns() {
+        let caps = Capabilities {
+            http: vec![
+                "http://127.0.0.1:*/hooks/".parse().unwrap(),
+                "https://*.example.com/".parse().unwrap(),
+            ],
+            ..Default::default()
+        };
+        assert!(caps.check(&http("http://127.0.0.1:8080/hooks/a")).is_allowed());
+        assert!(!caps.check(&http("http://127.0.0.1:8080/other")).is_allowed());
+        assert!(caps.check(&http("https://api.example.com/x")).is_allowed());
+        assert!(!caps.check(&http("https://example.com.evil.io/x")).is_allowed());
+        assert!(!caps.check(&http("https://api.example.com:8443/x")).is_allowed());
+        assert!(!caps.check(&http("http://api.example.com/x")).is_allowed());
+        // user info tricks do not get through
+        assert!(!caps.check(&http("https://a.example.com@evil.io/")).is_allowed());
+        assert!(!caps.check(&http("not a url")).is_allowed());
+        assert!("ftp://x/".parse::<UrlPattern>().is_err());
+        assert!("http://a*b/".parse::<UrlPattern>().is_err());
+    }
+
+    #[test]
+    fn namespaces_and_bus() {
+        let caps = Capabilities {
+            restart: vec![NamePattern("default".into())],
+            bus: vec!["rabbit/springCloudBus".parse().unwrap(), "nats/*".parse().unwrap()],
+            ..Default::default()
+        };
+        let restart = |ns: &str| Action::Restart {
+            workload: WorkloadRef { kind: WorkloadKind::Deployment, namespace: ns.into(), name: "w".into() },
+            reason: "r".into(),
+            content_hash: "h".into(),
+        };
+        assert!(caps.check(&restart("default")).is_allowed());
+        assert!(!caps.check(&restart("kube-system")).is_allowed());
+        let publish = |c: &str, d: &str| Action::Publish {
+            connection: c.into(),
+            destination: d.into(),
+            routing_key: String::new(),
+            headers: vec![],
+            payload: vec![],
+        };
+        assert!(caps.check(&publish("rabbit", "springCloudBus")).is_allowed());
+        assert!(!caps.check(&publish("rabbit", "other")).is_allowed());
+        assert!(caps.check(&publish("nats", "anything")).is_allowed());
+        assert!("nobus".parse::<BusPattern>().is_err());
+    }
+}

@@ -1,0 +1,306 @@
+//! Change events: what the host tells a plugin about one change of a watched
+//! ConfigMap or Secret.
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The kinds wasmwatch watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ObjectKind {
+    ConfigMap,
+    Secret,
+}
+
+impl ObjectKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectKind::ConfigMap => "ConfigMap",
+            ObjectKind::Secret => "Secret",
+        }
+    }
+}
+
+/// What happened to the object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeType {
+    Added,
+    Modified,
+    Deleted,
+    /// Found changed while resynchronising after a 410: the history in
+    /// between is unknown.
+    Resynced,
+}
+
+impl std::str::FromStr for ChangeType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "added" => Ok(ChangeType::Added),
+            "modified" => Ok(ChangeType::Modified),
+            "deleted" => Ok(ChangeType::Deleted),
+            "resynced" => Ok(ChangeType::Resynced),
+            _ => Err(format!(
+                "unknown change type {s:?}: expected added, modified, deleted or resynced"
+            )),
+        }
+    }
+}
+
+/// One value of a ConfigMap or Secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum DataValue {
+    Text(String),
+    Binary(Vec<u8>),
+}
+
+impl DataValue {
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            DataValue::Text(s) => s.as_bytes(),
+            DataValue::Binary(b) => b,
+        }
+    }
+
+    fn from_bytes(bytes: Vec<u8>) -> Self {
+        match String::from_utf8(bytes) {
+            Ok(s) => DataValue::Text(s),
+            Err(e) => DataValue::Binary(e.into_bytes()),
+        }
+    }
+}
+
+/// Why an object could not be read as a ConfigMap or Secret.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ObjectError {
+    #[error("object has kind {0:?}; expected ConfigMap or Secret")]
+    WrongKind(String),
+    #[error("object has no {0}")]
+    Missing(&'static str),
+    #[error("{field} must be {expected}")]
+    WrongType {
+        field: String,
+        expected: &'static str,
+    },
+    #[error("{field} is not valid base64")]
+    BadBase64 { field: String },
+}
+
+/// The parts of a ConfigMap or Secret that wasmwatch cares about, read from
+/// its JSON (as the API server sends it, or as `kubectl get -o yaml` prints it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectSnapshot {
+    pub kind: ObjectKind,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub data: BTreeMap<String, DataValue>,
+}
+
+fn string_map(v: Option<&Value>, field: &str) -> Result<BTreeMap<String, String>, ObjectError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(BTreeMap::new());
+    };
+    let obj = v.as_object().ok_or_else(|| ObjectError::WrongType {
+        field: field.to_string(),
+        expected: "a map of strings",
+    })?;
+    obj.iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k.clone(), s.clone())),
+            _ => Err(ObjectError::WrongType {
+                field: format!("{field}.{k}"),
+                expected: "a string",
+            }),
+        })
+        .collect()
+}
+
+impl ObjectSnapshot {
+    /// Reads a ConfigMap or Secret. Secret `data` and ConfigMap `binaryData`
+    /// are base64 on the wire and decoded here; Secret `stringData` (as written
+    /// by a user, before the API server merges it) is taken as is.
+    pub fn from_json(obj: &Value) -> Result<Self, ObjectError> {
+        let kind = match obj.get("kind").and_then(Value::as_str) {
+            Some("ConfigMap") => ObjectKind::ConfigMap,
+            Some("Secret") => ObjectKind::Secret,
+            Some(other) => return Err(ObjectError::WrongKind(other.to_string())),
+            None => return Err(ObjectError::Missing("kind")),
+        };
+        let meta = obj
+            .get("metadata")
+            .ok_or(ObjectError::Missing("metadata"))?;
+        let text = |k: &str| meta.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        let name = text("name");
+        if name.is_empty() {
+            return Err(ObjectError::Missing("metadata.name"));
+        }
+        let namespace = match text("namespace") {
+            ns if ns.is_empty() => "default".to_string(),
+            ns => ns,
+        };
+        let mut data = BTreeMap::new();
+        let (text_field, b64_field) = match kind {
+            ObjectKind::ConfigMap => ("data", "binaryData"),
+            ObjectKind::Secret => ("stringData", "data"),
+        };
+        for (k, v) in string_map(obj.get(b64_field), b64_field)? {
+            let bytes = BASE64.decode(v.trim()).map_err(|_| ObjectError::BadBase64 {
+                field: format!("{b64_field}.{k}"),
+            })?;
+            let value = match kind {
+                ObjectKind::ConfigMap => DataValue::Binary(bytes),
+                ObjectKind::Secret => DataValue::from_bytes(bytes),
+            };
+            data.insert(k, value);
+        }
+        for (k, v) in string_map(obj.get(text_field), text_field)? {
+            data.insert(k, DataValue::Text(v));
+        }
+        Ok(ObjectSnapshot {
+            kind,
+            namespace,
+            name,
+            uid: text("uid"),
+            resource_version: text("resourceVersion"),
+            labels: string_map(meta.get("labels"), "metadata.labels")?,
+            annotations: string_map(meta.get("annotations"), "metadata.annotations")?,
+            data,
+        })
+    }
+
+    /// Hex SHA-256 of the data: keys and values, length-prefixed, in key order.
+    /// Equal content gives an equal digest whatever the object's history.
+    pub fn digest(&self) -> String {
+        data_digest(&self.data)
+    }
+}
+
+/// See [`ObjectSnapshot::digest`].
+pub fn data_digest(data: &BTreeMap<String, DataValue>) -> String {
+    let mut h = Sha256::new();
+    for (k, v) in data {
+        h.update((k.len() as u64).to_le_bytes());
+        h.update(k.as_bytes());
+        let v = v.as_bytes();
+        h.update((v.len() as u64).to_le_bytes());
+        h.update(v);
+    }
+    hex::encode(h.finalize())
+}
+
+/// One change of a watched object, as handed to plugins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeEvent {
+    pub change: ChangeType,
+    pub object: ObjectSnapshot,
+    /// Keys added, removed or changed against the previously handled version.
+    pub changed_keys: Vec<String>,
+    pub digest: String,
+    /// Delivered again by a new leader replaying a leaderless gap.
+    pub replay: bool,
+}
+
+impl ChangeEvent {
+    /// Builds the event for `object`, diffing its data against `previous`
+    /// (the last handled version) when there is one.
+    pub fn new(change: ChangeType, object: ObjectSnapshot, previous: Option<&ObjectSnapshot>) -> Self {
+        let changed_keys = match (change, previous) {
+            (ChangeType::Modified | ChangeType::Resynced, Some(prev)) => {
+                let mut keys: Vec<String> = object
+                    .data
+                    .iter()
+                    .filter(|(k, v)| prev.data.get(*k) != Some(*v))
+                    .map(|(k, _)| k.clone())
+                    .chain(
+                        prev.data
+                            .keys()
+                            .filter(|k| !object.data.contains_key(*k))
+                            .cloned(),
+                    )
+                    .collect();
+                keys.sort();
+                keys
+            }
+            _ => object.data.keys().cloned().collect(),
+        };
+        let digest = object.digest();
+        ChangeEvent {
+            change,
+            object,
+            changed_keys,
+            digest,
+            replay: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cm(data: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "app", "namespace": "prod", "uid": "u1", "resourceVersion": "7",
+                            "labels": {"a": "b"}},
+               "data": data})
+    }
+
+    #[test]
+    fn reads_configmap_and_diffs_keys() {
+        let old = ObjectSnapshot::from_json(&cm(json!({"x": "1", "y": "2"}))).unwrap();
+        let new = ObjectSnapshot::from_json(&cm(json!({"x": "1", "y": "3", "z": "4"}))).unwrap();
+        assert_eq!(new.namespace, "prod");
+        assert_eq!(new.labels["a"], "b");
+        let ev = ChangeEvent::new(ChangeType::Modified, new.clone(), Some(&old));
+        assert_eq!(ev.changed_keys, vec!["y", "z"]);
+        let gone = ObjectSnapshot::from_json(&cm(json!({"x": "1"}))).unwrap();
+        let ev = ChangeEvent::new(ChangeType::Modified, gone, Some(&old));
+        assert_eq!(ev.changed_keys, vec!["y"]);
+        let ev = ChangeEvent::new(ChangeType::Added, new, None);
+        assert_eq!(ev.changed_keys, vec!["x", "y", "z"]);
+    }
+
+    #[test]
+    fn secret_values_are_decoded() {
+        let s = json!({"kind": "Secret", "metadata": {"name": "s"},
+                       "data": {"pw": "aHVudGVyMg==", "bin": "/wA="}, "stringData": {"user": "bob"}});
+        let snap = ObjectSnapshot::from_json(&s).unwrap();
+        assert_eq!(snap.namespace, "default");
+        assert_eq!(snap.data["pw"], DataValue::Text("hunter2".into()));
+        assert_eq!(snap.data["bin"], DataValue::Binary(vec![0xff, 0]));
+        assert_eq!(snap.data["user"], DataValue::Text("bob".into()));
+    }
+
+    #[test]
+    fn digest_depends_on_content_only() {
+        let a = ObjectSnapshot::from_json(&cm(json!({"x": "1"}))).unwrap();
+        let mut b = a.clone();
+        b.resource_version = "99".into();
+        b.labels.clear();
+        assert_eq!(a.digest(), b.digest());
+        // Moving a byte between key and value changes the digest.
+        let c = ObjectSnapshot::from_json(&cm(json!({"x1": ""}))).unwrap();
+        assert_ne!(a.digest(), c.digest());
+    }
+
+    #[test]
+    fn bad_objects_are_named() {
+        let e = ObjectSnapshot::from_json(&json!({"kind": "Pod", "metadata": {"name": "p"}})).unwrap_err();
+        assert_eq!(e.to_string(), "object has kind \"Pod\"; expected ConfigMap or Secret");
+        let e = ObjectSnapshot::from_json(&json!({"kind": "Secret", "metadata": {"name": "s"}, "data": {"k": "!!"}}))
+            .unwrap_err();
+        assert_eq!(e.to_string(), "data.k is not valid base64");
+        let e = ObjectSnapshot::from_json(&cm(json!({"x": 1}))).unwrap_err();
+        assert_eq!(e.to_string(), "data.x must be a string");
+    }
+}

@@ -1,0 +1,110 @@
+//! The read-only lookups plugins may make through the host: workloads that
+//! reference an object, and Services with their ready endpoints.
+//!
+//! The kube layer answers them from its caches; tests and `wasmwatch plugin
+//! run` use [`StaticLookups`], filled by hand or from a YAML file.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::WorkloadRef;
+use crate::event::ObjectKind;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WorkloadInfo {
+    pub workload: WorkloadRef,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub template_annotations: BTreeMap<String, String>,
+    /// The ConfigMaps and Secrets the pod template references.
+    #[serde(default)]
+    pub references: Vec<ObjectRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectRef {
+    pub kind: ObjectKind,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServicePort {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    pub address: String,
+    #[serde(default)]
+    pub pod: Option<String>,
+    #[serde(default)]
+    pub ports: Vec<ServicePort>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ServiceInfo {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub ports: Vec<ServicePort>,
+    #[serde(default)]
+    pub ready_endpoints: Vec<Endpoint>,
+}
+
+/// The data source behind the plugin host interface.
+pub trait Lookups: Send + Sync {
+    fn workloads_referencing(&self, kind: ObjectKind, namespace: &str, name: &str) -> Vec<WorkloadInfo>;
+    fn service(&self, namespace: &str, name: &str) -> Option<ServiceInfo>;
+    fn services_with_labels(&self, namespace: &str, labels: &BTreeMap<String, String>) -> Vec<ServiceInfo>;
+}
+
+/// Lookups from fixed lists.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticLookups {
+    #[serde(default)]
+    pub workloads: Vec<WorkloadInfo>,
+    #[serde(default)]
+    pub services: Vec<ServiceInfo>,
+}
+
+impl Lookups for StaticLookups {
+    fn workloads_referencing(&self, kind: ObjectKind, namespace: &str, name: &str) -> Vec<WorkloadInfo> {
+        self.workloads
+            .iter()
+            .filter(|w| w.workload.namespace == namespace)
+            .filter(|w| w.references.iter().any(|r| r.kind == kind && r.name == name))
+            .cloned()
+            .collect()
+    }
+
+    fn service(&self, namespace: &str, name: &str) -> Option<ServiceInfo> {
+        self.services
+            .iter()
+            .find(|s| s.namespace == namespace && s.name == name)
+            .cloned()
+    }
+
+    fn services_with_labels(&self, namespace: &str, labels: &BTreeMap<String, String>) -> Vec<ServiceInfo> {
+        self.services
+            .iter()
+            .filter(|s| s.namespace == namespace)
+            .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+            .cloned()
+            .collect()
+    }
+}

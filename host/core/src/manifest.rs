@@ -1,0 +1,548 @@
+//! The plugin manifest: one YAML document that says what to watch, how
+//! replicas elect a leader, which bus connections exist, and which plugins get
+//! which events with what capabilities, limits and delivery policy.
+//!
+//! Parsing refuses unknown fields and bad values; every problem is reported
+//! with the field's path and the offending value, before anything runs.
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::capability::Capabilities;
+use crate::event::{ChangeType, ObjectKind};
+use crate::selector::LabelSelector;
+use crate::units::{ByteSize, HumanDuration};
+
+pub const API_VERSION: &str = "wasmwatch.io/v1alpha1";
+pub const KIND: &str = "PluginManifest";
+
+/// The whole manifest.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Manifest {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default)]
+    pub watch: WatchSpec,
+    #[serde(default)]
+    pub ha: HaSpec,
+    #[serde(default)]
+    pub buses: Vec<BusConnection>,
+    pub plugins: Vec<PluginEntry>,
+    /// The folder module paths are relative to (the manifest file's folder).
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+/// What the host watches.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WatchSpec {
+    #[serde(default = "all_kinds")]
+    pub kinds: Vec<ObjectKind>,
+    /// Namespaces to watch, or `["*"]` for all of them (one cluster-wide
+    /// stream per kind).
+    #[serde(default = "all_namespaces")]
+    pub namespaces: Vec<String>,
+    #[serde(default)]
+    pub label_selector: Option<LabelSelector>,
+    /// Whether a change of only labels or annotations counts as a
+    /// modification (by default only data changes do, as in the Spring watcher).
+    #[serde(default)]
+    pub metadata_changes: bool,
+}
+
+impl Default for WatchSpec {
+    fn default() -> Self {
+        WatchSpec {
+            kinds: all_kinds(),
+            namespaces: all_namespaces(),
+            label_selector: None,
+            metadata_changes: false,
+        }
+    }
+}
+
+fn all_kinds() -> Vec<ObjectKind> {
+    vec![ObjectKind::ConfigMap, ObjectKind::Secret]
+}
+
+fn all_namespaces() -> Vec<String> {
+    vec!["*".to_string()]
+}
+
+/// Leader election and checkpoints.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HaSpec {
+    #[serde(default)]
+    pub enabled: bool,
+    /// Namespace of both Leases; default: the pod's namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default = "default_lease_name")]
+    pub lease_name: String,
+    #[serde(default = "default_state_lease_name")]
+    pub state_lease_name: String,
+    #[serde(default = "default_lease_duration")]
+    pub lease_duration: HumanDuration,
+    #[serde(default = "default_renew_deadline")]
+    pub renew_deadline: HumanDuration,
+    #[serde(default = "default_retry_period")]
+    pub retry_period: HumanDuration,
+}
+
+impl Default for HaSpec {
+    fn default() -> Self {
+        HaSpec {
+            enabled: false,
+            namespace: None,
+            lease_name: default_lease_name(),
+            state_lease_name: default_state_lease_name(),
+            lease_duration: default_lease_duration(),
+            renew_deadline: default_renew_deadline(),
+            retry_period: default_retry_period(),
+        }
+    }
+}
+
+fn default_lease_name() -> String {
+    "wasmwatch-leader".into()
+}
+fn default_state_lease_name() -> String {
+    "wasmwatch-state".into()
+}
+fn default_lease_duration() -> HumanDuration {
+    HumanDuration(Duration::from_secs(15))
+}
+fn default_renew_deadline() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+fn default_retry_period() -> HumanDuration {
+    HumanDuration(Duration::from_secs(2))
+}
+
+/// A named bus connection the host owns; plugins publish to it by name.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BusConnection {
+    pub name: String,
+    #[serde(default)]
+    pub amqp: Option<AmqpSpec>,
+    #[serde(default)]
+    pub nats: Option<NatsSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpSpec {
+    /// `amqp://user:pass@host:5672/vhost`
+    pub url: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsSpec {
+    /// `nats://host:4222`
+    pub url: String,
+}
+
+/// One plugin and everything the operator says about it.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PluginEntry {
+    /// A DNS-1123 label, unique in the manifest.
+    pub name: String,
+    /// Path of the component (`.wasm`), relative to the manifest's folder.
+    pub module: PathBuf,
+    /// Hex SHA-256 of the module file; the host refuses any other content.
+    pub sha256: String,
+    #[serde(default)]
+    pub events: EventFilter,
+    /// Handed to the plugin as JSON (`host.config()` and `check-config`).
+    #[serde(default)]
+    pub config: serde_json::Value,
+    #[serde(default)]
+    pub capabilities: Capabilities,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub delivery: Delivery,
+}
+
+impl PluginEntry {
+    /// The module's path, resolved against the manifest's folder.
+    pub fn module_path(&self, base_dir: &Path) -> PathBuf {
+        base_dir.join(&self.module)
+    }
+}
+
+/// Which events a plugin gets.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EventFilter {
+    #[serde(default = "all_kinds")]
+    pub kinds: Vec<ObjectKind>,
+    #[serde(default = "all_changes")]
+    pub changes: Vec<ChangeType>,
+    #[serde(default = "all_namespaces")]
+    pub namespaces: Vec<String>,
+    #[serde(default)]
+    pub label_selector: Option<LabelSelector>,
+}
+
+impl Default for EventFilter {
+    fn default() -> Self {
+        EventFilter {
+            kinds: all_kinds(),
+            changes: all_changes(),
+            namespaces: all_namespaces(),
+            label_selector: None,
+        }
+    }
+}
+
+fn all_changes() -> Vec<ChangeType> {
+    vec![ChangeType::Added, ChangeType::Modified, ChangeType::Deleted, ChangeType::Resynced]
+}
+
+impl EventFilter {
+    /// Whether this plugin gets the event.
+    pub fn matches(&self, event: &crate::event::ChangeEvent) -> bool {
+        let o = &event.object;
+        self.kinds.contains(&o.kind)
+            && self.changes.contains(&event.change)
+            && self.namespaces.iter().any(|n| n == "*" || *n == o.namespace)
+            && self.label_selector.as_ref().is_none_or(|s| s.matches(&o.labels))
+    }
+}
+
+/// Sandbox limits of one plugin.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Limits {
+    /// Wall-clock deadline of one call (instantiation included).
+    #[serde(default = "default_timeout")]
+    pub timeout: HumanDuration,
+    /// Linear memory the plugin may grow to.
+    #[serde(default = "default_memory")]
+    pub memory: ByteSize,
+    /// Actions one call may return.
+    #[serde(default = "default_max_actions")]
+    pub max_actions: u32,
+}
+
+pub const MAX_MEMORY: u64 = 1 << 30;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: default_timeout(),
+            memory: default_memory(),
+            max_actions: default_max_actions(),
+        }
+    }
+}
+
+fn default_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_millis(100))
+}
+fn default_memory() -> ByteSize {
+    ByteSize(32 << 20)
+}
+fn default_max_actions() -> u32 {
+    1000
+}
+
+/// How the host delivers a plugin's actions.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Delivery {
+    /// Wait this long after a change before acting; changes to the same target
+    /// within the window are coalesced into one.
+    #[serde(default = "zero")]
+    pub debounce: HumanDuration,
+    /// Retries after the first attempt, before dead-lettering.
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    #[serde(default = "default_backoff_initial")]
+    pub backoff_initial: HumanDuration,
+    #[serde(default = "default_backoff_max")]
+    pub backoff_max: HumanDuration,
+}
+
+impl Default for Delivery {
+    fn default() -> Self {
+        Delivery {
+            debounce: zero(),
+            retries: default_retries(),
+            backoff_initial: default_backoff_initial(),
+            backoff_max: default_backoff_max(),
+        }
+    }
+}
+
+fn zero() -> HumanDuration {
+    HumanDuration(Duration::ZERO)
+}
+fn default_retries() -> u32 {
+    5
+}
+fn default_backoff_initial() -> HumanDuration {
+    HumanDuration(Duration::from_secs(1))
+}
+fn default_backoff_max() -> HumanDuration {
+    HumanDuration(Duration::from_secs(60))
+}
+
+/// One problem in a manifest: where, and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The field's path, like `plugins[0].limits.memory`; empty for the whole document.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Why a manifest was refused: every problem found, each naming its field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestError {
+    /// The manifest file, when it was read from one.
+    pub source: Option<PathBuf>,
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.source {
+            Some(p) => write!(f, "invalid manifest {}", p.display())?,
+            None => write!(f, "invalid manifest")?,
+        }
+        for p in &self.problems {
+            write!(f, "\n  {p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ManifestError {}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+impl Manifest {
+    /// Parses and validates a manifest from YAML text. Module paths are
+    /// relative to `base_dir`.
+    pub fn parse(yaml: &str, base_dir: &Path) -> Result<Manifest, ManifestError> {
+        let de = serde_yaml::Deserializer::from_str(yaml);
+        let mut manifest: Manifest = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let message = e.into_inner().to_string();
+            ManifestError {
+                source: None,
+                problems: vec![Problem {
+                    path: if path == "." { String::new() } else { path },
+                    message,
+                }],
+            }
+        })?;
+        manifest.base_dir = base_dir.to_path_buf();
+        let problems = manifest.problems();
+        if problems.is_empty() {
+            Ok(manifest)
+        } else {
+            Err(ManifestError { source: None, problems })
+        }
+    }
+
+    /// Reads, parses and validates a manifest file.
+    pub fn from_file(path: &Path) -> Result<Manifest, ManifestError> {
+        let with_source = |mut e: ManifestError| {
+            e.source = Some(path.to_path_buf());
+            e
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            with_source(ManifestError {
+                source: None,
+                problems: vec![Problem { path: String::new(), message: format!("cannot read it: {e}") }],
+            })
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Manifest::parse(&text, base).map_err(with_source)
+    }
+
+    /// The entry named `name`.
+    pub fn plugin(&self, name: &str) -> Option<&PluginEntry> {
+        self.plugins.iter().find(|p| p.name == name)
+    }
+
+    /// Every semantic problem, each with its field path.
+    fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let mut bad = |path: String, message: String| out.push(Problem { path, message });
+        if self.api_version != API_VERSION {
+            bad("apiVersion".into(), format!("{:?} is not supported; expected {API_VERSION:?}", self.api_version));
+        }
+        if self.kind != KIND {
+            bad("kind".into(), format!("{:?}: expected {KIND:?}", self.kind));
+        }
+        if self.watch.kinds.is_empty() {
+            bad("watch.kinds".into(), "must name at least one kind".into());
+        }
+        check_namespaces(&self.watch.namespaces, "watch.namespaces", &mut bad);
+
+        let ha = &self.ha;
+        for (field, name) in [("ha.leaseName", &ha.lease_name), ("ha.stateLeaseName", &ha.state_lease_name)] {
+            if !is_dns_subdomain(name) {
+                bad(field.into(), format!("{name:?} is not a valid Lease name (DNS-1123 subdomain)"));
+            }
+        }
+        if ha.lease_name == ha.state_lease_name {
+            bad("ha.stateLeaseName".into(), format!("{:?} must differ from ha.leaseName", ha.state_lease_name));
+        }
+        if let Some(ns) = &ha.namespace
+            && !is_dns_label(ns)
+        {
+            bad("ha.namespace".into(), format!("{ns:?} is not a valid namespace name"));
+        }
+        if ha.lease_duration <= ha.renew_deadline {
+            bad(
+                "ha.leaseDuration".into(),
+                format!("{} must be greater than ha.renewDeadline ({})", ha.lease_duration, ha.renew_deadline),
+            );
+        }
+        if ha.renew_deadline.0.as_secs_f64() <= 1.2 * ha.retry_period.0.as_secs_f64() {
+            bad(
+                "ha.renewDeadline".into(),
+                format!("{} must be greater than 1.2 x ha.retryPeriod ({})", ha.renew_deadline, ha.retry_period),
+            );
+        }
+        if ha.retry_period.0.is_zero() {
+            bad("ha.retryPeriod".into(), "must be greater than 0".into());
+        }
+
+        let mut bus_names = BTreeSet::new();
+        for (i, b) in self.buses.iter().enumerate() {
+            let at = format!("buses[{i}]");
+            if !is_dns_label(&b.name) {
+                bad(format!("{at}.name"), format!("{:?} is not a valid name (lowercase letters, digits, '-')", b.name));
+            }
+            if !bus_names.insert(b.name.as_str()) {
+                bad(format!("{at}.name"), format!("{:?} is defined twice", b.name));
+            }
+            match (&b.amqp, &b.nats) {
+                (Some(a), None) => {
+                    if !(a.url.starts_with("amqp://") || a.url.starts_with("amqps://")) {
+                        bad(format!("{at}.amqp.url"), format!("{:?} must start with amqp:// or amqps://", a.url));
+                    }
+                }
+                (None, Some(n)) => {
+                    if !n.url.starts_with("nats://") {
+                        bad(format!("{at}.nats.url"), format!("{:?} must start with nats://", n.url));
+                    }
+                }
+                _ => bad(at, "must have exactly one of amqp or nats".into()),
+            }
+        }
+
+        if self.plugins.is_empty() {
+            bad("plugins".into(), "must list at least one plugin".into());
+        }
+        let mut names = BTreeSet::new();
+        for (i, p) in self.plugins.iter().enumerate() {
+            let at = format!("plugins[{i}]");
+            if !is_dns_label(&p.name) {
+                bad(format!("{at}.name"), format!("{:?} is not a valid name (lowercase letters, digits, '-')", p.name));
+            }
+            if !names.insert(p.name.as_str()) {
+                bad(format!("{at}.name"), format!("{:?} is used by another plugin", p.name));
+            }
+            if p.sha256.len() != 64 || !p.sha256.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()) {
+                bad(format!("{at}.sha256"), format!("{:?} is not a SHA-256 (64 lowercase hex digits)", p.sha256));
+            }
+            if p.module.as_os_str().is_empty() {
+                bad(format!("{at}.module"), "must not be empty".into());
+            }
+            for k in &p.events.kinds {
+                if !self.watch.kinds.contains(k) {
+                    bad(format!("{at}.events.kinds"), format!("{} is not watched (add it to watch.kinds)", k.as_str()));
+                }
+            }
+            if p.events.changes.is_empty() {
+                bad(format!("{at}.events.changes"), "must name at least one change type".into());
+            }
+            check_namespaces(&p.events.namespaces, &format!("{at}.events.namespaces"), &mut bad);
+            let l = &p.limits;
+            if l.timeout.0 < Duration::from_millis(1) || l.timeout.0 > Duration::from_secs(60) {
+                bad(format!("{at}.limits.timeout"), format!("{} is out of range (1ms to 60s)", l.timeout));
+            }
+            if l.memory.0 < 1 << 20 || l.memory.0 > MAX_MEMORY {
+                bad(format!("{at}.limits.memory"), format!("{} is out of range (1Mi to 1Gi)", l.memory));
+            }
+            if l.max_actions == 0 || l.max_actions > 100_000 {
+                bad(format!("{at}.limits.maxActions"), format!("{} is out of range (1 to 100000)", l.max_actions));
+            }
+            let d = &p.delivery;
+            if d.retries > 100 {
+                bad(format!("{at}.delivery.retries"), format!("{} is out of range (0 to 100)", d.retries));
+            }
+            if d.backoff_initial > d.backoff_max {
+                bad(
+                    format!("{at}.delivery.backoffInitial"),
+                    format!("{} must not exceed delivery.backoffMax ({})", d.backoff_initial, d.backoff_max),
+                );
+            }
+            for (j, g) in p.capabilities.bus.iter().enumerate() {
+                if g.connection != "*" && !bus_names.contains(g.connection.as_str()) {
+                    bad(
+                        format!("{at}.capabilities.bus[{j}]"),
+                        format!("connection {:?} is not defined in buses", g.connection),
+                    );
+                }
+            }
+            for (field, list) in [("refresh", &p.capabilities.refresh), ("restart", &p.capabilities.restart)] {
+                for (j, n) in list.iter().enumerate() {
+                    if n.0 != "*" && !is_dns_label(&n.0) {
+                        bad(format!("{at}.capabilities.{field}[{j}]"), format!("{:?} is not a namespace name or *", n.0));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+fn check_namespaces(list: &[String], path: &str, bad: &mut impl FnMut(String, String)) {
+    if list.is_empty() {
+        bad(path.into(), "must name at least one namespace, or \"*\" for all".into());
+    }
+    if list.len() > 1 && list.iter().any(|n| n == "*") {
+        bad(path.into(), "\"*\" (all namespaces) cannot be combined with names".into());
+    }
+    for (i, n) in list.iter().enumerate() {
+        if n != "*" && !is_dns_label(n) {
+            bad(format!("{path}[{i}]"), format!("{n:?} is not a valid namespace name"));
+        }
+    }
+}

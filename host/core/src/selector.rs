@@ -1,0 +1,182 @@
+//! Kubernetes label selectors, in their string form:
+//! `a=b`, `a==b`, `a!=b`, `a in (x,y)`, `a notin (x)`, `a`, `!a`, joined by commas.
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Requirement {
+    Eq(String, String),
+    NotEq(String, String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    NotExists(String),
+}
+
+/// A parsed label selector. The empty selector matches everything.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LabelSelector {
+    raw: String,
+    reqs: Vec<Requirement>,
+}
+
+impl LabelSelector {
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.reqs.iter().all(|r| match r {
+            Requirement::Eq(k, v) => labels.get(k) == Some(v),
+            Requirement::NotEq(k, v) => labels.get(k) != Some(v),
+            Requirement::In(k, vs) => labels.get(k).is_some_and(|l| vs.contains(l)),
+            Requirement::NotIn(k, vs) => labels.get(k).is_none_or(|l| !vs.contains(l)),
+            Requirement::Exists(k) => labels.contains_key(k),
+            Requirement::NotExists(k) => !labels.contains_key(k),
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.raw
+    }
+}
+
+impl fmt::Display for LabelSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.raw)
+    }
+}
+
+fn valid_key(k: &str) -> bool {
+    let name = k.rsplit_once('/').map_or(k, |(_, n)| n);
+    !name.is_empty()
+        && name.len() <= 63
+        && k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+}
+
+fn valid_value(v: &str) -> bool {
+    v.len() <= 63 && v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// Splits on commas that are not inside parentheses.
+fn split_top(s: &str) -> Result<Vec<&str>, String> {
+    let (mut depth, mut start, mut out) = (0i32, 0, Vec::new());
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        if !(0..=1).contains(&depth) {
+            return Err("unbalanced parentheses".into());
+        }
+    }
+    if depth != 0 {
+        return Err("unbalanced parentheses".into());
+    }
+    out.push(&s[start..]);
+    Ok(out)
+}
+
+fn parse_requirement(part: &str) -> Result<Requirement, String> {
+    let p = part.trim();
+    let key = |k: &str| -> Result<String, String> {
+        let k = k.trim();
+        if valid_key(k) { Ok(k.to_string()) } else { Err(format!("invalid label key {k:?}")) }
+    };
+    let value = |v: &str| -> Result<String, String> {
+        let v = v.trim();
+        if valid_value(v) { Ok(v.to_string()) } else { Err(format!("invalid label value {v:?}")) }
+    };
+    if let Some(k) = p.strip_prefix('!') {
+        return Ok(Requirement::NotExists(key(k)?));
+    }
+    if let Some((k, v)) = p.split_once("!=") {
+        return Ok(Requirement::NotEq(key(k)?, value(v)?));
+    }
+    if let Some((k, v)) = p.split_once("==").or_else(|| p.split_once('=')) {
+        return Ok(Requirement::Eq(key(k)?, value(v)?));
+    }
+    for (op, notin) in [(" notin ", true), (" in ", false)] {
+        if let Some((k, set)) = p.split_once(op) {
+            let set = set.trim();
+            let inner = set
+                .strip_prefix('(')
+                .and_then(|s| s.strip_suffix(')'))
+                .ok_or_else(|| format!("expected a parenthesised set after {:?}", op.trim()))?;
+            let values = inner.split(',').map(value).collect::<Result<Vec<_>, _>>()?;
+            return Ok(if notin {
+                Requirement::NotIn(key(k)?, values)
+            } else {
+                Requirement::In(key(k)?, values)
+            });
+        }
+    }
+    Ok(Requirement::Exists(key(p)?))
+}
+
+impl FromStr for LabelSelector {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim().is_empty() {
+            return Ok(LabelSelector::default());
+        }
+        let reqs = split_top(s)
+            .and_then(|parts| parts.into_iter().map(parse_requirement).collect())
+            .map_err(|e| format!("invalid label selector {s:?}: {e}"))?;
+        Ok(LabelSelector { raw: s.to_string(), reqs })
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for LabelSelector {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl serde::Serialize for LabelSelector {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.raw)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn matching() {
+        let l = labels(&[("app", "web"), ("tier", "front"), ("spring.cloud.kubernetes.config", "true")]);
+        for (sel, want) in [
+            ("", true),
+            ("app=web", true),
+            ("app==web,tier=front", true),
+            ("app!=web", false),
+            ("app in (api, web)", true),
+            ("app notin (web)", false),
+            ("missing notin (x)", true),
+            ("tier", true),
+            ("!tier", false),
+            ("!missing", true),
+            ("spring.cloud.kubernetes.config=true", true),
+            ("app in (api),tier", false),
+        ] {
+            let s: LabelSelector = sel.parse().unwrap();
+            assert_eq!(s.matches(&l), want, "{sel}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_selector() {
+        let e = "app in web".parse::<LabelSelector>().unwrap_err();
+        assert!(e.contains("invalid label selector \"app in web\""), "{e}");
+        assert!("a=(b".parse::<LabelSelector>().is_err());
+        assert!("a b=c".parse::<LabelSelector>().unwrap_err().contains("invalid label key"));
+        assert!("a=b c".parse::<LabelSelector>().unwrap_err().contains("invalid label value"));
+    }
+}

@@ -1,0 +1,132 @@
+//! Durations (`100ms`, `15s`, `2m`, `1h`) and memory sizes (`32Mi`, `1Gi`,
+//! `512Ki`, `1000000`) as written in the manifest.
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A duration written as an integer with a unit: `ms`, `s`, `m` or `h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HumanDuration(pub Duration);
+
+impl FromStr for HumanDuration {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("invalid duration {s:?}: expected a whole number with a unit, like 100ms, 15s, 2m or 1h"))?;
+        let d = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            "" => return Err(format!("invalid duration {s:?}: missing unit (ms, s, m or h)")),
+            _ => return Err(format!("invalid duration {s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+        };
+        Ok(HumanDuration(d))
+    }
+}
+
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        if ms % 1000 == 0 {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
+}
+
+/// A size in bytes, written as a Kubernetes quantity: a whole number with an
+/// optional binary (`Ki`, `Mi`, `Gi`) or decimal (`k`, `M`, `G`) suffix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("invalid size {s:?}: expected a whole number with an optional unit, like 32Mi"))?;
+        let mult: u64 = match unit {
+            "" => 1,
+            "k" => 1_000,
+            "M" => 1_000_000,
+            "G" => 1_000_000_000,
+            "Ki" => 1 << 10,
+            "Mi" => 1 << 20,
+            "Gi" => 1 << 30,
+            _ => return Err(format!("invalid size {s:?}: unknown unit {unit:?} (use Ki, Mi, Gi, k, M or G)")),
+        };
+        n.checked_mul(mult)
+            .map(ByteSize)
+            .ok_or_else(|| format!("invalid size {s:?}: too large"))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            n if n >= 1 << 20 && n % (1 << 20) == 0 => write!(f, "{}Mi", n >> 20),
+            n if n >= 1 << 10 && n % (1 << 10) == 0 => write!(f, "{}Ki", n >> 10),
+            n => write!(f, "{n}"),
+        }
+    }
+}
+
+macro_rules! serde_via_str {
+    ($t:ty) => {
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                // Accept plain YAML integers too (`memory: 1048576`).
+                #[derive(serde::Deserialize)]
+                #[serde(untagged)]
+                enum Raw {
+                    S(String),
+                    N(u64),
+                }
+                let s = match Raw::deserialize(d)? {
+                    Raw::S(s) => s,
+                    Raw::N(n) => n.to_string(),
+                };
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+    };
+}
+serde_via_str!(HumanDuration);
+serde_via_str!(ByteSize);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!("100ms".parse::<HumanDuration>().unwrap().0, Duration::from_millis(100));
+        assert_eq!("2m".parse::<HumanDuration>().unwrap().0, Duration::from_secs(120));
+        assert!("15".parse::<HumanDuration>().unwrap_err().contains("missing unit"));
+        assert!("1.5s".parse::<HumanDuration>().unwrap_err().contains("unknown unit"));
+        assert!("abc".parse::<HumanDuration>().is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!("32Mi".parse::<ByteSize>().unwrap().0, 32 << 20);
+        assert_eq!("1000".parse::<ByteSize>().unwrap().0, 1000);
+        assert_eq!("2k".parse::<ByteSize>().unwrap().0, 2000);
+        assert!("32MB".parse::<ByteSize>().unwrap_err().contains("unknown unit"));
+        assert_eq!(ByteSize(32 << 20).to_string(), "32Mi");
+    }
+}

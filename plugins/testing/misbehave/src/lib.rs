@@ -1,0 +1,154 @@
+//! Test plugin whose behaviour is chosen by its config: `{"mode": "..."}`.
+//!
+//! Used by the host's tests to show that misbehaving plugins are contained and
+//! that the host sees and reports each failure for what it is.
+//!
+//! Modes: `ok` (one event action), `loop` (never returns), `bomb` (allocates
+//! without bound), `trap` (panics), `recurse` (unbounded recursion), `huge`
+//! (returns far too many actions), `forbidden` (returns actions outside any
+//! sane grant), `error` (returns an error), `spy` (reports what it saw of the
+//! event and of the host lookups), `echo-url` (one HTTP call to `url`).
+
+wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
+
+use std::hint::black_box;
+use wasmwatch::plugin::host;
+use wasmwatch::plugin::types::{
+    DataValue, EmitEvent, EventType, HttpCall, HttpMethod, LogLevel,
+    ObjectKind, RestartWorkload, WorkloadKind, WorkloadRef,
+};
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    mode: String,
+    #[serde(default)]
+    url: Option<String>,
+}
+
+const MODES: &[&str] = &[
+    "ok", "loop", "bomb", "trap", "recurse", "huge", "forbidden", "error", "spy", "echo-url",
+];
+
+fn parse(json: &str) -> Result<Config, String> {
+    let c: Config = serde_json::from_str(json).map_err(|e| format!("misbehave config: {e}"))?;
+    if !MODES.contains(&c.mode.as_str()) {
+        return Err(format!("misbehave config: unknown mode {:?}, expected one of {MODES:?}", c.mode));
+    }
+    Ok(c)
+}
+
+fn event(reason: &str, message: String) -> Action {
+    Action::Event(EmitEvent { event_type: EventType::Normal, reason: reason.into(), message })
+}
+
+#[inline(never)]
+fn recurse(depth: u64, pad: [u64; 16]) -> u64 {
+    let pad = black_box(pad);
+    if black_box(depth) == u64::MAX {
+        return pad[0];
+    }
+    recurse(depth + 1, pad).wrapping_add(pad[(depth % 16) as usize])
+}
+
+struct Misbehave;
+
+impl Guest for Misbehave {
+    fn check_config(config: String) -> Result<(), String> {
+        parse(&config).map(|_| ())
+    }
+
+    fn handle(ev: ChangeEvent) -> Result<Vec<Action>, String> {
+        let config = parse(&host::config())?;
+        match config.mode.as_str() {
+            "ok" => Ok(vec![event("Seen", format!("{}/{}", ev.namespace, ev.name))]),
+            "loop" => {
+                let mut n: u64 = 0;
+                loop {
+                    n = black_box(n.wrapping_add(1));
+                }
+            }
+            "bomb" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(black_box(vec![1u8; 1 << 20]));
+                }
+            }
+            "trap" => panic!("deliberate panic in misbehave plugin"),
+            "recurse" => Ok(vec![event("Deep", recurse(0, [1; 16]).to_string())]),
+            "huge" => Ok((0..100_000)
+                .map(|i| event("Flood", format!("action number {i}")))
+                .collect()),
+            "forbidden" => Ok(vec![
+                Action::Http(HttpCall {
+                    method: HttpMethod::Post,
+                    url: "http://169.254.169.254/latest/meta-data".into(),
+                    headers: vec![],
+                    body: None,
+                }),
+                Action::Restart(RestartWorkload {
+                    workload: WorkloadRef {
+                        kind: WorkloadKind::Deployment,
+                        namespace: "kube-system".into(),
+                        name: "coredns".into(),
+                    },
+                    reason: "because".into(),
+                    content_hash: ev.digest.clone(),
+                }),
+            ]),
+            "error" => Err("deliberate error from misbehave plugin".into()),
+            "spy" => {
+                let data: Vec<String> = ev
+                    .data
+                    .iter()
+                    .map(|e| match &e.value {
+                        None => format!("{}=<withheld>", e.key),
+                        Some(DataValue::Text(t)) => format!("{}={t}", e.key),
+                        Some(DataValue::Binary(b)) => format!("{}=<{} bytes>", e.key, b.len()),
+                    })
+                    .collect();
+                let kind = match ev.kind {
+                    ObjectKind::ConfigMap => "ConfigMap",
+                    ObjectKind::Secret => "Secret",
+                };
+                let workloads = host::workloads_referencing(ev.kind, &ev.namespace, &ev.name);
+                let service = host::service(&ev.namespace, &ev.name);
+                host::log(LogLevel::Info, &format!("spy saw {kind} {}", ev.name));
+                Ok(vec![
+                    event("SawData", data.join(",")),
+                    event("SawValuesIncluded", ev.values_included.to_string()),
+                    event("SawChangedKeys", ev.changed_keys.join(",")),
+                    event(
+                        "SawWorkloads",
+                        workloads
+                            .iter()
+                            .map(|w| w.workload.name.clone())
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    ),
+                    event(
+                        "SawEndpoints",
+                        service
+                            .map(|s| {
+                                s.ready_endpoints
+                                    .iter()
+                                    .map(|e| e.address.clone())
+                                    .collect::<Vec<_>>()
+                                    .join(",")
+                            })
+                            .unwrap_or_default(),
+                    ),
+                ])
+            }
+            "echo-url" => Ok(vec![Action::Http(HttpCall {
+                method: HttpMethod::Post,
+                url: config.url.unwrap_or_default(),
+                headers: vec![],
+                body: None,
+            })]),
+            other => Err(format!("unreachable mode {other}")),
+        }
+    }
+}
+
+export!(Misbehave);
