@@ -358,7 +358,14 @@ impl Manifest {
         let de = serde_yaml::Deserializer::from_str(yaml);
         let mut manifest: Manifest = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            let message = e.into_inner().to_string();
+            let mut message = e.into_inner().to_string();
+            // serde_yaml prefixes the enclosing mapping's path; ours is exact.
+            if let Some((prefix, rest)) = message.split_once(": ")
+                && !prefix.contains(' ')
+                && path.starts_with(prefix)
+            {
+                message = rest.to_string();
+            }
             ManifestError {
                 source: None,
                 problems: vec![Problem {

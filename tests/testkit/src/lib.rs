@@ -1,0 +1,84 @@
+//! Helpers shared by wasmwatch's tests.
+//!
+//! [`plugin`] gives the path of a plugin component built from `plugins/`,
+//! building the plugins workspace (for wasm32-wasip2, release) once per test
+//! process; cargo makes that a no-op when nothing changed. [`pin`] fills
+//! `{module:NAME}` and `{sha256:NAME}` placeholders in a manifest template.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use sha2::{Digest, Sha256};
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+}
+
+/// Where plugin builds go: `$WASMWATCH_PLUGIN_TARGET_DIR`, else
+/// `$CARGO_TARGET_DIR/plugins`, else `target/plugins`.
+pub fn plugin_target_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("WASMWATCH_PLUGIN_TARGET_DIR") {
+        return PathBuf::from(d);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    target.join("plugins")
+}
+
+fn build_plugins() -> PathBuf {
+    let target = plugin_target_dir();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(repo_root().join("plugins"))
+        .args(["build", "--release", "--quiet", "--target", "wasm32-wasip2"])
+        .env("CARGO_TARGET_DIR", &target)
+        .status()
+        .expect("run cargo to build the plugins");
+    assert!(
+        status.success(),
+        "building plugins/ for wasm32-wasip2 failed; is the target installed? (rustup target add wasm32-wasip2)"
+    );
+    target.join("wasm32-wasip2/release")
+}
+
+/// The built component `plugins/.../<crate>` as `<crate with _>.wasm`.
+pub fn plugin(crate_name: &str) -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let path = DIR.get_or_init(build_plugins).join(format!("{}.wasm", crate_name.replace('-', "_")));
+    assert!(path.exists(), "no plugin component at {}", path.display());
+    path
+}
+
+/// Hex SHA-256 of a file.
+pub fn sha256_file(path: &Path) -> String {
+    hex::encode(Sha256::digest(std::fs::read(path).expect("read file")))
+}
+
+/// Replaces `{module:CRATE}` with the built plugin's path and `{sha256:CRATE}`
+/// with its digest.
+pub fn pin(template: &str) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        out.push_str(&rest[..start]);
+        let after = &rest[start..];
+        let end = after.find('}').map(|e| e + 1);
+        let token = end.map(|e| &after[1..e - 1]);
+        match token.and_then(|t| t.split_once(':')) {
+            Some(("module", name)) => out.push_str(&plugin(name).display().to_string()),
+            Some(("sha256", name)) => out.push_str(&sha256_file(&plugin(name))),
+            _ => {
+                out.push('{');
+                rest = &after[1..];
+                continue;
+            }
+        }
+        rest = &after[end.unwrap()..];
+    }
+    out.push_str(rest);
+    out
+}
