@@ -1,0 +1,195 @@
+//! The registry of resource types this server knows, with everything the
+//! generic storage, routing and discovery code needs to know about each.
+
+/// Index of a resource type in [`RESOURCES`].
+pub type ResourceId = usize;
+
+/// Which DNS rule object names of a resource must follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameRule {
+    /// RFC 1123 subdomain: at most 253 characters, dots allowed.
+    Subdomain,
+    /// RFC 1123 label: at most 63 characters, no dots.
+    Label,
+}
+
+/// Static description of one served resource type.
+#[derive(Debug)]
+pub struct ResourceType {
+    /// API group; empty for the core (legacy) group.
+    pub group: &'static str,
+    pub version: &'static str,
+    /// Plural resource name as used in paths, e.g. `configmaps`.
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    pub categories: &'static [&'static str],
+    /// The server maintains `metadata.generation`, bumped on spec changes.
+    pub generation: bool,
+    /// The resource has a `/status` subresource: the main resource ignores
+    /// status changes and `/status` ignores everything else.
+    pub status_subresource: bool,
+    pub name_rule: NameRule,
+}
+
+impl ResourceType {
+    /// `v1` or `group/version`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The name kube-apiserver uses in messages: `configmaps`, `deployments.apps`.
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_string()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    pub fn is_secret(&self) -> bool {
+        self.group.is_empty() && self.plural == "secrets"
+    }
+
+    pub fn is_namespace(&self) -> bool {
+        self.group.is_empty() && self.plural == "namespaces"
+    }
+
+    /// ConfigMaps and Secrets carry a size-limited `data` map.
+    pub fn has_data_limit(&self) -> bool {
+        self.group.is_empty() && (self.plural == "configmaps" || self.plural == "secrets")
+    }
+}
+
+const fn rt(
+    group: &'static str,
+    version: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+) -> ResourceType {
+    ResourceType {
+        group,
+        version,
+        plural,
+        singular,
+        kind,
+        namespaced,
+        short_names: &[],
+        categories: &[],
+        generation: false,
+        status_subresource: false,
+        name_rule: NameRule::Subdomain,
+    }
+}
+
+/// Every resource type served. Order matters only for discovery output.
+pub static RESOURCES: &[ResourceType] = &[
+    ResourceType {
+        short_names: &["ns"],
+        status_subresource: true,
+        name_rule: NameRule::Label,
+        ..rt("", "v1", "namespaces", "namespace", "Namespace", false)
+    },
+    ResourceType {
+        short_names: &["cm"],
+        ..rt("", "v1", "configmaps", "configmap", "ConfigMap", true)
+    },
+    rt("", "v1", "secrets", "secret", "Secret", true),
+    ResourceType {
+        short_names: &["svc"],
+        categories: &["all"],
+        status_subresource: true,
+        name_rule: NameRule::Label,
+        ..rt("", "v1", "services", "service", "Service", true)
+    },
+    ResourceType {
+        short_names: &["po"],
+        categories: &["all"],
+        status_subresource: true,
+        ..rt("", "v1", "pods", "pod", "Pod", true)
+    },
+    ResourceType {
+        short_names: &["ev"],
+        ..rt("", "v1", "events", "event", "Event", true)
+    },
+    rt(
+        "discovery.k8s.io",
+        "v1",
+        "endpointslices",
+        "endpointslice",
+        "EndpointSlice",
+        true,
+    ),
+    ResourceType {
+        short_names: &["deploy"],
+        categories: &["all"],
+        generation: true,
+        status_subresource: true,
+        ..rt("apps", "v1", "deployments", "deployment", "Deployment", true)
+    },
+    ResourceType {
+        short_names: &["sts"],
+        categories: &["all"],
+        generation: true,
+        status_subresource: true,
+        ..rt("apps", "v1", "statefulsets", "statefulset", "StatefulSet", true)
+    },
+    ResourceType {
+        short_names: &["ds"],
+        categories: &["all"],
+        generation: true,
+        status_subresource: true,
+        ..rt("apps", "v1", "daemonsets", "daemonset", "DaemonSet", true)
+    },
+    rt("coordination.k8s.io", "v1", "leases", "lease", "Lease", true),
+    ResourceType {
+        short_names: &["ev"],
+        ..rt("events.k8s.io", "v1", "events", "event", "Event", true)
+    },
+];
+
+/// Find a resource by group, version and plural name.
+pub fn lookup(group: &str, version: &str, plural: &str) -> Option<ResourceId> {
+    RESOURCES
+        .iter()
+        .position(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// Find a resource by plural name in the core group (`/api/v1/...`).
+pub fn lookup_core(plural: &str) -> Option<ResourceId> {
+    lookup("", "v1", plural)
+}
+
+/// The index of the `namespaces` resource.
+pub fn namespaces_id() -> ResourceId {
+    lookup_core("namespaces").expect("namespaces is registered")
+}
+
+/// API groups served under `/apis`, in discovery order, with their versions.
+pub fn groups() -> Vec<(&'static str, &'static str)> {
+    let mut out: Vec<(&'static str, &'static str)> = Vec::new();
+    for r in RESOURCES.iter().filter(|r| !r.group.is_empty()) {
+        if !out.contains(&(r.group, r.version)) {
+            out.push((r.group, r.version));
+        }
+    }
+    out
+}
+
+/// Resources of one group/version.
+pub fn in_group_version<'a>(
+    group: &'a str,
+    version: &'a str,
+) -> impl Iterator<Item = &'static ResourceType> + 'a {
+    RESOURCES
+        .iter()
+        .filter(move |r| r.group == group && r.version == version)
+}

@@ -1,0 +1,448 @@
+//! The object store: every object of every kind as a `serde_json::Value`,
+//! one global resourceVersion counter, a bounded history ring of changes and
+//! the broadcast feed that watches consume.
+//!
+//! Everything sits under one mutex so that "take a snapshot (or a history
+//! replay) and subscribe to later changes" is atomic: a watch started from a
+//! list's resourceVersion neither misses nor duplicates an event. The
+//! critical section of a write is small: bump the counter, stamp the version,
+//! insert, push to the ring, hand an `Arc` to the broadcast channel.
+//! Serialising an event for the wire happens lazily, once, in whichever watch
+//! gets to it first.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use crate::error::ApiError;
+use crate::resources::{RESOURCES, ResourceId, namespaces_id};
+
+/// Key of an object inside one resource: (namespace, name); cluster-scoped
+/// objects use an empty namespace. Ordered like kube-apiserver's etcd keys.
+pub type Key = (String, String);
+
+/// Kind of a stored change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl ChangeType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeType::Added => "ADDED",
+            ChangeType::Modified => "MODIFIED",
+            ChangeType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One committed write, as kept in the history ring and broadcast to watches.
+#[derive(Debug)]
+pub struct Change {
+    pub rv: u64,
+    pub resource: ResourceId,
+    pub kind: ChangeType,
+    pub namespace: String,
+    /// The object after the change (for a deletion: the last state, stamped
+    /// with the deletion's resourceVersion, as kube-apiserver does).
+    pub object: Arc<Value>,
+    /// The object before the change, if any (for selector transitions and
+    /// rewinding history into a past snapshot).
+    pub prev: Option<Arc<Value>>,
+    line: OnceLock<Bytes>,
+}
+
+impl Change {
+    /// The wire form `{"type":...,"object":...}\n`, serialised once.
+    pub fn line(&self) -> &Bytes {
+        self.line
+            .get_or_init(|| event_line(self.kind.as_str(), &self.object))
+    }
+}
+
+/// Serialise one watch event line.
+pub fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut buf = Vec::with_capacity(256);
+    buf.extend_from_slice(b"{\"type\":\"");
+    buf.extend_from_slice(kind.as_bytes());
+    buf.extend_from_slice(b"\",\"object\":");
+    serde_json::to_writer(&mut buf, object).expect("a Value always serialises");
+    buf.extend_from_slice(b"}\n");
+    Bytes::from(buf)
+}
+
+/// Store errors that the request layer turns into API errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    #[error("already exists")]
+    AlreadyExists,
+    /// The object's resourceVersion is not the expected one.
+    #[error("resource version changed")]
+    Changed,
+    #[error("namespace {0} not found")]
+    NamespaceNotFound(String),
+    #[error("namespace {0} is terminating")]
+    NamespaceTerminating(String),
+}
+
+struct Inner {
+    rv: u64,
+    objects: Vec<BTreeMap<Key, Arc<Value>>>,
+    history: VecDeque<Arc<Change>>,
+    capacity: usize,
+    /// Every change with rv > compacted is in `history`.
+    compacted: u64,
+}
+
+/// How a watch begins, computed atomically with its subscription.
+pub struct WatchStart {
+    /// Objects for synthetic ADDED events (watch without a resourceVersion).
+    pub initial: Vec<Arc<Value>>,
+    /// Changes after the requested resourceVersion.
+    pub replay: Vec<Arc<Change>>,
+    /// The resourceVersion the watch is at once `initial`/`replay` are sent.
+    pub rv: u64,
+    pub rx: broadcast::Receiver<Arc<Change>>,
+}
+
+/// The in-memory object store.
+pub struct Store {
+    inner: Mutex<Inner>,
+    tx: broadcast::Sender<Arc<Change>>,
+    auto_create_namespaces: bool,
+}
+
+fn set_rv(obj: &mut Value, rv: u64) {
+    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    }
+}
+
+/// The resourceVersion of a stored object.
+pub fn rv_of(obj: &Value) -> u64 {
+    obj.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Store {
+    pub fn new(history: usize, broadcast_capacity: usize, auto_create_namespaces: bool) -> Self {
+        let (tx, _) = broadcast::channel(broadcast_capacity.max(16));
+        Store {
+            inner: Mutex::new(Inner {
+                rv: 0,
+                objects: RESOURCES.iter().map(|_| BTreeMap::new()).collect(),
+                history: VecDeque::with_capacity(history.min(1 << 20)),
+                capacity: history,
+                compacted: 0,
+            }),
+            tx,
+            auto_create_namespaces,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the maps half-updated
+        // in a way later readers would trip over, so poisoning is ignored.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current (latest committed) resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// Drop all kept history: a watch or exact list from any older version now
+    /// gets 410 Expired.
+    pub fn compact(&self) {
+        let mut g = self.lock();
+        g.history.clear();
+        g.compacted = g.rv;
+    }
+
+    /// Change the history size (takes effect for later writes; shrinks now).
+    pub fn set_history_capacity(&self, capacity: usize) {
+        let mut g = self.lock();
+        g.capacity = capacity;
+        while g.history.len() > capacity {
+            let old = g.history.pop_front().expect("non-empty");
+            g.compacted = old.rv;
+        }
+    }
+
+    pub fn get(&self, res: ResourceId, ns: &str, name: &str) -> Option<Arc<Value>> {
+        self.lock().objects[res]
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    fn commit(
+        &self,
+        g: &mut Inner,
+        res: ResourceId,
+        key: Key,
+        kind: ChangeType,
+        mut obj: Value,
+        prev: Option<Arc<Value>>,
+    ) -> Arc<Value> {
+        g.rv += 1;
+        let rv = g.rv;
+        set_rv(&mut obj, rv);
+        let obj = Arc::new(obj);
+        match kind {
+            ChangeType::Deleted => {
+                g.objects[res].remove(&key);
+            }
+            _ => {
+                g.objects[res].insert(key.clone(), obj.clone());
+            }
+        }
+        let change = Arc::new(Change {
+            rv,
+            resource: res,
+            kind,
+            namespace: key.0,
+            object: obj.clone(),
+            prev,
+            line: OnceLock::new(),
+        });
+        if g.capacity > 0 {
+            if g.history.len() >= g.capacity {
+                let old = g.history.pop_front().expect("non-empty");
+                g.compacted = old.rv;
+            }
+            g.history.push_back(change.clone());
+        } else {
+            g.compacted = rv;
+        }
+        let _ = self.tx.send(change);
+        obj
+    }
+
+    fn check_namespace(&self, g: &mut Inner, res: ResourceId, ns: &str) -> Result<(), StoreError> {
+        if !RESOURCES[res].namespaced {
+            return Ok(());
+        }
+        let nsid = namespaces_id();
+        let key = (String::new(), ns.to_string());
+        match g.objects[nsid].get(&key) {
+            Some(n) if n.pointer("/metadata/deletionTimestamp").is_some() => {
+                Err(StoreError::NamespaceTerminating(ns.to_string()))
+            }
+            Some(_) => Ok(()),
+            None if self.auto_create_namespaces => {
+                let obj = crate::objects::new_namespace(ns);
+                self.commit(g, nsid, key, ChangeType::Added, obj, None);
+                Ok(())
+            }
+            None => Err(StoreError::NamespaceNotFound(ns.to_string())),
+        }
+    }
+
+    /// Insert a new object (already prepared by the request layer).
+    pub fn create(
+        &self,
+        res: ResourceId,
+        ns: &str,
+        name: &str,
+        obj: Value,
+    ) -> Result<Arc<Value>, StoreError> {
+        let mut g = self.lock();
+        self.check_namespace(&mut g, res, ns)?;
+        let key = (ns.to_string(), name.to_string());
+        if g.objects[res].contains_key(&key) {
+            return Err(StoreError::AlreadyExists);
+        }
+        Ok(self.commit(&mut g, res, key, ChangeType::Added, obj, None))
+    }
+
+    /// Replace an object whose current resourceVersion must be `expect_rv`.
+    /// An object left with a deletionTimestamp and no finalizers is deleted.
+    pub fn update(
+        &self,
+        res: ResourceId,
+        ns: &str,
+        name: &str,
+        expect_rv: u64,
+        obj: Value,
+    ) -> Result<Arc<Value>, StoreError> {
+        let mut g = self.lock();
+        let key = (ns.to_string(), name.to_string());
+        let cur = g.objects[res].get(&key).cloned().ok_or(StoreError::NotFound)?;
+        if rv_of(&cur) != expect_rv {
+            return Err(StoreError::Changed);
+        }
+        let finalized = obj.pointer("/metadata/deletionTimestamp").is_some()
+            && obj
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .is_none_or(|f| f.is_empty());
+        let kind = if finalized {
+            ChangeType::Deleted
+        } else {
+            ChangeType::Modified
+        };
+        Ok(self.commit(&mut g, res, key, kind, obj, Some(cur)))
+    }
+
+    /// Delete an object (optionally only at `expect_rv`). Deleting a namespace
+    /// deletes everything in it.
+    pub fn delete(
+        &self,
+        res: ResourceId,
+        ns: &str,
+        name: &str,
+        expect_rv: Option<u64>,
+    ) -> Result<Arc<Value>, StoreError> {
+        let mut g = self.lock();
+        let key = (ns.to_string(), name.to_string());
+        let cur = g.objects[res].get(&key).cloned().ok_or(StoreError::NotFound)?;
+        if expect_rv.is_some_and(|rv| rv != rv_of(&cur)) {
+            return Err(StoreError::Changed);
+        }
+        if RESOURCES[res].is_namespace() {
+            for (rid, rt) in RESOURCES.iter().enumerate() {
+                if !rt.namespaced {
+                    continue;
+                }
+                let keys: Vec<Key> = g.objects[rid]
+                    .range((name.to_string(), String::new())..)
+                    .take_while(|(k, _)| k.0 == name)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in keys {
+                    let o = g.objects[rid].get(&k).cloned().expect("present");
+                    self.commit(&mut g, rid, k, ChangeType::Deleted, (*o).clone(), Some(o));
+                }
+            }
+        }
+        Ok(self.commit(
+            &mut g,
+            res,
+            key,
+            ChangeType::Deleted,
+            (*cur).clone(),
+            Some(cur),
+        ))
+    }
+
+    /// Objects of a resource (optionally one namespace) in key order, at the
+    /// latest version or exactly at `at` (rebuilt by rewinding history).
+    pub fn list(
+        &self,
+        res: ResourceId,
+        ns: Option<&str>,
+        at: Option<u64>,
+    ) -> Result<(Vec<(Key, Arc<Value>)>, u64), ApiError> {
+        let g = self.lock();
+        let in_ns = |k: &Key| ns.is_none_or(|n| k.0 == n);
+        let map = &g.objects[res];
+        let current = || -> Vec<(Key, Arc<Value>)> {
+            match ns {
+                Some(n) => map
+                    .range((n.to_string(), String::new())..)
+                    .take_while(|(k, _)| k.0 == n)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                None => map.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            }
+        };
+        let Some(at) = at.filter(|&at| at != g.rv) else {
+            return Ok((current(), g.rv));
+        };
+        if at > g.rv {
+            return Err(ApiError::too_large_rv(at, g.rv));
+        }
+        if at < g.compacted {
+            return Err(ApiError::too_old(at, g.compacted));
+        }
+        let mut snap: BTreeMap<Key, Arc<Value>> = current().into_iter().collect();
+        let start = g.history.partition_point(|c| c.rv <= at);
+        for c in g.history.range(start..).rev() {
+            if c.resource != res {
+                continue;
+            }
+            let key = (
+                c.namespace.clone(),
+                c.object
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+            if !in_ns(&key) {
+                continue;
+            }
+            match &c.prev {
+                Some(p) => {
+                    snap.insert(key, p.clone());
+                }
+                None => {
+                    snap.remove(&key);
+                }
+            }
+        }
+        Ok((snap.into_iter().collect(), at))
+    }
+
+    /// Start a watch: from the current state (`from = None`: the caller sends
+    /// synthetic ADDED events for `initial`) or from a resourceVersion (the
+    /// caller replays `replay`). Either way `rx` delivers every later change.
+    pub fn watch(&self, res: ResourceId, from: Option<u64>) -> Result<WatchStart, ApiError> {
+        let g = self.lock();
+        let rx = self.tx.subscribe();
+        match from {
+            None => Ok(WatchStart {
+                initial: g.objects[res].values().cloned().collect(),
+                replay: Vec::new(),
+                rv: g.rv,
+                rx,
+            }),
+            Some(n) => {
+                if n < g.compacted {
+                    return Err(ApiError::too_old(n, g.compacted));
+                }
+                let start = g.history.partition_point(|c| c.rv <= n);
+                Ok(WatchStart {
+                    initial: Vec::new(),
+                    replay: g.history.range(start..).cloned().collect(),
+                    rv: n,
+                    rx,
+                })
+            }
+        }
+    }
+
+    /// A fresh namespace-less object count (for tests and diagnostics).
+    pub fn len(&self, res: ResourceId) -> usize {
+        self.lock().objects[res].len()
+    }
+
+    /// The history bounds: (compacted, latest).
+    pub fn history_bounds(&self) -> (u64, u64) {
+        let g = self.lock();
+        (g.compacted, g.rv)
+    }
+}
+
+/// A minimal object carrying only `metadata.resourceVersion` (bookmarks).
+pub fn bookmark_object(api_version: &str, kind: &str, rv: u64, initial_end: bool) -> Value {
+    let mut o = json!({
+        "kind": kind,
+        "apiVersion": api_version,
+        "metadata": { "resourceVersion": rv.to_string() },
+    });
+    if initial_end {
+        o["metadata"]["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
+    }
+    o
+}
