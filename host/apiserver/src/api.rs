@@ -109,6 +109,9 @@ pub fn parse_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
     if body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }
+    if content_type.contains("protobuf") || content_type.contains("cbor") {
+        return Err(ApiError::unsupported_media_type(content_type));
+    }
     if content_type.contains("yaml") {
         serde_yaml::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))

@@ -24,6 +24,17 @@ pub fn now_time() -> String {
         .to_string()
 }
 
+/// Normalise a `metav1.MicroTime` to RFC 3339 with exactly six fractional
+/// digits, as kube-apiserver re-serialises it.
+fn normalise_micro_time(v: &mut Value) -> Result<(), String> {
+    let Some(s) = v.as_str() else {
+        return Ok(());
+    };
+    let ts: jiff::Timestamp = s.parse().map_err(|e| format!("{e}"))?;
+    *v = json!(ts.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string());
+    Ok(())
+}
+
 /// A random RFC 4122 version 4 UID.
 pub fn new_uid() -> String {
     let b: [u8; 16] = rand::rng().random();
@@ -152,6 +163,23 @@ fn normalise_secret(obj: &mut Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Per-kind normalisation done on every write.
+fn normalise_kind(rt: &ResourceType, obj: &mut Value) -> Result<(), ApiError> {
+    if rt.is_secret() {
+        normalise_secret(obj)?;
+    }
+    if rt.group == "coordination.k8s.io" {
+        for f in ["acquireTime", "renewTime"] {
+            if let Some(v) = obj.get_mut("spec").and_then(|s| s.get_mut(f)) {
+                normalise_micro_time(v).map_err(|e| {
+                    ApiError::bad_request(format!("Lease in version \"v1\" cannot be handled as a Lease: spec.{f}: {e}"))
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
 static NEXT_CLUSTER_IP: AtomicU32 = AtomicU32::new(10);
 
 fn kind_defaults_on_create(rt: &ResourceType, obj: &mut Value) {
@@ -247,9 +275,7 @@ pub fn prepare_create(rt: &ResourceType, ns: &str, mut obj: Value) -> Result<(St
     if rt.generation {
         meta.insert("generation".into(), json!(1));
     }
-    if rt.is_secret() {
-        normalise_secret(&mut obj)?;
-    }
+    normalise_kind(rt, &mut obj)?;
     kind_defaults_on_create(rt, &mut obj);
     validate(rt, &name, &obj)?;
     Ok((name, obj))
@@ -299,9 +325,7 @@ pub fn prepare_update(rt: &ResourceType, ns: &str, name: &str, old: &Value, mut 
             }
         }
     }
-    if rt.is_secret() {
-        normalise_secret(&mut new)?;
-    }
+    normalise_kind(rt, &mut new)?;
     if rt.is_namespace() {
         new["spec"] = old.get("spec").cloned().unwrap_or_else(|| json!({}));
     }

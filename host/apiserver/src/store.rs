@@ -161,12 +161,13 @@ impl Store {
         self.lock().rv
     }
 
-    /// Drop all kept history: a watch or exact list from any older version now
-    /// gets 410 Expired.
+    /// Drop all kept history and expire every version up to the current one:
+    /// a watch resuming from any version handed out so far (and an exact list
+    /// or continue token at one) gets 410 Expired.
     pub fn compact(&self) {
         let mut g = self.lock();
         g.history.clear();
-        g.compacted = g.rv;
+        g.compacted = g.rv + 1;
     }
 
     /// Change the history size (takes effect for later writes; shrinks now).
@@ -363,7 +364,7 @@ impl Store {
             return Err(ApiError::too_large_rv(at, g.rv));
         }
         if at < g.compacted {
-            return Err(ApiError::too_old(at, g.compacted));
+            return Err(ApiError::too_old(at, g.compacted.min(g.rv)));
         }
         let mut snap: BTreeMap<Key, Arc<Value>> = current().into_iter().collect();
         let start = g.history.partition_point(|c| c.rv <= at);
@@ -409,7 +410,7 @@ impl Store {
             }),
             Some(n) => {
                 if n < g.compacted {
-                    return Err(ApiError::too_old(n, g.compacted));
+                    return Err(ApiError::too_old(n, g.compacted.min(g.rv)));
                 }
                 let start = g.history.partition_point(|c| c.rv <= n);
                 Ok(WatchStart {

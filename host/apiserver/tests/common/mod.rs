@@ -1,0 +1,161 @@
+//! Shared helpers: a raw HTTP client for exact wire-level assertions.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use wasmwatch_apiserver::{Config, Server, ServerHandle};
+
+pub type Http = Client<HttpConnector, Full<Bytes>>;
+
+pub fn http() -> Http {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub async fn start() -> ServerHandle {
+    start_with(Config::default()).await
+}
+
+pub async fn start_with(config: Config) -> ServerHandle {
+    Server::start(config).await.expect("server starts")
+}
+
+/// A plain JSON response.
+pub struct Resp {
+    pub status: u16,
+    pub headers: hyper::HeaderMap,
+    pub body: Value,
+}
+
+pub async fn send(
+    http: &Http,
+    method: &str,
+    url: &str,
+    content_type: &str,
+    body: Option<&Value>,
+) -> Resp {
+    let body = body.map(|b| serde_json::to_vec(b).unwrap()).unwrap_or_default();
+    let req = Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = http.request(req).await.expect("request");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+    };
+    Resp {
+        status,
+        headers,
+        body,
+    }
+}
+
+pub async fn get(http: &Http, url: &str) -> Resp {
+    send(http, "GET", url, "application/json", None).await
+}
+
+pub async fn post(http: &Http, url: &str, body: &Value) -> Resp {
+    send(http, "POST", url, "application/json", Some(body)).await
+}
+
+pub async fn put(http: &Http, url: &str, body: &Value) -> Resp {
+    send(http, "PUT", url, "application/json", Some(body)).await
+}
+
+pub async fn delete(http: &Http, url: &str) -> Resp {
+    send(http, "DELETE", url, "application/json", None).await
+}
+
+/// An open watch: reads newline-delimited JSON events.
+pub struct Watch {
+    resp: Response<Incoming>,
+    buf: Vec<u8>,
+    done: bool,
+}
+
+impl Watch {
+    pub async fn open(http: &Http, url: &str) -> Watch {
+        let req = Request::builder()
+            .uri(url)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = http.request(req).await.expect("watch request");
+        assert_eq!(resp.status(), 200, "watch {url}");
+        Watch {
+            resp,
+            buf: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// The next event, or None when the stream ended (cleanly or not).
+    pub async fn next(&mut self) -> Option<Value> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return Some(serde_json::from_slice(&line).expect("event is JSON"));
+            }
+            if self.done {
+                return None;
+            }
+            match self.resp.body_mut().frame().await {
+                Some(Ok(f)) => {
+                    if let Ok(d) = f.into_data() {
+                        self.buf.extend_from_slice(&d);
+                    }
+                }
+                _ => self.done = true,
+            }
+        }
+    }
+
+    /// The next event within `d`, panicking on timeout.
+    pub async fn next_within(&mut self, d: Duration) -> Option<Value> {
+        tokio::time::timeout(d, self.next())
+            .await
+            .expect("watch event in time")
+    }
+}
+
+/// (type, name, resourceVersion) of an event.
+pub fn summary(ev: &Value) -> (String, String, String) {
+    (
+        ev["type"].as_str().unwrap_or_default().to_string(),
+        ev["object"]["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        ev["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+pub fn cm(name: &str, data: &[(&str, &str)]) -> Value {
+    let data: serde_json::Map<String, Value> = data
+        .iter()
+        .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+        .collect();
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": { "name": name },
+        "data": data,
+    })
+}
