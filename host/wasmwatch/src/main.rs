@@ -1,1 +1,4 @@
-fn main() {}
+//! The `wasmwatch` binary: everything lives in the library.
+fn main() -> std::process::ExitCode {
+    wasmwatch::cli::main()
+}

@@ -1,0 +1,142 @@
+//! The command line.
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use wasmwatch_core::{ChangeType, Manifest, StaticLookups};
+use wasmwatch_runtime::{Runtime, RuntimeConfig};
+
+#[derive(Debug, Parser)]
+#[command(name = "wasmwatch", version, about = "Refresh apps when their ConfigMaps and Secrets change, as decided by sandboxed WebAssembly plugins")]
+pub struct Args {
+    /// Where compiled plugins are cached between runs.
+    #[arg(long, env = "WASMWATCH_CACHE_DIR", global = true)]
+    cache_dir: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check a plugin manifest fully: fields, plugin pins, imports, worlds and
+    /// each plugin's own config check.
+    Validate {
+        /// The manifest (YAML).
+        manifest: PathBuf,
+    },
+    /// Work with one plugin.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginCommand {
+    /// Run one plugin on one event and print the actions it returns, with the
+    /// host's capability verdict on each, as JSON. Nothing is executed.
+    Run {
+        #[arg(long)]
+        manifest: PathBuf,
+        /// The plugin's name in the manifest.
+        #[arg(long)]
+        plugin: String,
+        /// A ConfigMap or Secret as `kubectl get -o yaml` prints it, or an
+        /// envelope `{change, previous, replay, object}`.
+        #[arg(long)]
+        event: PathBuf,
+        /// The change type when the event file does not say.
+        #[arg(long, default_value = "modified")]
+        change: ChangeType,
+        /// YAML with `services` and `workloads` the plugin's lookups answer from.
+        #[arg(long)]
+        lookups: Option<PathBuf>,
+    },
+}
+
+/// Runs the command line and returns the process's exit code.
+pub fn main() -> ExitCode {
+    let args = Args::parse();
+    init_tracing(args.log_format);
+    match run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+fn runtime(cache_dir: Option<PathBuf>, lookups: StaticLookups) -> anyhow::Result<Runtime> {
+    let config = RuntimeConfig { cache_dir, ..RuntimeConfig::default() };
+    Runtime::new(config, Arc::new(lookups)).map_err(|e| anyhow::anyhow!("cannot start the plugin runtime: {e:#}"))
+}
+
+fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match args.command {
+        Command::Validate { manifest } => {
+            let m = Manifest::from_file(&manifest)?;
+            let rt = runtime(args.cache_dir, StaticLookups::default())?;
+            let mut failed = false;
+            for entry in &m.plugins {
+                match rt.load(entry, &m.base_dir) {
+                    Ok(_) => println!("plugin {}: ok ({})", entry.name, entry.module_path(&m.base_dir).display()),
+                    Err(e) => {
+                        failed = true;
+                        eprintln!("error: {e}");
+                    }
+                }
+            }
+            if failed {
+                return Ok(ExitCode::FAILURE);
+            }
+            println!("{}: valid, {} plugin(s)", manifest.display(), m.plugins.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin(PluginCommand::Run { manifest, plugin, event, change, lookups }) => {
+            let m = Manifest::from_file(&manifest)?;
+            let entry = m.plugin(&plugin).with_context(|| {
+                let names: Vec<&str> = m.plugins.iter().map(|p| p.name.as_str()).collect();
+                format!("no plugin named {plugin:?} in {}; it has: {}", manifest.display(), names.join(", "))
+            })?;
+            let lookups = match lookups {
+                Some(path) => {
+                    let text = std::fs::read_to_string(&path)
+                        .with_context(|| format!("cannot read lookups file {}", path.display()))?;
+                    serde_yaml::from_str(&text).with_context(|| format!("invalid lookups file {}", path.display()))?
+                }
+                None => StaticLookups::default(),
+            };
+            let event = crate::event_file::read(&event, change)?;
+            let rt = runtime(args.cache_dir, lookups)?;
+            let loaded = rt.load(entry, &m.base_dir)?;
+            if !loaded.filter().matches(&event) {
+                eprintln!(
+                    "note: plugin {plugin:?} would not get this event (its manifest entry's `events` filter does not select it); running it anyway"
+                );
+            }
+            let decision = loaded.handle(&event)?;
+            println!("{}", serde_json::to_string_pretty(&decision)?);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! wasmwatch: refresh apps when their ConfigMaps and Secrets change, as
+//! decided by sandboxed WebAssembly plugins.
+//!
+//! This crate wires the others together and holds the command line
+//! ([`cli`]); the binary is a thin wrapper around [`cli::main`].
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod event_file;

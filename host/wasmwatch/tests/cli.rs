@@ -1,0 +1,145 @@
+//! The `wasmwatch` binary, run as a user would.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use wasmwatch_testkit::{pin, repo_root};
+
+fn wasmwatch(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run wasmwatch")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, content).unwrap();
+    p
+}
+
+const MANIFEST: &str = "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+plugins:
+  - name: http-refresh
+    module: {module:http-refresh}
+    sha256: {sha256:http-refresh}
+    events: {kinds: [ConfigMap], labelSelector: spring.cloud.kubernetes.config=true}
+    capabilities: {refresh: [shop]}
+  - name: spy
+    module: {module:misbehave}
+    sha256: {sha256:misbehave}
+    config: {mode: spy}
+    capabilities: {events: true}
+";
+
+#[test]
+fn validate_accepts_a_good_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(dir.path(), "m.yaml", &pin(MANIFEST));
+    let out = wasmwatch(&["validate", m.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("plugin http-refresh: ok"), "{stdout}");
+    assert!(stdout.contains("valid, 2 plugin(s)"), "{stdout}");
+}
+
+#[test]
+fn validate_refuses_bad_manifests_and_bad_plugins_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad_field = write(dir.path(), "a.yaml", &pin(MANIFEST).replace("refresh: [shop]", "refresh: [shop], root: true"));
+    let out = wasmwatch(&["validate", bad_field.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("a.yaml"), "{err}");
+    assert!(err.contains("plugins[0].capabilities.root: unknown field `root`"), "{err}");
+
+    let bad_plugin = pin(&MANIFEST.replace("{module:misbehave}", "{module:wasi-fs}").replace("{sha256:misbehave}", "{sha256:wasi-fs}"));
+    let m = write(dir.path(), "b.yaml", &bad_plugin);
+    let out = wasmwatch(&["validate", m.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("plugin `spy`: imports `wasi:filesystem/"), "{err}");
+
+    let bad_config = pin(MANIFEST).replace("config: {mode: spy}", "config: {mode: spy, extra: 1}");
+    let m = write(dir.path(), "c.yaml", &bad_config);
+    let out = wasmwatch(&["validate", m.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("plugin `spy`: rejected its config: misbehave config: unknown field `extra`"), "{err}");
+}
+
+#[test]
+fn plugin_run_prints_the_actions_with_verdicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(dir.path(), "m.yaml", &pin(MANIFEST));
+    let fixtures = repo_root().join("tests/fixtures");
+    let out = wasmwatch(&[
+        "plugin",
+        "run",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--plugin",
+        "http-refresh",
+        "--event",
+        fixtures.join("orders-configmap.yaml").to_str().unwrap(),
+        "--lookups",
+        fixtures.join("shop-lookups.yaml").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({
+            "plugin": "http-refresh",
+            "actions": [
+                {"action": {"type": "refreshService", "namespace": "shop", "service": "orders", "method": "POST",
+                            "port": null, "path": "/actuator/refresh", "tls": false},
+                 "verdict": "allowed"},
+                {"action": {"type": "refreshService", "namespace": "shop", "service": "billing", "method": "POST",
+                            "port": 9090, "path": "/manage/refresh", "tls": false},
+                 "verdict": "allowed"}
+            ]
+        })
+    );
+}
+
+#[test]
+fn plugin_run_on_a_secret_event_withholds_values_and_shows_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(dir.path(), "m.yaml", &pin(MANIFEST).replace("capabilities: {events: true}", "capabilities: {}"));
+    let ev = write(
+        dir.path(),
+        "ev.yaml",
+        "change: added\nobject:\n  kind: Secret\n  metadata: {name: db, namespace: shop}\n  data: {password: aHVudGVyMg==}\n",
+    );
+    let out = wasmwatch(&["plugin", "run", "--manifest", m.to_str().unwrap(), "--plugin", "spy", "--event", ev.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let first = &json["actions"][0];
+    assert_eq!(first["action"]["message"], "password=<withheld>");
+    assert_eq!(first["verdict"], "refused");
+    assert_eq!(first["capability"], "events");
+    assert!(!text(&out.stdout).contains("hunter2"));
+}
+
+#[test]
+fn plugin_run_names_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(dir.path(), "m.yaml", &pin(MANIFEST));
+    let ev = repo_root().join("tests/fixtures/orders-configmap.yaml");
+    let out = wasmwatch(&["plugin", "run", "--manifest", m.to_str().unwrap(), "--plugin", "nope", "--event", ev.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("no plugin named \"nope\""), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("it has: http-refresh, spy"), "{}", text(&out.stderr));
+
+    let bad_ev = write(dir.path(), "pod.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n");
+    let out = wasmwatch(&["plugin", "run", "--manifest", m.to_str().unwrap(), "--plugin", "spy", "--event", bad_ev.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("invalid event file") && err.contains("kind \"Pod\""), "{err}");
+}
