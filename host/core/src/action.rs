@@ -103,21 +103,42 @@ impl Action {
 
     /// Bytes of variable-size data in the action, for output limits.
     pub fn approx_size(&self) -> usize {
-        let hs = |h: &[Header]| h.iter().map(|h| h.name.len() + h.value.len()).sum::<usize>();
+        let hs = |h: &[Header]| {
+            h.iter()
+                .map(|h| h.name.len() + h.value.len())
+                .sum::<usize>()
+        };
         64 + match self {
-            Action::Http { url, headers, body, .. } => {
-                url.len() + hs(headers) + body.as_ref().map_or(0, Vec::len)
+            Action::Http {
+                url, headers, body, ..
+            } => url.len() + hs(headers) + body.as_ref().map_or(0, Vec::len),
+            Action::RefreshService {
+                namespace,
+                service,
+                path,
+                ..
+            } => namespace.len() + service.len() + path.len(),
+            Action::Publish {
+                connection,
+                destination,
+                routing_key,
+                headers,
+                payload,
+            } => {
+                connection.len()
+                    + destination.len()
+                    + routing_key.len()
+                    + hs(headers)
+                    + payload.len()
             }
-            Action::RefreshService { namespace, service, path, .. } => {
-                namespace.len() + service.len() + path.len()
-            }
-            Action::Publish { connection, destination, routing_key, headers, payload } => {
-                connection.len() + destination.len() + routing_key.len() + hs(headers) + payload.len()
-            }
-            Action::Restart { workload, reason, content_hash } => {
-                workload.namespace.len() + workload.name.len() + reason.len() + content_hash.len()
-            }
-            Action::Event { reason, message, .. } => reason.len() + message.len(),
+            Action::Restart {
+                workload,
+                reason,
+                content_hash,
+            } => workload.namespace.len() + workload.name.len() + reason.len() + content_hash.len(),
+            Action::Event {
+                reason, message, ..
+            } => reason.len() + message.len(),
         }
     }
 }
@@ -130,7 +151,10 @@ fn bytes<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
         Err(_) => {
             use serde::ser::SerializeMap;
             let mut m = s.serialize_map(Some(1))?;
-            m.serialize_entry("base64", &base64::engine::general_purpose::STANDARD.encode(b))?;
+            m.serialize_entry(
+                "base64",
+                &base64::engine::general_purpose::STANDARD.encode(b),
+            )?;
             m.end()
         }
     }

@@ -63,21 +63,32 @@ impl Capabilities {
                 Ok(u) if self.http.iter().any(|p| p.matches(&u)) => Verdict::Allowed,
                 Ok(_) => refused("http", format!("URL {url} matches no granted http pattern")),
             },
-            Action::RefreshService { namespace, service, .. } => {
+            Action::RefreshService {
+                namespace, service, ..
+            } => {
                 if self.refresh.iter().any(|p| p.matches(namespace)) {
                     Verdict::Allowed
                 } else {
                     refused(
                         "refresh",
-                        format!("refreshing Service {namespace}/{service}: namespace {namespace:?} not granted"),
+                        format!(
+                            "refreshing Service {namespace}/{service}: namespace {namespace:?} not granted"
+                        ),
                     )
                 }
             }
-            Action::Publish { connection, destination, .. } => {
+            Action::Publish {
+                connection,
+                destination,
+                ..
+            } => {
                 if self.bus.iter().any(|p| p.matches(connection, destination)) {
                     Verdict::Allowed
                 } else {
-                    refused("bus", format!("publishing to {connection}/{destination} not granted"))
+                    refused(
+                        "bus",
+                        format!("publishing to {connection}/{destination} not granted"),
+                    )
                 }
             }
             Action::Restart { workload, .. } => {
@@ -97,7 +108,10 @@ impl Capabilities {
                 if self.events {
                     Verdict::Allowed
                 } else {
-                    refused("events", "emitting Kubernetes Events not granted".to_string())
+                    refused(
+                        "events",
+                        "emitting Kubernetes Events not granted".to_string(),
+                    )
                 }
             }
         }
@@ -153,7 +167,9 @@ impl std::str::FromStr for BusPattern {
 
 impl<'de> Deserialize<'de> for BusPattern {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -194,10 +210,19 @@ impl std::str::FromStr for UrlPattern {
         }
         let (host, port) = match authority.rsplit_once(':') {
             Some((h, "*")) => (h, None),
-            Some((h, p)) => (h, Some(p.parse::<u16>().map_err(|_| bad("port must be a number or *"))?)),
+            Some((h, p)) => (
+                h,
+                Some(
+                    p.parse::<u16>()
+                        .map_err(|_| bad("port must be a number or *"))?,
+                ),
+            ),
             None => (authority, Some(if scheme == "https" { 443 } else { 80 })),
         };
-        if host.is_empty() || (host.contains('*') && host != "*" && !host.starts_with("*.")) || host[1..].contains('*') {
+        if host.is_empty()
+            || (host.contains('*') && host != "*" && !host.starts_with("*."))
+            || host[1..].contains('*')
+        {
             return Err(bad("host must be a name, an address, * or *.suffix"));
         }
         Ok(UrlPattern {
@@ -212,7 +237,9 @@ impl std::str::FromStr for UrlPattern {
 
 impl<'de> Deserialize<'de> for UrlPattern {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -240,17 +267,29 @@ mod tests {
     use crate::action::{EventType, HttpMethod, WorkloadKind, WorkloadRef};
 
     fn http(url: &str) -> Action {
-        Action::Http { method: HttpMethod::Post, url: url.into(), headers: vec![], body: None }
+        Action::Http {
+            method: HttpMethod::Post,
+            url: url.into(),
+            headers: vec![],
+            body: None,
+        }
     }
 
     #[test]
     fn empty_grant_denies_everything() {
         let caps = Capabilities::default();
         assert!(!caps.check(&http("http://127.0.0.1/")).is_allowed());
-        let ev = Action::Event { event_type: EventType::Normal, reason: "R".into(), message: "m".into() };
+        let ev = Action::Event {
+            event_type: EventType::Normal,
+            reason: "R".into(),
+            message: "m".into(),
+        };
         assert_eq!(
             caps.check(&ev),
-            Verdict::Refused { capability: "events", reason: "emitting Kubernetes Events not granted".into() }
+            Verdict::Refused {
+                capability: "events",
+                reason: "emitting Kubernetes Events not granted".into()
+            }
         );
     }
 
@@ -263,14 +302,33 @@ mod tests {
             ],
             ..Default::default()
         };
-        assert!(caps.check(&http("http://127.0.0.1:8080/hooks/a")).is_allowed());
-        assert!(!caps.check(&http("http://127.0.0.1:8080/other")).is_allowed());
+        assert!(
+            caps.check(&http("http://127.0.0.1:8080/hooks/a"))
+                .is_allowed()
+        );
+        assert!(
+            !caps
+                .check(&http("http://127.0.0.1:8080/other"))
+                .is_allowed()
+        );
         assert!(caps.check(&http("https://api.example.com/x")).is_allowed());
-        assert!(!caps.check(&http("https://example.com.evil.io/x")).is_allowed());
-        assert!(!caps.check(&http("https://api.example.com:8443/x")).is_allowed());
+        assert!(
+            !caps
+                .check(&http("https://example.com.evil.io/x"))
+                .is_allowed()
+        );
+        assert!(
+            !caps
+                .check(&http("https://api.example.com:8443/x"))
+                .is_allowed()
+        );
         assert!(!caps.check(&http("http://api.example.com/x")).is_allowed());
         // user info tricks do not get through
-        assert!(!caps.check(&http("https://a.example.com@evil.io/")).is_allowed());
+        assert!(
+            !caps
+                .check(&http("https://a.example.com@evil.io/"))
+                .is_allowed()
+        );
         assert!(!caps.check(&http("not a url")).is_allowed());
         assert!("ftp://x/".parse::<UrlPattern>().is_err());
         assert!("http://a*b/".parse::<UrlPattern>().is_err());
@@ -280,11 +338,18 @@ mod tests {
     fn namespaces_and_bus() {
         let caps = Capabilities {
             restart: vec![NamePattern("default".into())],
-            bus: vec!["rabbit/springCloudBus".parse().unwrap(), "nats/*".parse().unwrap()],
+            bus: vec![
+                "rabbit/springCloudBus".parse().unwrap(),
+                "nats/*".parse().unwrap(),
+            ],
             ..Default::default()
         };
         let restart = |ns: &str| Action::Restart {
-            workload: WorkloadRef { kind: WorkloadKind::Deployment, namespace: ns.into(), name: "w".into() },
+            workload: WorkloadRef {
+                kind: WorkloadKind::Deployment,
+                namespace: ns.into(),
+                name: "w".into(),
+            },
             reason: "r".into(),
             content_hash: "h".into(),
         };
@@ -297,7 +362,10 @@ mod tests {
             headers: vec![],
             payload: vec![],
         };
-        assert!(caps.check(&publish("rabbit", "springCloudBus")).is_allowed());
+        assert!(
+            caps.check(&publish("rabbit", "springCloudBus"))
+                .is_allowed()
+        );
         assert!(!caps.check(&publish("rabbit", "other")).is_allowed());
         assert!(caps.check(&publish("nats", "anything")).is_allowed());
         assert!("nobus".parse::<BusPattern>().is_err());

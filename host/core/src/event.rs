@@ -138,7 +138,12 @@ impl ObjectSnapshot {
         let meta = obj
             .get("metadata")
             .ok_or(ObjectError::Missing("metadata"))?;
-        let text = |k: &str| meta.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        let text = |k: &str| {
+            meta.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
         let name = text("name");
         if name.is_empty() {
             return Err(ObjectError::Missing("metadata.name"));
@@ -153,9 +158,11 @@ impl ObjectSnapshot {
             ObjectKind::Secret => ("stringData", "data"),
         };
         for (k, v) in string_map(obj.get(b64_field), b64_field)? {
-            let bytes = BASE64.decode(v.trim()).map_err(|_| ObjectError::BadBase64 {
-                field: format!("{b64_field}.{k}"),
-            })?;
+            let bytes = BASE64
+                .decode(v.trim())
+                .map_err(|_| ObjectError::BadBase64 {
+                    field: format!("{b64_field}.{k}"),
+                })?;
             let value = match kind {
                 ObjectKind::ConfigMap => DataValue::Binary(bytes),
                 ObjectKind::Secret => DataValue::from_bytes(bytes),
@@ -212,7 +219,11 @@ pub struct ChangeEvent {
 impl ChangeEvent {
     /// Builds the event for `object`, diffing its data against `previous`
     /// (the last handled version) when there is one.
-    pub fn new(change: ChangeType, object: ObjectSnapshot, previous: Option<&ObjectSnapshot>) -> Self {
+    pub fn new(
+        change: ChangeType,
+        object: ObjectSnapshot,
+        previous: Option<&ObjectSnapshot>,
+    ) -> Self {
         let changed_keys = match (change, previous) {
             (ChangeType::Modified | ChangeType::Resynced, Some(prev)) => {
                 let mut keys: Vec<String> = object
@@ -295,10 +306,16 @@ mod tests {
 
     #[test]
     fn bad_objects_are_named() {
-        let e = ObjectSnapshot::from_json(&json!({"kind": "Pod", "metadata": {"name": "p"}})).unwrap_err();
-        assert_eq!(e.to_string(), "object has kind \"Pod\"; expected ConfigMap or Secret");
-        let e = ObjectSnapshot::from_json(&json!({"kind": "Secret", "metadata": {"name": "s"}, "data": {"k": "!!"}}))
+        let e = ObjectSnapshot::from_json(&json!({"kind": "Pod", "metadata": {"name": "p"}}))
             .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "object has kind \"Pod\"; expected ConfigMap or Secret"
+        );
+        let e = ObjectSnapshot::from_json(
+            &json!({"kind": "Secret", "metadata": {"name": "s"}, "data": {"k": "!!"}}),
+        )
+        .unwrap_err();
         assert_eq!(e.to_string(), "data.k is not valid base64");
         let e = ObjectSnapshot::from_json(&cm(json!({"x": 1}))).unwrap_err();
         assert_eq!(e.to_string(), "data.x must be a string");

@@ -67,9 +67,18 @@ pub struct ServiceInfo {
 
 /// The data source behind the plugin host interface.
 pub trait Lookups: Send + Sync {
-    fn workloads_referencing(&self, kind: ObjectKind, namespace: &str, name: &str) -> Vec<WorkloadInfo>;
+    fn workloads_referencing(
+        &self,
+        kind: ObjectKind,
+        namespace: &str,
+        name: &str,
+    ) -> Vec<WorkloadInfo>;
     fn service(&self, namespace: &str, name: &str) -> Option<ServiceInfo>;
-    fn services_with_labels(&self, namespace: &str, labels: &BTreeMap<String, String>) -> Vec<ServiceInfo>;
+    fn services_with_labels(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Vec<ServiceInfo>;
 }
 
 /// Lookups from fixed lists.
@@ -83,11 +92,20 @@ pub struct StaticLookups {
 }
 
 impl Lookups for StaticLookups {
-    fn workloads_referencing(&self, kind: ObjectKind, namespace: &str, name: &str) -> Vec<WorkloadInfo> {
+    fn workloads_referencing(
+        &self,
+        kind: ObjectKind,
+        namespace: &str,
+        name: &str,
+    ) -> Vec<WorkloadInfo> {
         self.workloads
             .iter()
             .filter(|w| w.workload.namespace == namespace)
-            .filter(|w| w.references.iter().any(|r| r.kind == kind && r.name == name))
+            .filter(|w| {
+                w.references
+                    .iter()
+                    .any(|r| r.kind == kind && r.name == name)
+            })
             .cloned()
             .collect()
     }
@@ -99,7 +117,11 @@ impl Lookups for StaticLookups {
             .cloned()
     }
 
-    fn services_with_labels(&self, namespace: &str, labels: &BTreeMap<String, String>) -> Vec<ServiceInfo> {
+    fn services_with_labels(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Vec<ServiceInfo> {
         self.services
             .iter()
             .filter(|s| s.namespace == namespace)

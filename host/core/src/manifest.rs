@@ -206,7 +206,12 @@ impl Default for EventFilter {
 }
 
 fn all_changes() -> Vec<ChangeType> {
-    vec![ChangeType::Added, ChangeType::Modified, ChangeType::Deleted, ChangeType::Resynced]
+    vec![
+        ChangeType::Added,
+        ChangeType::Modified,
+        ChangeType::Deleted,
+        ChangeType::Resynced,
+    ]
 }
 
 impl EventFilter {
@@ -215,8 +220,14 @@ impl EventFilter {
         let o = &event.object;
         self.kinds.contains(&o.kind)
             && self.changes.contains(&event.change)
-            && self.namespaces.iter().any(|n| n == "*" || *n == o.namespace)
-            && self.label_selector.as_ref().is_none_or(|s| s.matches(&o.labels))
+            && self
+                .namespaces
+                .iter()
+                .any(|n| n == "*" || *n == o.namespace)
+            && self
+                .label_selector
+                .as_ref()
+                .is_none_or(|s| s.matches(&o.labels))
     }
 }
 
@@ -342,7 +353,8 @@ impl std::error::Error for ManifestError {}
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -379,7 +391,10 @@ impl Manifest {
         if problems.is_empty() {
             Ok(manifest)
         } else {
-            Err(ManifestError { source: None, problems })
+            Err(ManifestError {
+                source: None,
+                problems,
+            })
         }
     }
 
@@ -392,7 +407,10 @@ impl Manifest {
         let text = std::fs::read_to_string(path).map_err(|e| {
             with_source(ManifestError {
                 source: None,
-                problems: vec![Problem { path: String::new(), message: format!("cannot read it: {e}") }],
+                problems: vec![Problem {
+                    path: String::new(),
+                    message: format!("cannot read it: {e}"),
+                }],
             })
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
@@ -409,7 +427,13 @@ impl Manifest {
         let mut out = Vec::new();
         let mut bad = |path: String, message: String| out.push(Problem { path, message });
         if self.api_version != API_VERSION {
-            bad("apiVersion".into(), format!("{:?} is not supported; expected {API_VERSION:?}", self.api_version));
+            bad(
+                "apiVersion".into(),
+                format!(
+                    "{:?} is not supported; expected {API_VERSION:?}",
+                    self.api_version
+                ),
+            );
         }
         if self.kind != KIND {
             bad("kind".into(), format!("{:?}: expected {KIND:?}", self.kind));
@@ -420,29 +444,47 @@ impl Manifest {
         check_namespaces(&self.watch.namespaces, "watch.namespaces", &mut bad);
 
         let ha = &self.ha;
-        for (field, name) in [("ha.leaseName", &ha.lease_name), ("ha.stateLeaseName", &ha.state_lease_name)] {
+        for (field, name) in [
+            ("ha.leaseName", &ha.lease_name),
+            ("ha.stateLeaseName", &ha.state_lease_name),
+        ] {
             if !is_dns_subdomain(name) {
-                bad(field.into(), format!("{name:?} is not a valid Lease name (DNS-1123 subdomain)"));
+                bad(
+                    field.into(),
+                    format!("{name:?} is not a valid Lease name (DNS-1123 subdomain)"),
+                );
             }
         }
         if ha.lease_name == ha.state_lease_name {
-            bad("ha.stateLeaseName".into(), format!("{:?} must differ from ha.leaseName", ha.state_lease_name));
+            bad(
+                "ha.stateLeaseName".into(),
+                format!("{:?} must differ from ha.leaseName", ha.state_lease_name),
+            );
         }
         if let Some(ns) = &ha.namespace
             && !is_dns_label(ns)
         {
-            bad("ha.namespace".into(), format!("{ns:?} is not a valid namespace name"));
+            bad(
+                "ha.namespace".into(),
+                format!("{ns:?} is not a valid namespace name"),
+            );
         }
         if ha.lease_duration <= ha.renew_deadline {
             bad(
                 "ha.leaseDuration".into(),
-                format!("{} must be greater than ha.renewDeadline ({})", ha.lease_duration, ha.renew_deadline),
+                format!(
+                    "{} must be greater than ha.renewDeadline ({})",
+                    ha.lease_duration, ha.renew_deadline
+                ),
             );
         }
         if ha.renew_deadline.0.as_secs_f64() <= 1.2 * ha.retry_period.0.as_secs_f64() {
             bad(
                 "ha.renewDeadline".into(),
-                format!("{} must be greater than 1.2 x ha.retryPeriod ({})", ha.renew_deadline, ha.retry_period),
+                format!(
+                    "{} must be greater than 1.2 x ha.retryPeriod ({})",
+                    ha.renew_deadline, ha.retry_period
+                ),
             );
         }
         if ha.retry_period.0.is_zero() {
@@ -453,20 +495,35 @@ impl Manifest {
         for (i, b) in self.buses.iter().enumerate() {
             let at = format!("buses[{i}]");
             if !is_dns_label(&b.name) {
-                bad(format!("{at}.name"), format!("{:?} is not a valid name (lowercase letters, digits, '-')", b.name));
+                bad(
+                    format!("{at}.name"),
+                    format!(
+                        "{:?} is not a valid name (lowercase letters, digits, '-')",
+                        b.name
+                    ),
+                );
             }
             if !bus_names.insert(b.name.as_str()) {
-                bad(format!("{at}.name"), format!("{:?} is defined twice", b.name));
+                bad(
+                    format!("{at}.name"),
+                    format!("{:?} is defined twice", b.name),
+                );
             }
             match (&b.amqp, &b.nats) {
                 (Some(a), None) => {
                     if !(a.url.starts_with("amqp://") || a.url.starts_with("amqps://")) {
-                        bad(format!("{at}.amqp.url"), format!("{:?} must start with amqp:// or amqps://", a.url));
+                        bad(
+                            format!("{at}.amqp.url"),
+                            format!("{:?} must start with amqp:// or amqps://", a.url),
+                        );
                     }
                 }
                 (None, Some(n)) => {
                     if !n.url.starts_with("nats://") {
-                        bad(format!("{at}.nats.url"), format!("{:?} must start with nats://", n.url));
+                        bad(
+                            format!("{at}.nats.url"),
+                            format!("{:?} must start with nats://", n.url),
+                        );
                     }
                 }
                 _ => bad(at, "must have exactly one of amqp or nats".into()),
@@ -480,44 +537,86 @@ impl Manifest {
         for (i, p) in self.plugins.iter().enumerate() {
             let at = format!("plugins[{i}]");
             if !is_dns_label(&p.name) {
-                bad(format!("{at}.name"), format!("{:?} is not a valid name (lowercase letters, digits, '-')", p.name));
+                bad(
+                    format!("{at}.name"),
+                    format!(
+                        "{:?} is not a valid name (lowercase letters, digits, '-')",
+                        p.name
+                    ),
+                );
             }
             if !names.insert(p.name.as_str()) {
-                bad(format!("{at}.name"), format!("{:?} is used by another plugin", p.name));
+                bad(
+                    format!("{at}.name"),
+                    format!("{:?} is used by another plugin", p.name),
+                );
             }
-            if p.sha256.len() != 64 || !p.sha256.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()) {
-                bad(format!("{at}.sha256"), format!("{:?} is not a SHA-256 (64 lowercase hex digits)", p.sha256));
+            if p.sha256.len() != 64
+                || !p
+                    .sha256
+                    .chars()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+            {
+                bad(
+                    format!("{at}.sha256"),
+                    format!("{:?} is not a SHA-256 (64 lowercase hex digits)", p.sha256),
+                );
             }
             if p.module.as_os_str().is_empty() {
                 bad(format!("{at}.module"), "must not be empty".into());
             }
             for k in &p.events.kinds {
                 if !self.watch.kinds.contains(k) {
-                    bad(format!("{at}.events.kinds"), format!("{} is not watched (add it to watch.kinds)", k.as_str()));
+                    bad(
+                        format!("{at}.events.kinds"),
+                        format!("{} is not watched (add it to watch.kinds)", k.as_str()),
+                    );
                 }
             }
             if p.events.changes.is_empty() {
-                bad(format!("{at}.events.changes"), "must name at least one change type".into());
+                bad(
+                    format!("{at}.events.changes"),
+                    "must name at least one change type".into(),
+                );
             }
-            check_namespaces(&p.events.namespaces, &format!("{at}.events.namespaces"), &mut bad);
+            check_namespaces(
+                &p.events.namespaces,
+                &format!("{at}.events.namespaces"),
+                &mut bad,
+            );
             let l = &p.limits;
             if l.timeout.0 < Duration::from_millis(1) || l.timeout.0 > Duration::from_secs(60) {
-                bad(format!("{at}.limits.timeout"), format!("{} is out of range (1ms to 60s)", l.timeout));
+                bad(
+                    format!("{at}.limits.timeout"),
+                    format!("{} is out of range (1ms to 60s)", l.timeout),
+                );
             }
             if l.memory.0 < 1 << 20 || l.memory.0 > MAX_MEMORY {
-                bad(format!("{at}.limits.memory"), format!("{} is out of range (1Mi to 1Gi)", l.memory));
+                bad(
+                    format!("{at}.limits.memory"),
+                    format!("{} is out of range (1Mi to 1Gi)", l.memory),
+                );
             }
             if l.max_actions == 0 || l.max_actions > 100_000 {
-                bad(format!("{at}.limits.maxActions"), format!("{} is out of range (1 to 100000)", l.max_actions));
+                bad(
+                    format!("{at}.limits.maxActions"),
+                    format!("{} is out of range (1 to 100000)", l.max_actions),
+                );
             }
             let d = &p.delivery;
             if d.retries > 100 {
-                bad(format!("{at}.delivery.retries"), format!("{} is out of range (0 to 100)", d.retries));
+                bad(
+                    format!("{at}.delivery.retries"),
+                    format!("{} is out of range (0 to 100)", d.retries),
+                );
             }
             if d.backoff_initial > d.backoff_max {
                 bad(
                     format!("{at}.delivery.backoffInitial"),
-                    format!("{} must not exceed delivery.backoffMax ({})", d.backoff_initial, d.backoff_max),
+                    format!(
+                        "{} must not exceed delivery.backoffMax ({})",
+                        d.backoff_initial, d.backoff_max
+                    ),
                 );
             }
             for (j, g) in p.capabilities.bus.iter().enumerate() {
@@ -528,10 +627,16 @@ impl Manifest {
                     );
                 }
             }
-            for (field, list) in [("refresh", &p.capabilities.refresh), ("restart", &p.capabilities.restart)] {
+            for (field, list) in [
+                ("refresh", &p.capabilities.refresh),
+                ("restart", &p.capabilities.restart),
+            ] {
                 for (j, n) in list.iter().enumerate() {
                     if n.0 != "*" && !is_dns_label(&n.0) {
-                        bad(format!("{at}.capabilities.{field}[{j}]"), format!("{:?} is not a namespace name or *", n.0));
+                        bad(
+                            format!("{at}.capabilities.{field}[{j}]"),
+                            format!("{:?} is not a namespace name or *", n.0),
+                        );
                     }
                 }
             }
@@ -542,14 +647,23 @@ impl Manifest {
 
 fn check_namespaces(list: &[String], path: &str, bad: &mut impl FnMut(String, String)) {
     if list.is_empty() {
-        bad(path.into(), "must name at least one namespace, or \"*\" for all".into());
+        bad(
+            path.into(),
+            "must name at least one namespace, or \"*\" for all".into(),
+        );
     }
     if list.len() > 1 && list.iter().any(|n| n == "*") {
-        bad(path.into(), "\"*\" (all namespaces) cannot be combined with names".into());
+        bad(
+            path.into(),
+            "\"*\" (all namespaces) cannot be combined with names".into(),
+        );
     }
     for (i, n) in list.iter().enumerate() {
         if n != "*" && !is_dns_label(n) {
-            bad(format!("{path}[{i}]"), format!("{n:?} is not a valid namespace name"));
+            bad(
+                format!("{path}[{i}]"),
+                format!("{n:?} is not a valid namespace name"),
+            );
         }
     }
 }

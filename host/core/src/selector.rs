@@ -48,11 +48,14 @@ fn valid_key(k: &str) -> bool {
     let name = k.rsplit_once('/').map_or(k, |(_, n)| n);
     !name.is_empty()
         && name.len() <= 63
-        && k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
 }
 
 fn valid_value(v: &str) -> bool {
-    v.len() <= 63 && v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    v.len() <= 63
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
 /// Splits on commas that are not inside parentheses.
@@ -83,11 +86,19 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
     let p = part.trim();
     let key = |k: &str| -> Result<String, String> {
         let k = k.trim();
-        if valid_key(k) { Ok(k.to_string()) } else { Err(format!("invalid label key {k:?}")) }
+        if valid_key(k) {
+            Ok(k.to_string())
+        } else {
+            Err(format!("invalid label key {k:?}"))
+        }
     };
     let value = |v: &str| -> Result<String, String> {
         let v = v.trim();
-        if valid_value(v) { Ok(v.to_string()) } else { Err(format!("invalid label value {v:?}")) }
+        if valid_value(v) {
+            Ok(v.to_string())
+        } else {
+            Err(format!("invalid label value {v:?}"))
+        }
     };
     if let Some(k) = p.strip_prefix('!') {
         return Ok(Requirement::NotExists(key(k)?));
@@ -125,13 +136,18 @@ impl FromStr for LabelSelector {
         let reqs = split_top(s)
             .and_then(|parts| parts.into_iter().map(parse_requirement).collect())
             .map_err(|e| format!("invalid label selector {s:?}: {e}"))?;
-        Ok(LabelSelector { raw: s.to_string(), reqs })
+        Ok(LabelSelector {
+            raw: s.to_string(),
+            reqs,
+        })
     }
 }
 
 impl<'de> serde::Deserialize<'de> for LabelSelector {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -146,12 +162,18 @@ mod tests {
     use super::*;
 
     fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn matching() {
-        let l = labels(&[("app", "web"), ("tier", "front"), ("spring.cloud.kubernetes.config", "true")]);
+        let l = labels(&[
+            ("app", "web"),
+            ("tier", "front"),
+            ("spring.cloud.kubernetes.config", "true"),
+        ]);
         for (sel, want) in [
             ("", true),
             ("app=web", true),
@@ -176,7 +198,17 @@ mod tests {
         let e = "app in web".parse::<LabelSelector>().unwrap_err();
         assert!(e.contains("invalid label selector \"app in web\""), "{e}");
         assert!("a=(b".parse::<LabelSelector>().is_err());
-        assert!("a b=c".parse::<LabelSelector>().unwrap_err().contains("invalid label key"));
-        assert!("a=b c".parse::<LabelSelector>().unwrap_err().contains("invalid label value"));
+        assert!(
+            "a b=c"
+                .parse::<LabelSelector>()
+                .unwrap_err()
+                .contains("invalid label key")
+        );
+        assert!(
+            "a=b c"
+                .parse::<LabelSelector>()
+                .unwrap_err()
+                .contains("invalid label value")
+        );
     }
 }

@@ -14,16 +14,24 @@ impl FromStr for HumanDuration {
         let t = s.trim();
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("invalid duration {s:?}: expected a whole number with a unit, like 100ms, 15s, 2m or 1h"))?;
+        let n: u64 = num.parse().map_err(|_| {
+            format!("invalid duration {s:?}: expected a whole number with a unit, like 100ms, 15s, 2m or 1h")
+        })?;
         let d = match unit {
             "ms" => Duration::from_millis(n),
             "s" => Duration::from_secs(n),
             "m" => Duration::from_secs(n * 60),
             "h" => Duration::from_secs(n * 3600),
-            "" => return Err(format!("invalid duration {s:?}: missing unit (ms, s, m or h)")),
-            _ => return Err(format!("invalid duration {s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+            "" => {
+                return Err(format!(
+                    "invalid duration {s:?}: missing unit (ms, s, m or h)"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "invalid duration {s:?}: unknown unit {unit:?} (use ms, s, m or h)"
+                ));
+            }
         };
         Ok(HumanDuration(d))
     }
@@ -51,9 +59,9 @@ impl FromStr for ByteSize {
         let t = s.trim();
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("invalid size {s:?}: expected a whole number with an optional unit, like 32Mi"))?;
+        let n: u64 = num.parse().map_err(|_| {
+            format!("invalid size {s:?}: expected a whole number with an optional unit, like 32Mi")
+        })?;
         let mult: u64 = match unit {
             "" => 1,
             "k" => 1_000,
@@ -62,7 +70,11 @@ impl FromStr for ByteSize {
             "Ki" => 1 << 10,
             "Mi" => 1 << 20,
             "Gi" => 1 << 30,
-            _ => return Err(format!("invalid size {s:?}: unknown unit {unit:?} (use Ki, Mi, Gi, k, M or G)")),
+            _ => {
+                return Err(format!(
+                    "invalid size {s:?}: unknown unit {unit:?} (use Ki, Mi, Gi, k, M or G)"
+                ));
+            }
         };
         n.checked_mul(mult)
             .map(ByteSize)
@@ -114,10 +126,25 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!("100ms".parse::<HumanDuration>().unwrap().0, Duration::from_millis(100));
-        assert_eq!("2m".parse::<HumanDuration>().unwrap().0, Duration::from_secs(120));
-        assert!("15".parse::<HumanDuration>().unwrap_err().contains("missing unit"));
-        assert!("1.5s".parse::<HumanDuration>().unwrap_err().contains("unknown unit"));
+        assert_eq!(
+            "100ms".parse::<HumanDuration>().unwrap().0,
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            "2m".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(120)
+        );
+        assert!(
+            "15".parse::<HumanDuration>()
+                .unwrap_err()
+                .contains("missing unit")
+        );
+        assert!(
+            "1.5s"
+                .parse::<HumanDuration>()
+                .unwrap_err()
+                .contains("unknown unit")
+        );
         assert!("abc".parse::<HumanDuration>().is_err());
     }
 
@@ -126,7 +153,12 @@ mod tests {
         assert_eq!("32Mi".parse::<ByteSize>().unwrap().0, 32 << 20);
         assert_eq!("1000".parse::<ByteSize>().unwrap().0, 1000);
         assert_eq!("2k".parse::<ByteSize>().unwrap().0, 2000);
-        assert!("32MB".parse::<ByteSize>().unwrap_err().contains("unknown unit"));
+        assert!(
+            "32MB"
+                .parse::<ByteSize>()
+                .unwrap_err()
+                .contains("unknown unit")
+        );
         assert_eq!(ByteSize(32 << 20).to_string(), "32Mi");
     }
 }

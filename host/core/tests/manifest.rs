@@ -60,7 +60,10 @@ fn a_good_manifest_parses_with_defaults_filled_in() {
     assert_eq!(p.limits.memory.0, 32 << 20);
     assert_eq!(p.limits.max_actions, 1000);
     assert_eq!(p.config, serde_json::json!({"strategy": "refresh"}));
-    assert_eq!(p.module_path(&m.base_dir), Path::new("/etc/wasmwatch/plugins/http_refresh.wasm"));
+    assert_eq!(
+        p.module_path(&m.base_dir),
+        Path::new("/etc/wasmwatch/plugins/http_refresh.wasm")
+    );
 
     let minimal = format!(
         "apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nplugins:\n- name: p\n  module: p.wasm\n  sha256: {SHA}\n"
@@ -69,53 +72,156 @@ fn a_good_manifest_parses_with_defaults_filled_in() {
     assert_eq!(m.watch.namespaces, vec!["*"]);
     assert!(!m.ha.enabled);
     assert_eq!(m.plugins[0].limits.timeout.0.as_millis(), 100);
-    assert!(!m.plugins[0].capabilities.events, "capabilities default to nothing");
+    assert!(
+        !m.plugins[0].capabilities.events,
+        "capabilities default to nothing"
+    );
 }
 
 /// Each case: (what to replace in the good manifest, with what, the expected message).
 #[test]
 fn bad_manifests_name_the_field_and_the_value() {
     let cases: &[(&str, &str, &str)] = &[
-        ("kind: PluginManifest", "kind: Manifest", "kind: \"Manifest\": expected \"PluginManifest\""),
+        (
+            "kind: PluginManifest",
+            "kind: Manifest",
+            "kind: \"Manifest\": expected \"PluginManifest\"",
+        ),
         (
             "apiVersion: wasmwatch.io/v1alpha1",
             "apiVersion: wasmwatch.io/v2",
             "apiVersion: \"wasmwatch.io/v2\" is not supported; expected \"wasmwatch.io/v1alpha1\"",
         ),
-        ("  retryPeriod: 2s", "  retryPeriod: 2s\n  leaseDurationSeconds: 15", "ha.leaseDurationSeconds: unknown field `leaseDurationSeconds`, expected one of `enabled`"),
-        ("memory: 32Mi", "memory: 32MB", "plugins[0].limits.memory: invalid size \"32MB\": unknown unit \"MB\""),
-        ("timeout: 100ms", "timeout: 100", "plugins[0].limits.timeout: invalid duration \"100\": missing unit"),
-        ("timeout: 100ms", "timeout: 5m", "plugins[0].limits.timeout: 300s is out of range (1ms to 60s)"),
-        ("memory: 32Mi", "memory: 4Gi", "plugins[0].limits.memory: 4096Mi is out of range (1Mi to 1Gi)"),
-        ("kinds: [ConfigMap]\n", "kinds: [Configmap]\n", "plugins[0].events.kinds[0]: unknown variant `Configmap`, expected `ConfigMap` or `Secret`"),
-        ("changes: [added,", "changes: [updated,", "plugins[0].events.changes[0]: unknown variant `updated`"),
+        (
+            "  retryPeriod: 2s",
+            "  retryPeriod: 2s\n  leaseDurationSeconds: 15",
+            "ha.leaseDurationSeconds: unknown field `leaseDurationSeconds`, expected one of `enabled`",
+        ),
+        (
+            "memory: 32Mi",
+            "memory: 32MB",
+            "plugins[0].limits.memory: invalid size \"32MB\": unknown unit \"MB\"",
+        ),
+        (
+            "timeout: 100ms",
+            "timeout: 100",
+            "plugins[0].limits.timeout: invalid duration \"100\": missing unit",
+        ),
+        (
+            "timeout: 100ms",
+            "timeout: 5m",
+            "plugins[0].limits.timeout: 300s is out of range (1ms to 60s)",
+        ),
+        (
+            "memory: 32Mi",
+            "memory: 4Gi",
+            "plugins[0].limits.memory: 4096Mi is out of range (1Mi to 1Gi)",
+        ),
+        (
+            "kinds: [ConfigMap]\n",
+            "kinds: [Configmap]\n",
+            "plugins[0].events.kinds[0]: unknown variant `Configmap`, expected `ConfigMap` or `Secret`",
+        ),
+        (
+            "changes: [added,",
+            "changes: [updated,",
+            "plugins[0].events.changes[0]: unknown variant `updated`",
+        ),
         (
             "renewDeadline: 10s",
             "renewDeadline: 20s",
             "ha.leaseDuration: 15s must be greater than ha.renewDeadline (20s)",
         ),
-        ("retryPeriod: 2s", "retryPeriod: 9s", "ha.renewDeadline: 10s must be greater than 1.2 x ha.retryPeriod (9s)"),
-        (SHA, "abc123", "plugins[0].sha256: \"abc123\" is not a SHA-256 (64 lowercase hex digits)"),
-        ("- name: http-refresh", "- name: HTTP_Refresh", "plugins[0].name: \"HTTP_Refresh\" is not a valid name"),
-        ("bus: [rabbit/springCloudBus", "bus: [kafka/springCloudBus", "plugins[0].capabilities.bus[0]: connection \"kafka\" is not defined in buses"),
-        ("bus: [rabbit/springCloudBus", "bus: [springCloudBus", "plugins[0].capabilities.bus[0]: invalid bus grant \"springCloudBus\": expected connection/destination"),
-        ("refresh: [shop]", "refresh: [shop]\n      http: [\"ftp://x/\"]", "plugins[0].capabilities.http[0]: invalid http grant \"ftp://x/\": scheme must be http or https"),
-        ("refresh: [shop]", "refresh: [shop]\n      exec: true", "plugins[0].capabilities.exec: unknown field `exec`"),
+        (
+            "retryPeriod: 2s",
+            "retryPeriod: 9s",
+            "ha.renewDeadline: 10s must be greater than 1.2 x ha.retryPeriod (9s)",
+        ),
+        (
+            SHA,
+            "abc123",
+            "plugins[0].sha256: \"abc123\" is not a SHA-256 (64 lowercase hex digits)",
+        ),
+        (
+            "- name: http-refresh",
+            "- name: HTTP_Refresh",
+            "plugins[0].name: \"HTTP_Refresh\" is not a valid name",
+        ),
+        (
+            "bus: [rabbit/springCloudBus",
+            "bus: [kafka/springCloudBus",
+            "plugins[0].capabilities.bus[0]: connection \"kafka\" is not defined in buses",
+        ),
+        (
+            "bus: [rabbit/springCloudBus",
+            "bus: [springCloudBus",
+            "plugins[0].capabilities.bus[0]: invalid bus grant \"springCloudBus\": expected connection/destination",
+        ),
+        (
+            "refresh: [shop]",
+            "refresh: [shop]\n      http: [\"ftp://x/\"]",
+            "plugins[0].capabilities.http[0]: invalid http grant \"ftp://x/\": scheme must be http or https",
+        ),
+        (
+            "refresh: [shop]",
+            "refresh: [shop]\n      exec: true",
+            "plugins[0].capabilities.exec: unknown field `exec`",
+        ),
         (
             "labelSelector: \"app in (orders, billing)\"",
             "labelSelector: \"app in orders\"",
             "plugins[0].events.labelSelector: invalid label selector \"app in orders\": expected a parenthesised set after \"in\"",
         ),
-        ("namespaces: [shop, billing]", "namespaces: [\"*\", shop]", "watch.namespaces: \"*\" (all namespaces) cannot be combined with names"),
-        ("namespaces: [shop, billing]", "namespaces: [Shop]", "watch.namespaces[0]: \"Shop\" is not a valid namespace name"),
-        ("kinds: [ConfigMap, Secret]", "kinds: [Secret]", "plugins[0].events.kinds: ConfigMap is not watched (add it to watch.kinds)"),
-        ("    nats: {url: \"nats://127.0.0.1:4222\"}", "    nats: {url: \"127.0.0.1:4222\"}", "buses[1].nats.url: \"127.0.0.1:4222\" must start with nats://"),
-        ("  - name: nats\n", "  - name: rabbit\n", "buses[1].name: \"rabbit\" is defined twice"),
-        ("    nats: {url: \"nats://127.0.0.1:4222\"}", "", "buses[1]: must have exactly one of amqp or nats"),
-        ("delivery: {debounce: 2s,", "delivery: {debounce: soon,", "plugins[0].delivery.debounce: invalid duration \"soon\""),
-        ("backoffInitial: 1s", "backoffInitial: 2m", "plugins[0].delivery.backoffInitial: 120s must not exceed delivery.backoffMax (30s)"),
-        ("    module: plugins/http_refresh.wasm\n", "", "plugins[0]: missing field `module`"),
-        ("  enabled: true", "  enabled: yes please", "ha.enabled: invalid type: string \"yes please\", expected a boolean"),
+        (
+            "namespaces: [shop, billing]",
+            "namespaces: [\"*\", shop]",
+            "watch.namespaces: \"*\" (all namespaces) cannot be combined with names",
+        ),
+        (
+            "namespaces: [shop, billing]",
+            "namespaces: [Shop]",
+            "watch.namespaces[0]: \"Shop\" is not a valid namespace name",
+        ),
+        (
+            "kinds: [ConfigMap, Secret]",
+            "kinds: [Secret]",
+            "plugins[0].events.kinds: ConfigMap is not watched (add it to watch.kinds)",
+        ),
+        (
+            "    nats: {url: \"nats://127.0.0.1:4222\"}",
+            "    nats: {url: \"127.0.0.1:4222\"}",
+            "buses[1].nats.url: \"127.0.0.1:4222\" must start with nats://",
+        ),
+        (
+            "  - name: nats\n",
+            "  - name: rabbit\n",
+            "buses[1].name: \"rabbit\" is defined twice",
+        ),
+        (
+            "    nats: {url: \"nats://127.0.0.1:4222\"}",
+            "",
+            "buses[1]: must have exactly one of amqp or nats",
+        ),
+        (
+            "delivery: {debounce: 2s,",
+            "delivery: {debounce: soon,",
+            "plugins[0].delivery.debounce: invalid duration \"soon\"",
+        ),
+        (
+            "backoffInitial: 1s",
+            "backoffInitial: 2m",
+            "plugins[0].delivery.backoffInitial: 120s must not exceed delivery.backoffMax (30s)",
+        ),
+        (
+            "    module: plugins/http_refresh.wasm\n",
+            "",
+            "plugins[0]: missing field `module`",
+        ),
+        (
+            "  enabled: true",
+            "  enabled: yes please",
+            "ha.enabled: invalid type: string \"yes please\", expected a boolean",
+        ),
     ];
     let good = good();
     for (from, to, want) in cases {
@@ -124,13 +230,18 @@ fn bad_manifests_name_the_field_and_the_value() {
         let Err(err) = parse(&yaml) else {
             panic!("accepted the manifest with {from:?} replaced by {to:?}");
         };
-        assert!(err.contains(want), "replacing {from:?} with {to:?}:\n  got: {err}\n  want: {want}");
+        assert!(
+            err.contains(want),
+            "replacing {from:?} with {to:?}:\n  got: {err}\n  want: {want}"
+        );
     }
 }
 
 #[test]
 fn semantic_problems_are_all_reported_at_once() {
-    let yaml = good().replace("renewDeadline: 10s", "renewDeadline: 20s").replace("memory: 32Mi", "memory: 2Gi");
+    let yaml = good()
+        .replace("renewDeadline: 10s", "renewDeadline: 20s")
+        .replace("memory: 32Mi", "memory: 2Gi");
     let err = parse(&yaml).unwrap_err();
     assert!(err.contains("ha.leaseDuration"), "{err}");
     assert!(err.contains("plugins[0].limits.memory"), "{err}");
@@ -141,19 +252,33 @@ fn duplicate_plugin_names_and_yaml_syntax_errors() {
     let dup = format!(
         "apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nplugins:\n- {{name: p, module: a.wasm, sha256: {SHA}}}\n- {{name: p, module: b.wasm, sha256: {SHA}}}\n"
     );
-    assert!(parse(&dup).unwrap_err().contains("plugins[1].name: \"p\" is used by another plugin"));
+    assert!(
+        parse(&dup)
+            .unwrap_err()
+            .contains("plugins[1].name: \"p\" is used by another plugin")
+    );
     let broken = "apiVersion: wasmwatch.io/v1alpha1\nkind: [unclosed\n";
     let err = parse(broken).unwrap_err();
     assert!(err.starts_with("invalid manifest"), "{err}");
-    assert!(err.contains("line"), "syntax errors carry a position: {err}");
+    assert!(
+        err.contains("line"),
+        "syntax errors carry a position: {err}"
+    );
     let empty = "apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nplugins: []\n";
-    assert!(parse(empty).unwrap_err().contains("plugins: must list at least one plugin"));
+    assert!(
+        parse(empty)
+            .unwrap_err()
+            .contains("plugins: must list at least one plugin")
+    );
 }
 
 #[test]
 fn from_file_names_the_file() {
     let err = Manifest::from_file(Path::new("/nonexistent/manifest.yaml")).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.starts_with("invalid manifest /nonexistent/manifest.yaml"), "{msg}");
+    assert!(
+        msg.starts_with("invalid manifest /nonexistent/manifest.yaml"),
+        "{msg}"
+    );
     assert!(msg.contains("cannot read it"), "{msg}");
 }

@@ -27,7 +27,12 @@ pub(crate) fn artifact_path(dir: &Path, engine: &Engine, module_sha256: &str) ->
 }
 
 /// Compiles `bytes`, through the cache when there is one.
-pub(crate) fn compile(engine: &Engine, cache_dir: Option<&Path>, bytes: &[u8], sha256: &str) -> wasmtime::Result<Component> {
+pub(crate) fn compile(
+    engine: &Engine,
+    cache_dir: Option<&Path>,
+    bytes: &[u8],
+    sha256: &str,
+) -> wasmtime::Result<Component> {
     let Some(dir) = cache_dir else {
         return Component::new(engine, bytes);
     };

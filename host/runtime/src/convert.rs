@@ -9,7 +9,10 @@ use crate::bindings::wit;
 
 fn key_values(map: &BTreeMap<String, String>) -> Vec<wit::KeyValue> {
     map.iter()
-        .map(|(k, v)| wit::KeyValue { key: k.clone(), value: v.clone() })
+        .map(|(k, v)| wit::KeyValue {
+            key: k.clone(),
+            value: v.clone(),
+        })
         .collect()
 }
 
@@ -75,7 +78,10 @@ fn method(m: wit::HttpMethod) -> core_action::HttpMethod {
 
 fn headers(h: Vec<wit::Header>) -> Vec<core_action::Header> {
     h.into_iter()
-        .map(|h| core_action::Header { name: h.name, value: h.value })
+        .map(|h| core_action::Header {
+            name: h.name,
+            value: h.value,
+        })
         .collect()
 }
 
@@ -140,7 +146,10 @@ pub fn action_from_wit(a: wit::Action) -> Action {
 
 fn ports(p: &[core_lookups::ServicePort]) -> Vec<wit::ServicePort> {
     p.iter()
-        .map(|p| wit::ServicePort { name: p.name.clone(), port: p.port })
+        .map(|p| wit::ServicePort {
+            name: p.name.clone(),
+            port: p.port,
+        })
         .collect()
 }
 

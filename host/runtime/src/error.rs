@@ -59,7 +59,10 @@ pub enum LoadError {
 pub enum PluginError {
     #[error("plugin `{plugin}` exceeded its time limit of {limit:?}")]
     Timeout { plugin: String, limit: Duration },
-    #[error("plugin `{plugin}` exceeded its memory limit of {limit} bytes{}", detail(stderr))]
+    #[error(
+        "plugin `{plugin}` exceeded its memory limit of {limit} bytes{}",
+        detail(stderr)
+    )]
     MemoryLimit {
         plugin: String,
         limit: u64,

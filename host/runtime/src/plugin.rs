@@ -40,7 +40,10 @@ pub struct Decision {
 impl Decision {
     /// The actions the host may execute.
     pub fn allowed(&self) -> impl Iterator<Item = &Action> {
-        self.actions.iter().filter(|c| c.verdict.is_allowed()).map(|c| &c.action)
+        self.actions
+            .iter()
+            .filter(|c| c.verdict.is_allowed())
+            .map(|c| &c.action)
     }
 }
 
@@ -89,22 +92,36 @@ impl Runtime {
             return Err(LoadError::CoreModule { plugin, path });
         }
         let inner = &self.inner;
-        let component = crate::cache::compile(&inner.engine, inner.config.cache_dir.as_deref(), &bytes, &actual)
-            .map_err(|e| LoadError::Compile {
-                plugin: plugin.clone(),
-                path: path.clone(),
-                message: format!("{e:#}"),
-            })?;
+        let component = crate::cache::compile(
+            &inner.engine,
+            inner.config.cache_dir.as_deref(),
+            &bytes,
+            &actual,
+        )
+        .map_err(|e| LoadError::Compile {
+            plugin: plugin.clone(),
+            path: path.clone(),
+            message: format!("{e:#}"),
+        })?;
         let ty = component.component_type();
-        if let Some((import, _)) = ty.imports(&inner.engine).find(|(name, _)| !allowed_import(name)) {
-            return Err(LoadError::ForbiddenImport { plugin, import: import.to_string() });
+        if let Some((import, _)) = ty
+            .imports(&inner.engine)
+            .find(|(name, _)| !allowed_import(name))
+        {
+            return Err(LoadError::ForbiddenImport {
+                plugin,
+                import: import.to_string(),
+            });
         }
         let wrong_world = |e: wasmtime::Error| LoadError::WrongWorld {
             plugin: plugin.clone(),
             world: WORLD,
             message: format!("{e:#}"),
         };
-        let instance_pre = inner.linker.instantiate_pre(&component).map_err(wrong_world)?;
+        let instance_pre = inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(wrong_world)?;
         let pre = PluginPre::new(instance_pre).map_err(wrong_world)?;
         let loaded = Plugin {
             runtime: self.clone(),
@@ -123,7 +140,10 @@ impl Runtime {
         match loaded.call(|b, s| b.call_check_config(s, &loaded.shared.config_json)) {
             Ok(Ok(())) => Ok(loaded),
             Ok(Err(message)) => Err(LoadError::ConfigRejected { plugin, message }),
-            Err(e) => Err(LoadError::ConfigCheck { plugin, source: Box::new(e) }),
+            Err(e) => Err(LoadError::ConfigCheck {
+                plugin,
+                source: Box::new(e),
+            }),
         }
     }
 }
@@ -164,7 +184,11 @@ impl Plugin {
         if actions.len() > self.limits.max_actions as usize {
             return Err(PluginError::OutputTooLarge {
                 plugin: self.name().to_string(),
-                what: format!("{} actions, the limit is {}", actions.len(), self.limits.max_actions),
+                what: format!(
+                    "{} actions, the limit is {}",
+                    actions.len(),
+                    self.limits.max_actions
+                ),
             });
         }
         let actions: Vec<Action> = actions.into_iter().map(convert::action_from_wit).collect();
@@ -191,11 +215,17 @@ impl Plugin {
                 CheckedAction { action, verdict }
             })
             .collect();
-        Ok(Decision { plugin: self.name().to_string(), actions })
+        Ok(Decision {
+            plugin: self.name().to_string(),
+            actions,
+        })
     }
 
     /// Like [`Plugin::handle`], on tokio's blocking pool.
-    pub async fn handle_async(self: &Arc<Self>, event: ChangeEvent) -> Result<Decision, PluginError> {
+    pub async fn handle_async(
+        self: &Arc<Self>,
+        event: ChangeEvent,
+    ) -> Result<Decision, PluginError> {
         let me = self.clone();
         match tokio::task::spawn_blocking(move || me.handle(&event)).await {
             Ok(r) => r,
@@ -212,13 +242,19 @@ impl Plugin {
         let _permit = inner.permits.acquire();
         let stdout = MemoryOutputPipe::new(PIPE_CAPACITY);
         let stderr = MemoryOutputPipe::new(PIPE_CAPACITY);
-        let wasi = WasiCtxBuilder::new().stdout(stdout.clone()).stderr(stderr.clone()).build();
+        let wasi = WasiCtxBuilder::new()
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .build();
         let mut store = Store::new(
             &inner.engine,
             SandboxState {
                 wasi,
                 table: ResourceTable::new(),
-                limiter: Limiter { memory_limit: self.limits.memory.0, memory_refused: false },
+                limiter: Limiter {
+                    memory_limit: self.limits.memory.0,
+                    memory_refused: false,
+                },
                 plugin: self.shared.clone(),
             },
         );
@@ -237,14 +273,32 @@ impl Plugin {
         result.map_err(|e| self.classify(e, store.data().limiter.memory_refused, &stderr))
     }
 
-    fn classify(&self, e: wasmtime::Error, memory_refused: bool, stderr: &MemoryOutputPipe) -> PluginError {
+    fn classify(
+        &self,
+        e: wasmtime::Error,
+        memory_refused: bool,
+        stderr: &MemoryOutputPipe,
+    ) -> PluginError {
         let plugin = self.name().to_string();
-        let stderr = String::from_utf8_lossy(&stderr.contents()).trim().to_string();
+        let stderr = String::from_utf8_lossy(&stderr.contents())
+            .trim()
+            .to_string();
         match e.downcast_ref::<Trap>() {
-            Some(Trap::Interrupt) => PluginError::Timeout { plugin, limit: self.limits.timeout.0 },
+            Some(Trap::Interrupt) => PluginError::Timeout {
+                plugin,
+                limit: self.limits.timeout.0,
+            },
             Some(Trap::StackOverflow) => PluginError::StackOverflow { plugin },
-            _ if memory_refused => PluginError::MemoryLimit { plugin, limit: self.limits.memory.0, stderr },
-            _ => PluginError::Trap { plugin, trap: describe_trap(&e), stderr },
+            _ if memory_refused => PluginError::MemoryLimit {
+                plugin,
+                limit: self.limits.memory.0,
+                stderr,
+            },
+            _ => PluginError::Trap {
+                plugin,
+                trap: describe_trap(&e),
+                stderr,
+            },
         }
     }
 }
@@ -259,7 +313,12 @@ fn describe_trap(e: &wasmtime::Error) -> String {
     let cause = e.root_cause().to_string();
     match e.downcast_ref::<wasmtime::WasmBacktrace>() {
         Some(bt) => {
-            let frames: Vec<String> = bt.to_string().lines().skip(1).map(|l| l.trim().to_string()).collect();
+            let frames: Vec<String> = bt
+                .to_string()
+                .lines()
+                .skip(1)
+                .map(|l| l.trim().to_string())
+                .collect();
             format!("{cause} (wasm backtrace: {})", frames.join(" <- "))
         }
         None => cause,

@@ -5,7 +5,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use wasmtime::component::{Linker, ResourceTable};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter,
+};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmwatch_core::Lookups;
 
@@ -158,7 +160,10 @@ pub(crate) struct Permit<'a>(&'a Permits);
 
 impl Permits {
     fn new(n: u32) -> Self {
-        Permits { free: Mutex::new(n), cv: Condvar::new() }
+        Permits {
+            free: Mutex::new(n),
+            cv: Condvar::new(),
+        }
     }
 
     pub fn acquire(&self) -> Permit<'_> {
@@ -188,7 +193,12 @@ pub(crate) struct Limiter {
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 
 impl ResourceLimiter for Limiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         let ok = desired as u64 <= self.memory_limit;
         if !ok {
             self.memory_refused = true;
@@ -196,7 +206,12 @@ impl ResourceLimiter for Limiter {
         Ok(ok)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= MAX_TABLE_ELEMENTS)
     }
 }
@@ -218,7 +233,10 @@ pub(crate) struct SandboxState {
 
 impl WasiView for SandboxState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
@@ -240,7 +258,12 @@ impl bindings::wasmwatch::plugin::host::Host for SandboxState {
         self.plugin.config_json.clone()
     }
 
-    fn workloads_referencing(&mut self, kind: wit::ObjectKind, namespace: String, name: String) -> Vec<wit::WorkloadInfo> {
+    fn workloads_referencing(
+        &mut self,
+        kind: wit::ObjectKind,
+        namespace: String,
+        name: String,
+    ) -> Vec<wit::WorkloadInfo> {
         self.plugin
             .lookups
             .workloads_referencing(convert::kind_from_wit(kind), &namespace, &name)
@@ -250,10 +273,17 @@ impl bindings::wasmwatch::plugin::host::Host for SandboxState {
     }
 
     fn service(&mut self, namespace: String, name: String) -> Option<wit::ServiceInfo> {
-        self.plugin.lookups.service(&namespace, &name).map(convert::service_to_wit)
+        self.plugin
+            .lookups
+            .service(&namespace, &name)
+            .map(convert::service_to_wit)
     }
 
-    fn services_with_labels(&mut self, namespace: String, labels: Vec<wit::KeyValue>) -> Vec<wit::ServiceInfo> {
+    fn services_with_labels(
+        &mut self,
+        namespace: String,
+        labels: Vec<wit::KeyValue>,
+    ) -> Vec<wit::ServiceInfo> {
         self.plugin
             .lookups
             .services_with_labels(&namespace, &convert::labels_from_wit(labels))
@@ -269,7 +299,12 @@ mod tests {
 
     #[test]
     fn import_policy() {
-        for ok in ["wasmwatch:plugin/host@0.1.0", "wasi:io/streams@0.2.6", "wasi:cli/stderr@0.2.0", "wasi:random/random@0.2.6"] {
+        for ok in [
+            "wasmwatch:plugin/host@0.1.0",
+            "wasi:io/streams@0.2.6",
+            "wasi:cli/stderr@0.2.0",
+            "wasi:random/random@0.2.6",
+        ] {
             assert!(allowed_import(ok), "{ok}");
         }
         for no in [

@@ -19,7 +19,10 @@ fn runtime() -> Runtime {
 
 /// A manifest with one plugin entry; `entry` is YAML indented by four spaces.
 fn manifest(entry: &str) -> Manifest {
-    let yaml = format!("apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nplugins:\n  - {}\n", entry.trim_start());
+    let yaml = format!(
+        "apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nplugins:\n  - {}\n",
+        entry.trim_start()
+    );
     Manifest::parse(&pin(&yaml), Path::new("/")).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
 }
 
@@ -45,7 +48,11 @@ fn configmap_event() -> ChangeEvent {
                      "annotations": {"spring.cloud.kubernetes.configmap.apps": "orders, billing"}},
         "data": {"application.yaml": "greeting: hi"}
     });
-    ChangeEvent::new(ChangeType::Modified, ObjectSnapshot::from_json(&obj).unwrap(), None)
+    ChangeEvent::new(
+        ChangeType::Modified,
+        ObjectSnapshot::from_json(&obj).unwrap(),
+        None,
+    )
 }
 
 fn secret_event() -> ChangeEvent {
@@ -53,7 +60,11 @@ fn secret_event() -> ChangeEvent {
         "kind": "Secret", "metadata": {"name": "db", "namespace": "shop"},
         "data": {"password": "aHVudGVyMg=="}
     });
-    ChangeEvent::new(ChangeType::Modified, ObjectSnapshot::from_json(&obj).unwrap(), None)
+    ChangeEvent::new(
+        ChangeType::Modified,
+        ObjectSnapshot::from_json(&obj).unwrap(),
+        None,
+    )
 }
 
 fn messages(plugin: &Plugin, ev: &ChangeEvent) -> Vec<(String, String)> {
@@ -63,7 +74,9 @@ fn messages(plugin: &Plugin, ev: &ChangeEvent) -> Vec<(String, String)> {
         .actions
         .into_iter()
         .map(|c| match c.action {
-            Action::Event { reason, message, .. } => (reason, message),
+            Action::Event {
+                reason, message, ..
+            } => (reason, message),
             other => panic!("unexpected {other:?}"),
         })
         .collect()
@@ -75,14 +88,27 @@ fn http_refresh_targets_the_apps_services() {
         namespace: "shop".into(),
         name: name.into(),
         labels: Default::default(),
-        annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-        ports: vec![ServicePort { name: None, port: 80 }],
-        ready_endpoints: vec![Endpoint { address: "10.0.0.1".into(), pod: None, ports: vec![] }],
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ports: vec![ServicePort {
+            name: None,
+            port: 80,
+        }],
+        ready_endpoints: vec![Endpoint {
+            address: "10.0.0.1".into(),
+            pod: None,
+            ports: vec![],
+        }],
     };
     let lookups = StaticLookups {
         services: vec![
             svc("orders", &[]),
-            svc("billing", &[("boot.spring.io/actuator", "http://:9090/manage")]),
+            svc(
+                "billing",
+                &[("boot.spring.io/actuator", "http://:9090/manage")],
+            ),
             svc("unrelated", &[]),
         ],
         workloads: vec![],
@@ -94,7 +120,11 @@ fn http_refresh_targets_the_apps_services() {
     )
     .unwrap();
     let decision = plugin.handle(&configmap_event()).unwrap();
-    let got: Vec<_> = decision.actions.iter().map(|c| (c.action.clone(), c.verdict.clone())).collect();
+    let got: Vec<_> = decision
+        .actions
+        .iter()
+        .map(|c| (c.action.clone(), c.verdict.clone()))
+        .collect();
     let refresh = |service: &str, port: Option<u16>, path: &str| Action::RefreshService {
         namespace: "shop".into(),
         service: service.into(),
@@ -106,8 +136,14 @@ fn http_refresh_targets_the_apps_services() {
     assert_eq!(
         got,
         vec![
-            (refresh("orders", None, "/actuator/refresh"), Verdict::Allowed),
-            (refresh("billing", Some(9090), "/manage/refresh"), Verdict::Allowed),
+            (
+                refresh("orders", None, "/actuator/refresh"),
+                Verdict::Allowed
+            ),
+            (
+                refresh("billing", Some(9090), "/manage/refresh"),
+                Verdict::Allowed
+            ),
         ]
     );
 }
@@ -120,13 +156,28 @@ fn infinite_loop_is_stopped_at_its_deadline_and_the_host_goes_on() {
     let err = looping.handle(&configmap_event()).unwrap_err();
     let took = start.elapsed();
     assert!(matches!(err, PluginError::Timeout { .. }), "{err}");
-    assert_eq!(err.to_string(), "plugin `bad` exceeded its time limit of 50ms");
-    assert!(took >= Duration::from_millis(45), "stopped too early: {took:?}");
-    assert!(took <= Duration::from_millis(50 + 20), "stopped too late: {took:?}");
+    assert_eq!(
+        err.to_string(),
+        "plugin `bad` exceeded its time limit of 50ms"
+    );
+    assert!(
+        took >= Duration::from_millis(45),
+        "stopped too early: {took:?}"
+    );
+    assert!(
+        took <= Duration::from_millis(50 + 20),
+        "stopped too late: {took:?}"
+    );
     // The next event is served, by another plugin and by the same one.
     let ok = misbehave(&rt, "ok", "    capabilities: {events: true}");
-    assert_eq!(messages(&ok, &configmap_event()), vec![("Seen".to_string(), "shop/orders".to_string())]);
-    assert!(matches!(looping.handle(&configmap_event()), Err(PluginError::Timeout { .. })));
+    assert_eq!(
+        messages(&ok, &configmap_event()),
+        vec![("Seen".to_string(), "shop/orders".to_string())]
+    );
+    assert!(matches!(
+        looping.handle(&configmap_event()),
+        Err(PluginError::Timeout { .. })
+    ));
 }
 
 #[test]
@@ -134,46 +185,77 @@ fn memory_bomb_hits_its_limit() {
     let rt = runtime();
     let bomb = misbehave(&rt, "bomb", "    limits: {memory: 8Mi, timeout: 5s}");
     let err = bomb.handle(&configmap_event()).unwrap_err();
-    assert!(matches!(err, PluginError::MemoryLimit { limit, .. } if limit == 8 << 20), "{err}");
-    assert!(err.to_string().starts_with("plugin `bad` exceeded its memory limit of 8388608 bytes"), "{err}");
+    assert!(
+        matches!(err, PluginError::MemoryLimit { limit, .. } if limit == 8 << 20),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("plugin `bad` exceeded its memory limit of 8388608 bytes"),
+        "{err}"
+    );
 }
 
 #[test]
 fn panic_is_a_trap_with_the_plugins_message() {
     let rt = runtime();
-    let err = misbehave(&rt, "trap", "").handle(&configmap_event()).unwrap_err();
+    let err = misbehave(&rt, "trap", "")
+        .handle(&configmap_event())
+        .unwrap_err();
     assert!(matches!(err, PluginError::Trap { .. }), "{err}");
     let msg = err.to_string();
     assert!(msg.starts_with("plugin `bad` trapped:"), "{msg}");
-    assert!(msg.contains("deliberate panic in misbehave plugin"), "{msg}");
+    assert!(
+        msg.contains("deliberate panic in misbehave plugin"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn deep_recursion_overflows_the_stack_safely() {
     let rt = runtime();
-    let err = misbehave(&rt, "recurse", "    limits: {timeout: 5s}").handle(&configmap_event()).unwrap_err();
+    let err = misbehave(&rt, "recurse", "    limits: {timeout: 5s}")
+        .handle(&configmap_event())
+        .unwrap_err();
     assert!(matches!(err, PluginError::StackOverflow { .. }), "{err}");
-    assert_eq!(err.to_string(), "plugin `bad` overflowed its stack (unbounded recursion?)");
+    assert_eq!(
+        err.to_string(),
+        "plugin `bad` overflowed its stack (unbounded recursion?)"
+    );
 }
 
 #[test]
 fn huge_output_is_refused() {
     let rt = runtime();
-    let err = misbehave(&rt, "huge", "    limits: {timeout: 5s}").handle(&configmap_event()).unwrap_err();
-    assert_eq!(err.to_string(), "plugin `bad` returned too much: 100000 actions, the limit is 1000");
+    let err = misbehave(&rt, "huge", "    limits: {timeout: 5s}")
+        .handle(&configmap_event())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "plugin `bad` returned too much: 100000 actions, the limit is 1000"
+    );
 }
 
 #[test]
 fn plugin_errors_are_reported() {
     let rt = runtime();
-    let err = misbehave(&rt, "error", "").handle(&configmap_event()).unwrap_err();
-    assert_eq!(err.to_string(), "plugin `bad` returned an error: deliberate error from misbehave plugin");
+    let err = misbehave(&rt, "error", "")
+        .handle(&configmap_event())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "plugin `bad` returned an error: deliberate error from misbehave plugin"
+    );
 }
 
 #[test]
 fn actions_outside_the_capabilities_are_refused_and_named() {
     let rt = runtime();
-    let plugin = misbehave(&rt, "forbidden", "    capabilities: {http: [\"http://127.0.0.1:*/\"], restart: [shop]}");
+    let plugin = misbehave(
+        &rt,
+        "forbidden",
+        "    capabilities: {http: [\"http://127.0.0.1:*/\"], restart: [shop]}",
+    );
     let decision = plugin.handle(&configmap_event()).unwrap();
     let verdicts: Vec<_> = decision.actions.iter().map(|c| c.verdict.clone()).collect();
     assert_eq!(
@@ -185,7 +267,8 @@ fn actions_outside_the_capabilities_are_refused_and_named() {
             },
             Verdict::Refused {
                 capability: "restart",
-                reason: "restarting Deployment kube-system/coredns: namespace \"kube-system\" not granted".into()
+                reason: "restarting Deployment kube-system/coredns: namespace \"kube-system\" not granted"
+                    .into()
             },
         ]
     );
@@ -201,44 +284,83 @@ fn secret_values_reach_a_plugin_only_with_the_grant() {
     assert_eq!(seen[0], ("SawData".into(), "password=<withheld>".into()));
     assert_eq!(seen[1], ("SawValuesIncluded".into(), "false".into()));
     assert_eq!(seen[2], ("SawChangedKeys".into(), "password".into()));
-    let with = misbehave(&rt, "spy", "    capabilities: {events: true, secretValues: true}");
+    let with = misbehave(
+        &rt,
+        "spy",
+        "    capabilities: {events: true, secretValues: true}",
+    );
     let seen = messages(&with, &secret_event());
     assert_eq!(seen[0], ("SawData".into(), "password=hunter2".into()));
     assert_eq!(seen[1], ("SawValuesIncluded".into(), "true".into()));
     // ConfigMap values always reach it.
     let seen = messages(&without, &configmap_event());
-    assert_eq!(seen[0], ("SawData".into(), "application.yaml=greeting: hi".into()));
+    assert_eq!(
+        seen[0],
+        ("SawData".into(), "application.yaml=greeting: hi".into())
+    );
 }
 
 #[test]
 fn plugins_importing_files_or_sockets_fail_to_load() {
     let rt = runtime();
-    for (krate, interface) in [("wasi-fs", "wasi:filesystem/"), ("wasi-sockets", "wasi:sockets/")] {
-        let err = load(&rt, &format!("name: {krate}\n    module: {{module:{krate}}}\n    sha256: {{sha256:{krate}}}"))
-            .err()
-            .unwrap_or_else(|| panic!("{krate} loaded"));
-        assert!(matches!(&err, LoadError::ForbiddenImport { import, .. } if import.starts_with(interface)), "{err}");
+    for (krate, interface) in [
+        ("wasi-fs", "wasi:filesystem/"),
+        ("wasi-sockets", "wasi:sockets/"),
+    ] {
+        let err = load(
+            &rt,
+            &format!(
+                "name: {krate}\n    module: {{module:{krate}}}\n    sha256: {{sha256:{krate}}}"
+            ),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{krate} loaded"));
+        assert!(
+            matches!(&err, LoadError::ForbiddenImport { import, .. } if import.starts_with(interface)),
+            "{err}"
+        );
         let msg = err.to_string();
-        assert!(msg.starts_with(&format!("plugin `{krate}`: imports `{interface}")), "{msg}");
+        assert!(
+            msg.starts_with(&format!("plugin `{krate}`: imports `{interface}")),
+            "{msg}"
+        );
     }
 }
 
 #[test]
 fn a_component_of_another_world_fails_to_load() {
     let rt = runtime();
-    let err = load(&rt, "name: other\n    module: {module:wrong-world}\n    sha256: {sha256:wrong-world}").err().unwrap();
+    let err = load(
+        &rt,
+        "name: other\n    module: {module:wrong-world}\n    sha256: {sha256:wrong-world}",
+    )
+    .err()
+    .unwrap();
     assert!(matches!(err, LoadError::WrongWorld { .. }), "{err}");
-    assert!(err.to_string().starts_with("plugin `other`: is not a component of the wasmwatch:plugin/plugin@0.1.0 world:"), "{err}");
+    assert!(
+        err.to_string().starts_with(
+            "plugin `other`: is not a component of the wasmwatch:plugin/plugin@0.1.0 world:"
+        ),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_module_whose_sha256_does_not_match_fails_to_load() {
     let rt = runtime();
     let wrong = "0".repeat(64);
-    let err = load(&rt, &format!("name: p\n    module: {{module:http-refresh}}\n    sha256: {wrong}")).err().unwrap();
+    let err = load(
+        &rt,
+        &format!("name: p\n    module: {{module:http-refresh}}\n    sha256: {wrong}"),
+    )
+    .err()
+    .unwrap();
     let msg = err.to_string();
     assert!(msg.starts_with("plugin `p`: module "), "{msg}");
-    assert!(msg.ends_with(&format!("but the manifest pins {wrong}")), "{msg}");
+    assert!(
+        msg.ends_with(&format!("but the manifest pins {wrong}")),
+        "{msg}"
+    );
 }
 
 fn load_file(rt: &Runtime, bytes: &[u8]) -> LoadError {
@@ -246,7 +368,12 @@ fn load_file(rt: &Runtime, bytes: &[u8]) -> LoadError {
     let path = dir.path().join("plugin.wasm");
     std::fs::write(&path, bytes).unwrap();
     let sha = wasmwatch_testkit::sha256_file(&path);
-    load(rt, &format!("name: p\n    module: {}\n    sha256: {sha}", path.display())).err().unwrap()
+    load(
+        rt,
+        &format!("name: p\n    module: {}\n    sha256: {sha}", path.display()),
+    )
+    .err()
+    .unwrap()
 }
 
 #[test]
@@ -254,7 +381,11 @@ fn files_that_are_not_components_fail_to_load() {
     let rt = runtime();
     let err = load_file(&rt, b"#!/bin/sh\necho not wasm\n");
     assert!(matches!(err, LoadError::NotWasm { .. }), "{err}");
-    assert!(err.to_string().ends_with("plugin.wasm is not a WebAssembly file"), "{err}");
+    assert!(
+        err.to_string()
+            .ends_with("plugin.wasm is not a WebAssembly file"),
+        "{err}"
+    );
     // The smallest valid core module: a module, not a component.
     let err = load_file(&rt, b"\0asm\x01\0\0\0");
     assert!(matches!(err, LoadError::CoreModule { .. }), "{err}");
@@ -263,8 +394,21 @@ fn files_that_are_not_components_fail_to_load() {
     bytes.truncate(bytes.len() / 2);
     let err = load_file(&rt, &bytes);
     assert!(matches!(err, LoadError::Compile { .. }), "{err}");
-    let missing = load(&rt, &format!("name: p\n    module: /nonexistent/p.wasm\n    sha256: {}", "a".repeat(64))).err().unwrap();
-    assert!(missing.to_string().starts_with("plugin `p`: cannot read module /nonexistent/p.wasm:"), "{missing}");
+    let missing = load(
+        &rt,
+        &format!(
+            "name: p\n    module: /nonexistent/p.wasm\n    sha256: {}",
+            "a".repeat(64)
+        ),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        missing
+            .to_string()
+            .starts_with("plugin `p`: cannot read module /nonexistent/p.wasm:"),
+        "{missing}"
+    );
 }
 
 #[test]
@@ -274,21 +418,39 @@ fn a_bad_plugin_config_fails_at_load_with_the_plugins_message() {
         .err()
         .unwrap();
     assert!(matches!(err, LoadError::ConfigRejected { .. }), "{err}");
-    assert!(err.to_string().starts_with("plugin `bad`: rejected its config: misbehave config: unknown mode \"sideways\""), "{err}");
+    assert!(
+        err.to_string().starts_with(
+            "plugin `bad`: rejected its config: misbehave config: unknown mode \"sideways\""
+        ),
+        "{err}"
+    );
     let err = load(&rt, "name: hr\n    module: {module:http-refresh}\n    sha256: {sha256:http-refresh}\n    config: {basePath: nope}")
         .err()
         .unwrap();
-    assert_eq!(err.to_string(), "plugin `hr`: rejected its config: http-refresh config: basePath must start with '/', got \"nope\"");
+    assert_eq!(
+        err.to_string(),
+        "plugin `hr`: rejected its config: http-refresh config: basePath must start with '/', got \"nope\""
+    );
 }
 
 #[test]
 fn compiled_artifacts_are_cached_by_digest_and_engine() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
-    let rt = Runtime::new(RuntimeConfig { cache_dir: Some(cache.clone()), ..Default::default() }, Arc::new(StaticLookups::default())).unwrap();
+    let rt = Runtime::new(
+        RuntimeConfig {
+            cache_dir: Some(cache.clone()),
+            ..Default::default()
+        },
+        Arc::new(StaticLookups::default()),
+    )
+    .unwrap();
     let entry = "name: ok\n    module: {module:misbehave}\n    sha256: {sha256:misbehave}\n    config: {mode: ok}\n    capabilities: {events: true}";
     load(&rt, entry).unwrap();
-    let files: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
+    let files: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     let name = files[0].file_name().unwrap().to_string_lossy().to_string();
     let sha = wasmwatch_testkit::sha256_file(&wasmwatch_testkit::plugin("misbehave"));
@@ -296,7 +458,10 @@ fn compiled_artifacts_are_cached_by_digest_and_engine() {
     let modified = std::fs::metadata(&files[0]).unwrap().modified().unwrap();
     // A second load uses the artifact as it is.
     let plugin = load(&rt, entry).unwrap();
-    assert_eq!(std::fs::metadata(&files[0]).unwrap().modified().unwrap(), modified);
+    assert_eq!(
+        std::fs::metadata(&files[0]).unwrap().modified().unwrap(),
+        modified
+    );
     assert_eq!(messages(&plugin, &configmap_event()).len(), 1);
     // A damaged artifact is replaced, not trusted.
     std::fs::write(&files[0], b"garbage").unwrap();
@@ -307,12 +472,23 @@ fn compiled_artifacts_are_cached_by_digest_and_engine() {
 
 #[test]
 fn concurrent_calls_are_bounded_and_all_served() {
-    let rt = Runtime::new(RuntimeConfig { max_concurrency: 2, ..Default::default() }, Arc::new(StaticLookups::default())).unwrap();
+    let rt = Runtime::new(
+        RuntimeConfig {
+            max_concurrency: 2,
+            ..Default::default()
+        },
+        Arc::new(StaticLookups::default()),
+    )
+    .unwrap();
     let plugin = Arc::new(misbehave(&rt, "ok", "    capabilities: {events: true}"));
     let threads: Vec<_> = (0..8)
         .map(|_| {
             let p = plugin.clone();
-            std::thread::spawn(move || (0..20).map(|_| p.handle(&configmap_event()).unwrap().actions.len()).sum::<usize>())
+            std::thread::spawn(move || {
+                (0..20)
+                    .map(|_| p.handle(&configmap_event()).unwrap().actions.len())
+                    .sum::<usize>()
+            })
         })
         .collect();
     let total: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();

@@ -9,7 +9,11 @@ use wasmwatch_core::{ChangeType, Manifest, StaticLookups};
 use wasmwatch_runtime::{Runtime, RuntimeConfig};
 
 #[derive(Debug, Parser)]
-#[command(name = "wasmwatch", version, about = "Refresh apps when their ConfigMaps and Secrets change, as decided by sandboxed WebAssembly plugins")]
+#[command(
+    name = "wasmwatch",
+    version,
+    about = "Refresh apps when their ConfigMaps and Secrets change, as decided by sandboxed WebAssembly plugins"
+)]
 pub struct Args {
     /// Where compiled plugins are cached between runs.
     #[arg(long, env = "WASMWATCH_CACHE_DIR", global = true)]
@@ -79,7 +83,9 @@ pub fn main() -> ExitCode {
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
@@ -87,8 +93,12 @@ fn init_tracing(format: LogFormat) {
 }
 
 fn runtime(cache_dir: Option<PathBuf>, lookups: StaticLookups) -> anyhow::Result<Runtime> {
-    let config = RuntimeConfig { cache_dir, ..RuntimeConfig::default() };
-    Runtime::new(config, Arc::new(lookups)).map_err(|e| anyhow::anyhow!("cannot start the plugin runtime: {e:#}"))
+    let config = RuntimeConfig {
+        cache_dir,
+        ..RuntimeConfig::default()
+    };
+    Runtime::new(config, Arc::new(lookups))
+        .map_err(|e| anyhow::anyhow!("cannot start the plugin runtime: {e:#}"))
 }
 
 fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -99,7 +109,11 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             let mut failed = false;
             for entry in &m.plugins {
                 match rt.load(entry, &m.base_dir) {
-                    Ok(_) => println!("plugin {}: ok ({})", entry.name, entry.module_path(&m.base_dir).display()),
+                    Ok(_) => println!(
+                        "plugin {}: ok ({})",
+                        entry.name,
+                        entry.module_path(&m.base_dir).display()
+                    ),
                     Err(e) => {
                         failed = true;
                         eprintln!("error: {e}");
@@ -109,20 +123,35 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             if failed {
                 return Ok(ExitCode::FAILURE);
             }
-            println!("{}: valid, {} plugin(s)", manifest.display(), m.plugins.len());
+            println!(
+                "{}: valid, {} plugin(s)",
+                manifest.display(),
+                m.plugins.len()
+            );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Plugin(PluginCommand::Run { manifest, plugin, event, change, lookups }) => {
+        Command::Plugin(PluginCommand::Run {
+            manifest,
+            plugin,
+            event,
+            change,
+            lookups,
+        }) => {
             let m = Manifest::from_file(&manifest)?;
             let entry = m.plugin(&plugin).with_context(|| {
                 let names: Vec<&str> = m.plugins.iter().map(|p| p.name.as_str()).collect();
-                format!("no plugin named {plugin:?} in {}; it has: {}", manifest.display(), names.join(", "))
+                format!(
+                    "no plugin named {plugin:?} in {}; it has: {}",
+                    manifest.display(),
+                    names.join(", ")
+                )
             })?;
             let lookups = match lookups {
                 Some(path) => {
                     let text = std::fs::read_to_string(&path)
                         .with_context(|| format!("cannot read lookups file {}", path.display()))?;
-                    serde_yaml::from_str(&text).with_context(|| format!("invalid lookups file {}", path.display()))?
+                    serde_yaml::from_str(&text)
+                        .with_context(|| format!("invalid lookups file {}", path.display()))?
                 }
                 None => StaticLookups::default(),
             };

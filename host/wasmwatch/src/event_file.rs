@@ -16,7 +16,8 @@ use wasmwatch_core::{ChangeEvent, ChangeType, ObjectSnapshot};
 /// Reads an event file. `default_change` applies when the file is a bare
 /// object (or an envelope without `change`).
 pub fn read(path: &Path, default_change: ChangeType) -> anyhow::Result<ChangeEvent> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read event file {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read event file {}", path.display()))?;
     parse(&text, default_change).with_context(|| format!("invalid event file {}", path.display()))
 }
 
@@ -59,7 +60,8 @@ mod tests {
 
     #[test]
     fn bare_object_and_envelope() {
-        let bare = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a, namespace: ns}\ndata: {k: v}\n";
+        let bare =
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a, namespace: ns}\ndata: {k: v}\n";
         let ev = parse(bare, ChangeType::Modified).unwrap();
         assert_eq!(ev.change, ChangeType::Modified);
         assert_eq!(ev.object.name, "a");
@@ -72,8 +74,15 @@ mod tests {
 
     #[test]
     fn errors_name_the_problem() {
-        let e = parse("change: updated\nobject: {kind: ConfigMap, metadata: {name: a}}", ChangeType::Added).unwrap_err();
-        assert!(format!("{e:#}").contains("unknown change type \"updated\""), "{e:#}");
+        let e = parse(
+            "change: updated\nobject: {kind: ConfigMap, metadata: {name: a}}",
+            ChangeType::Added,
+        )
+        .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("unknown change type \"updated\""),
+            "{e:#}"
+        );
         let e = parse("kind: Pod\nmetadata: {name: p}", ChangeType::Added).unwrap_err();
         assert!(format!("{e:#}").contains("kind \"Pod\""), "{e:#}");
         let e = parse("objekt: {}\nobject: {}", ChangeType::Added).unwrap_err();

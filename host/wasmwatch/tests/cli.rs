@@ -51,26 +51,41 @@ fn validate_accepts_a_good_manifest() {
 #[test]
 fn validate_refuses_bad_manifests_and_bad_plugins_naming_them() {
     let dir = tempfile::tempdir().unwrap();
-    let bad_field = write(dir.path(), "a.yaml", &pin(MANIFEST).replace("refresh: [shop]", "refresh: [shop], root: true"));
+    let bad_field = write(
+        dir.path(),
+        "a.yaml",
+        &pin(MANIFEST).replace("refresh: [shop]", "refresh: [shop], root: true"),
+    );
     let out = wasmwatch(&["validate", bad_field.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(err.contains("a.yaml"), "{err}");
-    assert!(err.contains("plugins[0].capabilities.root: unknown field `root`"), "{err}");
+    assert!(
+        err.contains("plugins[0].capabilities.root: unknown field `root`"),
+        "{err}"
+    );
 
-    let bad_plugin = pin(&MANIFEST.replace("{module:misbehave}", "{module:wasi-fs}").replace("{sha256:misbehave}", "{sha256:wasi-fs}"));
+    let bad_plugin = pin(&MANIFEST
+        .replace("{module:misbehave}", "{module:wasi-fs}")
+        .replace("{sha256:misbehave}", "{sha256:wasi-fs}"));
     let m = write(dir.path(), "b.yaml", &bad_plugin);
     let out = wasmwatch(&["validate", m.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(err.contains("plugin `spy`: imports `wasi:filesystem/"), "{err}");
+    assert!(
+        err.contains("plugin `spy`: imports `wasi:filesystem/"),
+        "{err}"
+    );
 
     let bad_config = pin(MANIFEST).replace("config: {mode: spy}", "config: {mode: spy, extra: 1}");
     let m = write(dir.path(), "c.yaml", &bad_config);
     let out = wasmwatch(&["validate", m.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(err.contains("plugin `spy`: rejected its config: misbehave config: unknown field `extra`"), "{err}");
+    assert!(
+        err.contains("plugin `spy`: rejected its config: misbehave config: unknown field `extra`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -111,13 +126,26 @@ fn plugin_run_prints_the_actions_with_verdicts() {
 #[test]
 fn plugin_run_on_a_secret_event_withholds_values_and_shows_refusals() {
     let dir = tempfile::tempdir().unwrap();
-    let m = write(dir.path(), "m.yaml", &pin(MANIFEST).replace("capabilities: {events: true}", "capabilities: {}"));
+    let m = write(
+        dir.path(),
+        "m.yaml",
+        &pin(MANIFEST).replace("capabilities: {events: true}", "capabilities: {}"),
+    );
     let ev = write(
         dir.path(),
         "ev.yaml",
         "change: added\nobject:\n  kind: Secret\n  metadata: {name: db, namespace: shop}\n  data: {password: aHVudGVyMg==}\n",
     );
-    let out = wasmwatch(&["plugin", "run", "--manifest", m.to_str().unwrap(), "--plugin", "spy", "--event", ev.to_str().unwrap()]);
+    let out = wasmwatch(&[
+        "plugin",
+        "run",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--plugin",
+        "spy",
+        "--event",
+        ev.to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let first = &json["actions"][0];
@@ -132,14 +160,47 @@ fn plugin_run_names_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     let m = write(dir.path(), "m.yaml", &pin(MANIFEST));
     let ev = repo_root().join("tests/fixtures/orders-configmap.yaml");
-    let out = wasmwatch(&["plugin", "run", "--manifest", m.to_str().unwrap(), "--plugin", "nope", "--event", ev.to_str().unwrap()]);
+    let out = wasmwatch(&[
+        "plugin",
+        "run",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--plugin",
+        "nope",
+        "--event",
+        ev.to_str().unwrap(),
+    ]);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("no plugin named \"nope\""), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("it has: http-refresh, spy"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no plugin named \"nope\""),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stderr).contains("it has: http-refresh, spy"),
+        "{}",
+        text(&out.stderr)
+    );
 
-    let bad_ev = write(dir.path(), "pod.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n");
-    let out = wasmwatch(&["plugin", "run", "--manifest", m.to_str().unwrap(), "--plugin", "spy", "--event", bad_ev.to_str().unwrap()]);
+    let bad_ev = write(
+        dir.path(),
+        "pod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n",
+    );
+    let out = wasmwatch(&[
+        "plugin",
+        "run",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--plugin",
+        "spy",
+        "--event",
+        bad_ev.to_str().unwrap(),
+    ]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(err.contains("invalid event file") && err.contains("kind \"Pod\""), "{err}");
+    assert!(
+        err.contains("invalid event file") && err.contains("kind \"Pod\""),
+        "{err}"
+    );
 }

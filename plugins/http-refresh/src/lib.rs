@@ -47,7 +47,11 @@ fn default_base_path() -> String {
 }
 
 fn parse_config(json: &str) -> Result<Config, String> {
-    let json = if json.trim().is_empty() || json.trim() == "null" { "{}" } else { json };
+    let json = if json.trim().is_empty() || json.trim() == "null" {
+        "{}"
+    } else {
+        json
+    };
     let config: Config =
         serde_json::from_str(json).map_err(|e| format!("http-refresh config: {e}"))?;
     if !config.base_path.starts_with('/') {
@@ -60,7 +64,9 @@ fn parse_config(json: &str) -> Result<Config, String> {
 }
 
 fn annotation<'a>(list: &'a [KeyValue], key: &str) -> Option<&'a str> {
-    list.iter().find(|kv| kv.key == key).map(|kv| kv.value.as_str())
+    list.iter()
+        .find(|kv| kv.key == key)
+        .map(|kv| kv.value.as_str())
 }
 
 /// `http://:9090/myactuator` -> (Some(9090), "/myactuator").
@@ -70,7 +76,10 @@ fn parse_actuator(value: &str) -> (Option<u16>, Option<String>) {
         .trim_start_matches("http://")
         .trim_start_matches("https://");
     let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], Some(rest[i..].trim_end_matches('/').to_string())),
+        Some(i) => (
+            &rest[..i],
+            Some(rest[i..].trim_end_matches('/').to_string()),
+        ),
         None => (rest, None),
     };
     let port = authority.rsplit_once(':').and_then(|(_, p)| p.parse().ok());
@@ -101,16 +110,24 @@ impl Guest for HttpRefresh {
                 let labels: Vec<KeyValue> = sel
                     .split(',')
                     .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| KeyValue { key: k.trim().into(), value: v.trim().into() })
+                    .map(|(k, v)| KeyValue {
+                        key: k.trim().into(),
+                        value: v.trim().into(),
+                    })
                     .collect();
                 host::services_with_labels(&event.namespace, &labels)
             } else {
-                host::service(&event.namespace, &event.name).into_iter().collect()
+                host::service(&event.namespace, &event.name)
+                    .into_iter()
+                    .collect()
             };
         if services.is_empty() {
             host::log(
                 LogLevel::Debug,
-                &format!("no app Service found for {}/{}", event.namespace, event.name),
+                &format!(
+                    "no app Service found for {}/{}",
+                    event.namespace, event.name
+                ),
             );
         }
         let endpoint = match config.strategy {

@@ -14,7 +14,10 @@ use sha2::{Digest, Sha256};
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root")
 }
 
 /// Where plugin builds go: `$WASMWATCH_PLUGIN_TARGET_DIR`, else
@@ -48,7 +51,9 @@ fn build_plugins() -> PathBuf {
 /// The built component `plugins/.../<crate>` as `<crate with _>.wasm`.
 pub fn plugin(crate_name: &str) -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    let path = DIR.get_or_init(build_plugins).join(format!("{}.wasm", crate_name.replace('-', "_")));
+    let path = DIR
+        .get_or_init(build_plugins)
+        .join(format!("{}.wasm", crate_name.replace('-', "_")));
     assert!(path.exists(), "no plugin component at {}", path.display());
     path
 }

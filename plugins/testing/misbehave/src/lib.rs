@@ -14,8 +14,8 @@ wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
 use std::hint::black_box;
 use wasmwatch::plugin::host;
 use wasmwatch::plugin::types::{
-    DataValue, EmitEvent, EventType, HttpCall, HttpMethod, LogLevel,
-    ObjectKind, RestartWorkload, WorkloadKind, WorkloadRef,
+    DataValue, EmitEvent, EventType, HttpCall, HttpMethod, LogLevel, ObjectKind, RestartWorkload,
+    WorkloadKind, WorkloadRef,
 };
 
 #[derive(serde::Deserialize)]
@@ -27,19 +27,35 @@ struct Config {
 }
 
 const MODES: &[&str] = &[
-    "ok", "loop", "bomb", "trap", "recurse", "huge", "forbidden", "error", "spy", "echo-url",
+    "ok",
+    "loop",
+    "bomb",
+    "trap",
+    "recurse",
+    "huge",
+    "forbidden",
+    "error",
+    "spy",
+    "echo-url",
 ];
 
 fn parse(json: &str) -> Result<Config, String> {
     let c: Config = serde_json::from_str(json).map_err(|e| format!("misbehave config: {e}"))?;
     if !MODES.contains(&c.mode.as_str()) {
-        return Err(format!("misbehave config: unknown mode {:?}, expected one of {MODES:?}", c.mode));
+        return Err(format!(
+            "misbehave config: unknown mode {:?}, expected one of {MODES:?}",
+            c.mode
+        ));
     }
     Ok(c)
 }
 
 fn event(reason: &str, message: String) -> Action {
-    Action::Event(EmitEvent { event_type: EventType::Normal, reason: reason.into(), message })
+    Action::Event(EmitEvent {
+        event_type: EventType::Normal,
+        reason: reason.into(),
+        message,
+    })
 }
 
 /// Recursion without a base case the optimiser can see, keeping its frames
@@ -49,7 +65,9 @@ fn recurse(depth: u64) -> u64 {
     if black_box(depth) == u64::MAX {
         return 0;
     }
-    recurse(depth + 1).wrapping_mul(black_box(3)).wrapping_add(depth)
+    recurse(depth + 1)
+        .wrapping_mul(black_box(3))
+        .wrapping_add(depth)
 }
 
 struct Misbehave;
