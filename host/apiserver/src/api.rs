@@ -13,6 +13,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use crate::Shared;
 use crate::error::ApiError;
 use crate::objects;
 use crate::patch::{self, PatchType};
@@ -20,7 +21,6 @@ use crate::resources::{RESOURCES, ResourceId, ResourceType};
 use crate::selector::{FieldSelector, LabelSelector, Selectors};
 use crate::store::{Key, StoreError, rv_of};
 use crate::watch::{self, StartAt, WatchRequest};
-use crate::Shared;
 
 /// A request's target: resource, namespace, optional name and subresource.
 #[derive(Debug, Clone)]
@@ -117,9 +117,7 @@ pub fn parse_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
     } else {
         serde_json::from_slice(body).map_err(|e| {
-            ApiError::bad_request(format!(
-                "couldn't get version/kind; json parse error: {e}"
-            ))
+            ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
         })
     }
 }
@@ -158,7 +156,10 @@ pub fn list(sh: &Shared, t: &Target, q: &Query) -> Result<Reply, ApiError> {
     let rt = t.rt();
     let sel = selectors(rt, q, None)?;
     let rv_param = q.get("resourceVersion").map(String::as_str).unwrap_or("");
-    let rv_match = q.get("resourceVersionMatch").map(String::as_str).unwrap_or("");
+    let rv_match = q
+        .get("resourceVersionMatch")
+        .map(String::as_str)
+        .unwrap_or("");
     let limit: usize = match q.get("limit").map(String::as_str) {
         None | Some("") => 0,
         Some(l) => l
@@ -202,7 +203,9 @@ pub fn list(sh: &Shared, t: &Target, q: &Query) -> Result<Reply, ApiError> {
     }
     let ns = t.namespace.as_deref();
     let (items, rv) = match sh.store.list(t.resource, ns, at) {
-        Err(e) if e.code == 410 && start_after.is_some() => return Err(ApiError::continue_expired()),
+        Err(e) if e.code == 410 && start_after.is_some() => {
+            return Err(ApiError::continue_expired());
+        }
         r => r?,
     };
     if let Some(n) = not_older_than
@@ -380,7 +383,13 @@ pub fn replace(sh: &Shared, t: &Target, q: &Query, body: Value) -> Result<Reply,
     )
 }
 
-pub fn patch(sh: &Shared, t: &Target, q: &Query, ty: PatchType, body: Value) -> Result<Reply, ApiError> {
+pub fn patch(
+    sh: &Shared,
+    t: &Target,
+    q: &Query,
+    ty: PatchType,
+    body: Value,
+) -> Result<Reply, ApiError> {
     let rt = t.rt();
     update_with(
         sh,
@@ -388,7 +397,10 @@ pub fn patch(sh: &Shared, t: &Target, q: &Query, ty: PatchType, body: Value) -> 
         q,
         |cur| {
             let patched = patch::apply(ty, cur, &body)?;
-            match patched.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
+            match patched
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+            {
                 Some(v) if !v.is_empty() && parse_rv(v)? != rv_of(cur) => {
                     Err(ApiError::conflict(rt, t.name()))
                 }
@@ -443,14 +455,19 @@ pub fn delete(sh: &Shared, t: &Target, q: &Query, body: Option<Value>) -> Result
         if sh.faults.take_conflict(rt.plural, t.ns(), t.name()) {
             return Err(ApiError::conflict(rt, t.name()));
         }
-        let uid = cur.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("");
+        let uid = cur
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if let Some(p) = &pre_uid
             && p != uid
         {
             return Err(ApiError::conflict_msg(
                 rt,
                 t.name(),
-                &format!("Precondition failed: UID in precondition: {p}, UID in object meta: {uid}"),
+                &format!(
+                    "Precondition failed: UID in precondition: {p}, UID in object meta: {uid}"
+                ),
             ));
         }
         let cur_rv = rv_of(&cur);
@@ -477,7 +494,13 @@ pub fn delete(sh: &Shared, t: &Target, q: &Query, body: Option<Value>) -> Result
                 return Ok(Reply::Json(200, (*cur).clone()));
             }
             sh.store
-                .update(t.resource, t.ns(), t.name(), cur_rv, objects::mark_deleting(&cur))
+                .update(
+                    t.resource,
+                    t.ns(),
+                    t.name(),
+                    cur_rv,
+                    objects::mark_deleting(&cur),
+                )
                 .map(|o| (o, true))
         } else {
             sh.store
@@ -505,7 +528,11 @@ pub fn delete_collection(sh: &Shared, t: &Target, q: &Query) -> Result<Reply, Ap
     let mut deleted = Vec::new();
     for (key, obj) in items.iter().filter(|(_, o)| sel.matches(o)) {
         let it = Target {
-            namespace: if rt.namespaced { Some(key.0.clone()) } else { None },
+            namespace: if rt.namespaced {
+                Some(key.0.clone())
+            } else {
+                None
+            },
             name: Some(key.1.clone()),
             ..t.clone()
         };

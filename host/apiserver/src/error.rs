@@ -67,14 +67,22 @@ impl ApiError {
     }
 
     pub fn not_found(rt: &ResourceType, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{} \"{name}\" not found", rt.qualified()))
-            .with_details(details(rt, name))
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", rt.qualified()),
+        )
+        .with_details(details(rt, name))
     }
 
     /// 404 for a path that names no served resource.
     pub fn path_not_found() -> Self {
-        Self::new(404, "NotFound", "the server could not find the requested resource")
-            .with_details(json!({}))
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+        .with_details(json!({}))
     }
 
     pub fn already_exists(rt: &ResourceType, name: &str) -> Self {
@@ -175,12 +183,18 @@ impl ApiError {
         Self::new(
             415,
             "UnsupportedMediaType",
-            format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json; got {ct:?}"),
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json; got {ct:?}"
+            ),
         )
     }
 
     pub fn too_large() -> Self {
-        Self::new(413, "RequestEntityTooLarge", "Request entity too large: limit is 3145728")
+        Self::new(
+            413,
+            "RequestEntityTooLarge",
+            "Request entity too large: limit is 3145728",
+        )
     }
 
     pub fn too_many_requests(retry_after: u32) -> Self {

@@ -80,12 +80,10 @@ impl Faults {
     }
 
     pub(crate) fn signal_watches(&self, how: WatchClose) {
-        self.inner
-            .watch_close
-            .send_modify(|(epoch, kind)| {
-                *epoch += 1;
-                *kind = how;
-            });
+        self.inner.watch_close.send_modify(|(epoch, kind)| {
+            *epoch += 1;
+            *kind = how;
+        });
     }
 
     pub(crate) fn watch_close_rx(&self) -> watch::Receiver<(u64, WatchClose)> {
@@ -116,7 +114,12 @@ impl Faults {
     /// watches are aborted. Returns once the socket is closed.
     pub async fn refuse_connections(&self, duration: Duration) {
         let (tx, rx) = oneshot::channel();
-        if self.inner.control.send(Control::Refuse(duration, tx)).is_ok() {
+        if self
+            .inner
+            .control
+            .send(Control::Refuse(duration, tx))
+            .is_ok()
+        {
             let _ = rx.await;
         }
     }
@@ -125,7 +128,11 @@ impl Faults {
     /// 409 Conflict. `resource` is the plural name, e.g. `leases`; use an
     /// empty namespace for cluster-scoped objects.
     pub fn conflict_next_write(&self, resource: &str, namespace: &str, name: &str) {
-        let mut c = self.inner.conflicts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self
+            .inner
+            .conflicts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         *c.entry((resource.into(), namespace.into(), name.into()))
             .or_default() += 1;
         self.inner.conflicts_armed.store(true, Ordering::SeqCst);
@@ -177,8 +184,16 @@ impl Faults {
         if !self.inner.conflicts_armed.load(Ordering::Relaxed) {
             return false;
         }
-        let mut c = self.inner.conflicts.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (resource.to_string(), namespace.to_string(), name.to_string());
+        let mut c = self
+            .inner
+            .conflicts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let key = (
+            resource.to_string(),
+            namespace.to_string(),
+            name.to_string(),
+        );
         let hit = match c.get_mut(&key) {
             Some(n) => {
                 *n -= 1;

@@ -26,9 +26,7 @@ use crate::Shared;
 use crate::api::{self, Query, Reply, Target};
 use crate::discovery;
 use crate::error::ApiError;
-use crate::faults::{
-    ConflictRequest, Control, DurationRequest, FailRequest, Failure, WatchClose,
-};
+use crate::faults::{ConflictRequest, Control, DurationRequest, FailRequest, Failure, WatchClose};
 use crate::patch::PatchType;
 use crate::resources::{self, RESOURCES};
 use crate::watch::Chunks;
@@ -57,8 +55,7 @@ fn json_response(code: u16, v: &Value) -> Response<Body> {
 fn error_response(e: &ApiError) -> Response<Body> {
     let mut r = json_response(e.code, &e.status());
     if let Some(s) = e.retry_after {
-        r.headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(s));
+        r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
     }
     r
 }
@@ -340,11 +337,7 @@ async fn resource_response(
     }
 }
 
-fn serve_connection(
-    stream: TcpStream,
-    sh: Arc<Shared>,
-    mut stop: watch::Receiver<u64>,
-) {
+fn serve_connection(stream: TcpStream, sh: Arc<Shared>, mut stop: watch::Receiver<u64>) {
     let _ = stream.set_nodelay(true);
     tokio::spawn(async move {
         stop.mark_unchanged();
@@ -448,6 +441,13 @@ mod tests {
         let (t, w) = route("", "v1", &["watch", "configmaps"]).unwrap();
         assert!(w && t.namespace.is_none() && t.name.is_none());
         assert!(route("", "v1", &["configmaps", "x"]).is_none());
-        assert!(route("apps", "v1", &["namespaces", "a", "deployments", "d", "status"]).is_some());
+        assert!(
+            route(
+                "apps",
+                "v1",
+                &["namespaces", "a", "deployments", "d", "status"]
+            )
+            .is_some()
+        );
     }
 }

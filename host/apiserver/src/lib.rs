@@ -135,7 +135,8 @@ pub struct Shared {
 pub struct Server;
 
 /// Namespaces that exist from the start, as in a fresh cluster.
-pub const INITIAL_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+pub const INITIAL_NAMESPACES: &[&str] =
+    &["default", "kube-system", "kube-public", "kube-node-lease"];
 
 impl Server {
     /// Bind, create the initial namespaces and serve in the background.

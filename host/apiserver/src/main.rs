@@ -42,7 +42,9 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("kubeconfig written to {}", path.display());
     }
     println!("{}", server.url());
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
     server.shutdown().await;
     Ok(())
 }

@@ -140,7 +140,10 @@ fn normalise_secret(obj: &mut Value) -> Result<(), ApiError> {
         }
         let data = obj["data"].as_object_mut().expect("object");
         for (k, v) in sd {
-            let s = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+            let s = v
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string());
             data.insert(k, json!(B64.encode(s.as_bytes())));
         }
     }
@@ -153,7 +156,11 @@ fn normalise_secret(obj: &mut Value) -> Result<(), ApiError> {
                     })?;
                 }
                 Value::Null => {}
-                _ => return Err(ApiError::bad_request("Secret data values must be base64 strings")),
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "Secret data values must be base64 strings",
+                    ));
+                }
             }
         }
     }
@@ -172,7 +179,9 @@ fn normalise_kind(rt: &ResourceType, obj: &mut Value) -> Result<(), ApiError> {
         for f in ["acquireTime", "renewTime"] {
             if let Some(v) = obj.get_mut("spec").and_then(|s| s.get_mut(f)) {
                 normalise_micro_time(v).map_err(|e| {
-                    ApiError::bad_request(format!("Lease in version \"v1\" cannot be handled as a Lease: spec.{f}: {e}"))
+                    ApiError::bad_request(format!(
+                        "Lease in version \"v1\" cannot be handled as a Lease: spec.{f}: {e}"
+                    ))
                 })?;
             }
         }
@@ -185,7 +194,9 @@ static NEXT_CLUSTER_IP: AtomicU32 = AtomicU32::new(10);
 fn kind_defaults_on_create(rt: &ResourceType, obj: &mut Value) {
     match (rt.group, rt.plural) {
         ("", "namespaces") => {
-            let name = str_at(obj, "/metadata/name").unwrap_or_default().to_string();
+            let name = str_at(obj, "/metadata/name")
+                .unwrap_or_default()
+                .to_string();
             let meta = meta_mut(obj);
             if !meta.get("labels").is_some_and(Value::is_object) {
                 meta.insert("labels".into(), json!({}));
@@ -234,7 +245,11 @@ fn kind_defaults_on_create(rt: &ResourceType, obj: &mut Value) {
 }
 
 /// Prepare a new object for `create`: returns its name and the object.
-pub fn prepare_create(rt: &ResourceType, ns: &str, mut obj: Value) -> Result<(String, Value), ApiError> {
+pub fn prepare_create(
+    rt: &ResourceType,
+    ns: &str,
+    mut obj: Value,
+) -> Result<(String, Value), ApiError> {
     check_type(rt, &mut obj)?;
     check_namespace(rt, &mut obj, ns)?;
     let meta = meta_mut(&mut obj);
@@ -282,7 +297,13 @@ pub fn prepare_create(rt: &ResourceType, ns: &str, mut obj: Value) -> Result<(St
 }
 
 /// Prepare a replacement of `old` by `new` through the main resource.
-pub fn prepare_update(rt: &ResourceType, ns: &str, name: &str, old: &Value, mut new: Value) -> Result<Value, ApiError> {
+pub fn prepare_update(
+    rt: &ResourceType,
+    ns: &str,
+    name: &str,
+    old: &Value,
+    mut new: Value,
+) -> Result<Value, ApiError> {
     check_type(rt, &mut new)?;
     check_namespace(rt, &mut new, ns)?;
     match str_at(&new, "/metadata/name") {
@@ -304,7 +325,10 @@ pub fn prepare_update(rt: &ResourceType, ns: &str, name: &str, old: &Value, mut 
             name,
             &format!(
                 "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                old_meta.get("uid").and_then(Value::as_str).unwrap_or_default()
+                old_meta
+                    .get("uid")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
             ),
         ));
     }
@@ -338,7 +362,10 @@ pub fn prepare_update(rt: &ResourceType, ns: &str, name: &str, old: &Value, mut 
         }
     }
     if rt.generation && new.get("spec") != old.get("spec") {
-        let g = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
+        let g = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
         new["metadata"]["generation"] = json!(g + 1);
     }
     validate(rt, name, &new)?;
@@ -346,7 +373,11 @@ pub fn prepare_update(rt: &ResourceType, ns: &str, name: &str, old: &Value, mut 
 }
 
 /// Prepare an update through the `/status` subresource: only status changes.
-pub fn prepare_status_update(rt: &ResourceType, old: &Value, new: &Value) -> Result<Value, ApiError> {
+pub fn prepare_status_update(
+    rt: &ResourceType,
+    old: &Value,
+    new: &Value,
+) -> Result<Value, ApiError> {
     let mut out = old.clone();
     match new.get("status") {
         Some(s) => out["status"] = s.clone(),
@@ -361,7 +392,8 @@ pub fn prepare_status_update(rt: &ResourceType, old: &Value, new: &Value) -> Res
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -373,7 +405,8 @@ fn is_dns_subdomain(s: &str) -> bool {
 fn is_qualified_part(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
         && s.as_bytes()[0].is_ascii_alphanumeric()
         && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
 }
@@ -439,7 +472,10 @@ pub fn validate(rt: &ResourceType, name: &str, obj: &Value) -> Result<(), ApiErr
             }
         }
     }
-    if let Some(ann) = obj.pointer("/metadata/annotations").and_then(Value::as_object) {
+    if let Some(ann) = obj
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+    {
         let mut total = 0;
         for (k, v) in ann {
             if !is_qualified_name(k) {
@@ -484,7 +520,9 @@ pub fn validate(rt: &ResourceType, name: &str, obj: &Value) -> Result<(), ApiErr
         }
     }
     if rt.group == "coordination.k8s.io"
-        && let Some(d) = obj.pointer("/spec/leaseDurationSeconds").and_then(Value::as_i64)
+        && let Some(d) = obj
+            .pointer("/spec/leaseDurationSeconds")
+            .and_then(Value::as_i64)
         && d <= 0
     {
         causes.push(invalid_value(

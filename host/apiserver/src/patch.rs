@@ -81,8 +81,14 @@ fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
             .all(|i| i.get(k).is_some() || i.get("$patch").is_some())
     };
     match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env"
-        | "imagePullSecrets" | "resourceClaims" | "schedulingGates" => Some("name"),
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets"
+        | "resourceClaims"
+        | "schedulingGates" => Some("name"),
         "volumeMounts" => Some("mountPath"),
         "volumeDevices" => Some("devicePath"),
         "conditions" => Some("type"),
@@ -272,7 +278,11 @@ fn json_add(doc: &mut Value, path: &str, value: Value) -> Result<(), ApiError> {
 
 fn json_remove(doc: &mut Value, path: &str) -> Result<Value, ApiError> {
     let (parent, key) = pointer_parent(doc, path)?;
-    let missing = || ApiError::internal(format!("jsonpatch remove operation does not apply: doc is missing path: {path:?}"));
+    let missing = || {
+        ApiError::internal(format!(
+            "jsonpatch remove operation does not apply: doc is missing path: {path:?}"
+        ))
+    };
     match parent {
         Value::Object(m) => m.remove(&key).ok_or_else(missing),
         Value::Array(a) => {
@@ -340,9 +350,7 @@ pub fn json_patch(target: &Value, patch: &Value) -> Result<Value, ApiError> {
                 }
             }
             other => {
-                return Err(ApiError::bad_request(format!(
-                    "Unexpected kind: {other}"
-                )));
+                return Err(ApiError::bad_request(format!("Unexpected kind: {other}")));
             }
         }
     }
@@ -371,12 +379,12 @@ mod tests {
             {"name": "b", "image": "b:1"}
         ]}}}});
         let p = json!({"spec": {"template": {
-            "metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": "now"}},
-            "spec": {"containers": [
-                {"name": "a", "env": [{"name": "Y", "value": "2"}]},
-                {"name": "b", "$patch": "delete"},
-                {"name": "c", "image": "c:1"}
-            ]}}}});
+        "metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": "now"}},
+        "spec": {"containers": [
+            {"name": "a", "env": [{"name": "Y", "value": "2"}]},
+            {"name": "b", "$patch": "delete"},
+            {"name": "c", "image": "c:1"}
+        ]}}}});
         let out = apply(PatchType::Strategic, &t, &p).unwrap();
         let cs = out.pointer("/spec/template/spec/containers").unwrap();
         assert_eq!(
@@ -394,7 +402,8 @@ mod tests {
 
     #[test]
     fn strategic_replaces_unkeyed_lists_and_honours_directives() {
-        let t = json!({"args": ["a", "b"], "m": {"x": 1, "y": 2}, "metadata": {"finalizers": ["f1"]}});
+        let t =
+            json!({"args": ["a", "b"], "m": {"x": 1, "y": 2}, "metadata": {"finalizers": ["f1"]}});
         let p = json!({"args": ["c"], "m": {"$retainKeys": ["x"], "x": 3},
                        "metadata": {"finalizers": ["f2"], "$deleteFromPrimitiveList/finalizers": ["f1"]},
                        "$setElementOrder/args": ["c"]});
@@ -417,6 +426,13 @@ mod tests {
         ]);
         let out = apply(PatchType::Json, &t, &p).unwrap();
         assert_eq!(out, json!({"a": [2, 3], "b": {"c": 2}, "e": {"c": 2}}));
-        assert!(apply(PatchType::Json, &t, &json!([{"op": "test", "path": "/b/c", "value": 9}])).is_err());
+        assert!(
+            apply(
+                PatchType::Json,
+                &t,
+                &json!([{"op": "test", "path": "/b/c", "value": 9}])
+            )
+            .is_err()
+        );
     }
 }

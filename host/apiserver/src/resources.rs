@@ -133,14 +133,28 @@ pub static RESOURCES: &[ResourceType] = &[
         categories: &["all"],
         generation: true,
         status_subresource: true,
-        ..rt("apps", "v1", "deployments", "deployment", "Deployment", true)
+        ..rt(
+            "apps",
+            "v1",
+            "deployments",
+            "deployment",
+            "Deployment",
+            true,
+        )
     },
     ResourceType {
         short_names: &["sts"],
         categories: &["all"],
         generation: true,
         status_subresource: true,
-        ..rt("apps", "v1", "statefulsets", "statefulset", "StatefulSet", true)
+        ..rt(
+            "apps",
+            "v1",
+            "statefulsets",
+            "statefulset",
+            "StatefulSet",
+            true,
+        )
     },
     ResourceType {
         short_names: &["ds"],
@@ -149,7 +163,14 @@ pub static RESOURCES: &[ResourceType] = &[
         status_subresource: true,
         ..rt("apps", "v1", "daemonsets", "daemonset", "DaemonSet", true)
     },
-    rt("coordination.k8s.io", "v1", "leases", "lease", "Lease", true),
+    rt(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "lease",
+        "Lease",
+        true,
+    ),
     ResourceType {
         short_names: &["ev"],
         ..rt("events.k8s.io", "v1", "events", "event", "Event", true)

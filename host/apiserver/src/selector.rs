@@ -62,16 +62,13 @@ fn parse_set(rest: &str, whole: &str) -> Result<Vec<String>, ApiError> {
 }
 
 fn bad_label(sel: &str, why: &str) -> ApiError {
-    ApiError::bad_request(format!(
-        "unable to parse requirement: found '{sel}', {why}"
-    ))
+    ApiError::bad_request(format!("unable to parse requirement: found '{sel}', {why}"))
 }
 
 fn valid_key(k: &str) -> bool {
     !k.is_empty()
         && k.len() <= 316
-        && k
-            .chars()
+        && k.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
 }
 

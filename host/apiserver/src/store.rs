@@ -278,7 +278,10 @@ impl Store {
     ) -> Result<Arc<Value>, StoreError> {
         let mut g = self.lock();
         let key = (ns.to_string(), name.to_string());
-        let cur = g.objects[res].get(&key).cloned().ok_or(StoreError::NotFound)?;
+        let cur = g.objects[res]
+            .get(&key)
+            .cloned()
+            .ok_or(StoreError::NotFound)?;
         if rv_of(&cur) != expect_rv {
             return Err(StoreError::Changed);
         }
@@ -306,7 +309,10 @@ impl Store {
     ) -> Result<Arc<Value>, StoreError> {
         let mut g = self.lock();
         let key = (ns.to_string(), name.to_string());
-        let cur = g.objects[res].get(&key).cloned().ok_or(StoreError::NotFound)?;
+        let cur = g.objects[res]
+            .get(&key)
+            .cloned()
+            .ok_or(StoreError::NotFound)?;
         if expect_rv.is_some_and(|rv| rv != rv_of(&cur)) {
             return Err(StoreError::Changed);
         }

@@ -181,7 +181,8 @@ async fn run(
     }
 
     let deadline = req.timeout.map(|t| Instant::now() + t);
-    let mut ticker = tokio::time::interval_at(Instant::now() + bookmark_interval, bookmark_interval);
+    let mut ticker =
+        tokio::time::interval_at(Instant::now() + bookmark_interval, bookmark_interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {

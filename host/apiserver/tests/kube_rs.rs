@@ -63,7 +63,10 @@ async fn crud_with_kube_rs() {
     let got = api.get("alpha").await.unwrap();
     assert_eq!(got.data.unwrap()["k"], "v1");
 
-    let list = api.list(&ListParams::default().labels("app=web")).await.unwrap();
+    let list = api
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap();
     assert_eq!(list.items.len(), 1);
     let all = api.list(&ListParams::default()).await.unwrap();
     assert_eq!(all.items.len(), 2);
@@ -74,7 +77,10 @@ async fn crud_with_kube_rs() {
     let mut upd = created.clone();
     upd.data = Some(BTreeMap::from([("k".into(), "v2".into())]));
     let replaced = api.replace("alpha", &pp, &upd).await.unwrap();
-    assert_ne!(replaced.metadata.resource_version.as_deref(), Some(rv1.as_str()));
+    assert_ne!(
+        replaced.metadata.resource_version.as_deref(),
+        Some(rv1.as_str())
+    );
     // Replace with the stale version is a 409 Conflict.
     let stale = api_err(api.replace("alpha", &pp, &upd).await.unwrap_err());
     assert_eq!((stale.code, stale.reason.as_str()), (409, "Conflict"));
@@ -86,12 +92,20 @@ async fn crud_with_kube_rs() {
 
     // Patches: merge, strategic, JSON patch.
     let p = api
-        .patch("alpha", &PatchParams::default(), &Patch::Merge(json!({"data": {"m": "1"}})))
+        .patch(
+            "alpha",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"m": "1"}})),
+        )
         .await
         .unwrap();
     assert_eq!(p.data.as_ref().unwrap()["m"], "1");
     let p = api
-        .patch("alpha", &PatchParams::default(), &Patch::Strategic(json!({"metadata": {"labels": {"s": "1"}}})))
+        .patch(
+            "alpha",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"metadata": {"labels": {"s": "1"}}})),
+        )
         .await
         .unwrap();
     assert_eq!(p.metadata.labels.as_ref().unwrap()["s"], "1");
@@ -99,7 +113,9 @@ async fn crud_with_kube_rs() {
         .patch(
             "alpha",
             &PatchParams::default(),
-            &Patch::<()>::Json(serde_json::from_value(json!([{"op": "remove", "path": "/data/m"}])).unwrap()),
+            &Patch::<()>::Json(
+                serde_json::from_value(json!([{"op": "remove", "path": "/data/m"}])).unwrap(),
+            ),
         )
         .await
         .unwrap();
@@ -121,7 +137,11 @@ async fn crud_with_kube_rs() {
     let nf = api_err(api.get("alpha").await.unwrap_err());
     assert_eq!((nf.code, nf.reason.as_str()), (404, "NotFound"));
     assert_eq!(nf.message, "configmaps \"alpha\" not found");
-    let nf = api_err(api.delete("alpha", &DeleteParams::default()).await.unwrap_err());
+    let nf = api_err(
+        api.delete("alpha", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(nf.code, 404);
 
     // Objects in a namespace that does not exist: 404 for the namespace.
@@ -130,18 +150,24 @@ async fn crud_with_kube_rs() {
     assert_eq!(e.message, "namespaces \"nope\" not found");
     let ns_api: Api<Namespace> = Api::all(client.clone());
     ns_api
-        .create(&pp, &Namespace {
-            metadata: ObjectMeta {
-                name: Some("nope".into()),
+        .create(
+            &pp,
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some("nope".into()),
+                    ..Default::default()
+                },
                 ..Default::default()
             },
-            ..Default::default()
-        })
+        )
         .await
         .unwrap();
     other.create(&pp, &cm("x", &[])).await.unwrap();
     // Deleting the namespace deletes its content.
-    ns_api.delete("nope", &DeleteParams::default()).await.unwrap();
+    ns_api
+        .delete("nope", &DeleteParams::default())
+        .await
+        .unwrap();
     assert_eq!(api_err(other.get("x").await.unwrap_err()).code, 404);
 }
 
@@ -185,7 +211,11 @@ async fn secrets_deployments_and_leases() {
     assert_eq!(d.metadata.generation, Some(1));
     // A metadata-only change keeps the generation; a spec change bumps it.
     let d2 = deploys
-        .patch("web", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})))
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
         .await
         .unwrap();
     assert_eq!(d2.metadata.generation, Some(1));
@@ -200,7 +230,11 @@ async fn secrets_deployments_and_leases() {
     assert_eq!(d3.metadata.generation, Some(2));
     // Status goes through the status subresource only.
     let st = deploys
-        .patch_status("web", &PatchParams::default(), &Patch::Merge(json!({"status": {"readyReplicas": 1}})))
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"readyReplicas": 1}})),
+        )
         .await
         .unwrap();
     assert_eq!(st.status.unwrap().ready_replicas, Some(1));
@@ -246,11 +280,18 @@ async fn secrets_deployments_and_leases() {
             ..Default::default()
         }),
     };
-    assert_eq!(api_err(leases.create(&pp, &bad).await.unwrap_err()).code, 422);
+    assert_eq!(
+        api_err(leases.create(&pp, &bad).await.unwrap_err()).code,
+        422
+    );
 }
 
 /// Random writes over many objects in several namespaces.
-async fn churn(api_for: &dyn Fn(&str) -> Api<ConfigMap>, rng: &mut rand::rngs::StdRng, writes: usize) {
+async fn churn(
+    api_for: &dyn Fn(&str) -> Api<ConfigMap>,
+    rng: &mut rand::rngs::StdRng,
+    writes: usize,
+) {
     let namespaces = ["default", "team-a", "team-b"];
     for i in 0..writes {
         let ns = namespaces[rng.random_range(0..namespaces.len())];
@@ -258,11 +299,17 @@ async fn churn(api_for: &dyn Fn(&str) -> Api<ConfigMap>, rng: &mut rand::rngs::S
         let name = format!("cm-{}", rng.random_range(0..40));
         match rng.random_range(0..10) {
             0..=3 => {
-                let _ = api.create(&PostParams::default(), &cm(&name, &[("i", &i.to_string())])).await;
+                let _ = api
+                    .create(&PostParams::default(), &cm(&name, &[("i", &i.to_string())]))
+                    .await;
             }
             4..=7 => {
                 let _ = api
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"i": i.to_string()}})))
+                    .patch(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"data": {"i": i.to_string()}})),
+                    )
                     .await;
             }
             _ => {
@@ -282,7 +329,10 @@ fn fingerprint<'a>(items: impl Iterator<Item = &'a ConfigMap>) -> Fingerprint {
                     c.metadata.namespace.clone().unwrap_or_default(),
                     c.metadata.name.clone().unwrap_or_default(),
                 ),
-                (c.metadata.resource_version.clone().unwrap_or_default(), c.data.clone()),
+                (
+                    c.metadata.resource_version.clone().unwrap_or_default(),
+                    c.data.clone(),
+                ),
             )
         })
         .collect()
@@ -290,7 +340,10 @@ fn fingerprint<'a>(items: impl Iterator<Item = &'a ConfigMap>) -> Fingerprint {
 
 fn server_fingerprint(server: &wasmwatch_apiserver::ServerHandle) -> Fingerprint {
     let (items, _) = server.snapshot("configmaps").unwrap();
-    let cms: Vec<ConfigMap> = items.into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
+    let cms: Vec<ConfigMap> = items
+        .into_iter()
+        .map(|v| serde_json::from_value(v).unwrap())
+        .collect();
     fingerprint(cms.iter())
 }
 
@@ -341,7 +394,9 @@ async fn reflector_converges_through_churn_410_and_closed_watches() {
                     return;
                 }
                 assert!(
-                    tokio::time::timeout_at(deadline, notify.notified()).await.is_ok(),
+                    tokio::time::timeout_at(deadline, notify.notified())
+                        .await
+                        .is_ok(),
                     "{label}: reflector did not converge: {} objects vs {} on the server",
                     got.len(),
                     want.len()

@@ -13,7 +13,10 @@ use wasmwatch_apiserver::Config;
 const T: Duration = Duration::from_secs(5);
 
 fn rv(v: &Value) -> String {
-    v["metadata"]["resourceVersion"].as_str().unwrap().to_string()
+    v["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 fn patch_json(v: Value) -> (String, Value) {
@@ -25,11 +28,21 @@ async fn watch_from_version_replays_exactly_the_later_writes() {
     let server = common::start().await;
     let h = http();
     let base = server.url();
-    post(&h, &format!("{base}/api/v1/namespaces"), &json!({"metadata": {"name": "team-a"}})).await;
+    post(
+        &h,
+        &format!("{base}/api/v1/namespaces"),
+        &json!({"metadata": {"name": "team-a"}}),
+    )
+    .await;
 
     // Some history before the starting point.
     for i in 0..5 {
-        let r = post(&h, &format!("{base}/api/v1/namespaces/default/configmaps"), &cm(&format!("old-{i}"), &[])).await;
+        let r = post(
+            &h,
+            &format!("{base}/api/v1/namespaces/default/configmaps"),
+            &cm(&format!("old-{i}"), &[]),
+        )
+        .await;
         assert_eq!(r.status, 201);
     }
     let start = server.resource_version();
@@ -70,13 +83,33 @@ async fn watch_from_version_replays_exactly_the_later_writes() {
     assert!(all.len() > 15 && in_default.len() > 8);
 
     // A marker after the replayed range proves nothing extra comes in between.
-    let marker = post(&h, &format!("{base}/api/v1/namespaces/default/configmaps"), &cm("zz-marker", &[])).await;
-    let marker = ("ADDED".to_string(), "zz-marker".to_string(), rv(&marker.body));
+    let marker = post(
+        &h,
+        &format!("{base}/api/v1/namespaces/default/configmaps"),
+        &cm("zz-marker", &[]),
+    )
+    .await;
+    let marker = (
+        "ADDED".to_string(),
+        "zz-marker".to_string(),
+        rv(&marker.body),
+    );
 
     for (url, want) in [
-        (format!("{base}/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={start}"), &in_default),
-        (format!("{base}/api/v1/configmaps?watch=1&resourceVersion={start}"), &all),
-        (format!("{base}/api/v1/watch/configmaps?resourceVersion={start}"), &all),
+        (
+            format!(
+                "{base}/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={start}"
+            ),
+            &in_default,
+        ),
+        (
+            format!("{base}/api/v1/configmaps?watch=1&resourceVersion={start}"),
+            &all,
+        ),
+        (
+            format!("{base}/api/v1/watch/configmaps?resourceVersion={start}"),
+            &all,
+        ),
     ] {
         let mut w = Watch::open(&h, &url).await;
         let mut got = Vec::new();
@@ -94,7 +127,12 @@ async fn expired_version_yields_one_410_error_event_and_ends() {
     let h = http();
     let base = server.url();
     for i in 0..20 {
-        post(&h, &format!("{base}/api/v1/namespaces/default/configmaps"), &cm(&format!("c{i}"), &[])).await;
+        post(
+            &h,
+            &format!("{base}/api/v1/namespaces/default/configmaps"),
+            &cm(&format!("c{i}"), &[]),
+        )
+        .await;
     }
     for url in [
         format!("{base}/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=3"),
@@ -108,16 +146,33 @@ async fn expired_version_yields_one_410_error_event_and_ends() {
         assert_eq!(st["status"], "Failure");
         assert_eq!(st["code"], 410);
         assert_eq!(st["reason"], "Expired");
-        assert!(st["message"].as_str().unwrap().starts_with("too old resource version: 3 ("), "{st}");
-        assert!(w.next_within(T).await.is_none(), "the stream ends after the ERROR");
+        assert!(
+            st["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("too old resource version: 3 ("),
+            "{st}"
+        );
+        assert!(
+            w.next_within(T).await.is_none(),
+            "the stream ends after the ERROR"
+        );
     }
     // A recent version is still fine.
     let recent = server.resource_version() - 2;
-    let mut w = Watch::open(&h, &format!("{base}/api/v1/configmaps?watch=true&resourceVersion={recent}")).await;
+    let mut w = Watch::open(
+        &h,
+        &format!("{base}/api/v1/configmaps?watch=true&resourceVersion={recent}"),
+    )
+    .await;
     assert_eq!(w.next_within(T).await.unwrap()["type"], "ADDED");
 
     // Exact list older than history: 410 too.
-    let r = get(&h, &format!("{base}/api/v1/configmaps?resourceVersion=3&resourceVersionMatch=Exact")).await;
+    let r = get(
+        &h,
+        &format!("{base}/api/v1/configmaps?resourceVersion=3&resourceVersionMatch=Exact"),
+    )
+    .await;
     assert_eq!(r.status, 410);
     assert_eq!(r.body["reason"], "Expired");
 }
@@ -139,19 +194,26 @@ async fn watch_without_version_sends_synthetic_adds_then_changes() {
             assert_eq!(s.0, "ADDED");
             names.push(s.1);
         }
-        let want: Vec<&str> = existing.iter().map(|o| o["metadata"]["name"].as_str().unwrap()).collect();
+        let want: Vec<&str> = existing
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap())
+            .collect();
         assert_eq!(names, want);
         assert_eq!(&names[..2], ["a", "b"]);
         let c = post(&h, &coll, &cm(&format!("c-{}", q.len()), &[])).await;
         let ev = w.next_within(T).await.unwrap();
-        assert_eq!(summary(&ev), ("ADDED".into(), format!("c-{}", q.len()), rv(&c.body)));
+        assert_eq!(
+            summary(&ev),
+            ("ADDED".into(), format!("c-{}", q.len()), rv(&c.body))
+        );
         assert_eq!(ev["object"], c.body);
     }
 }
 
 #[tokio::test]
 async fn bookmarks_initial_events_end_and_timeout() {
-    let server = common::start_with(Config::default().bookmark_interval(Duration::from_millis(50))).await;
+    let server =
+        common::start_with(Config::default().bookmark_interval(Duration::from_millis(50))).await;
     let h = http();
     let base = server.url();
     let coll = format!("{base}/apis/apps/v1/namespaces/default/deployments");
@@ -160,12 +222,19 @@ async fn bookmarks_initial_events_end_and_timeout() {
     let now = server.resource_version();
 
     // Periodic bookmarks carry only the version, with the right kind.
-    let mut w = Watch::open(&h, &format!("{coll}?watch=true&resourceVersion={now}&allowWatchBookmarks=true")).await;
+    let mut w = Watch::open(
+        &h,
+        &format!("{coll}?watch=true&resourceVersion={now}&allowWatchBookmarks=true"),
+    )
+    .await;
     let ev = w.next_within(T).await.unwrap();
     assert_eq!(ev["type"], "BOOKMARK");
     assert_eq!(ev["object"]["kind"], "Deployment");
     assert_eq!(ev["object"]["apiVersion"], "apps/v1");
-    assert_eq!(ev["object"]["metadata"], json!({"resourceVersion": now.to_string()}));
+    assert_eq!(
+        ev["object"]["metadata"],
+        json!({"resourceVersion": now.to_string()})
+    );
     drop(w);
 
     // sendInitialEvents: synthetic ADDED, then the initial-events-end bookmark.
@@ -179,7 +248,10 @@ async fn bookmarks_initial_events_end_and_timeout() {
     assert_eq!(ev["object"]["metadata"]["name"], "web");
     let ev = w.next_within(T).await.unwrap();
     assert_eq!(ev["type"], "BOOKMARK");
-    assert_eq!(ev["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+    assert_eq!(
+        ev["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
     assert_eq!(ev["object"]["metadata"]["resourceVersion"], now.to_string());
     drop(w);
 
@@ -187,7 +259,14 @@ async fn bookmarks_initial_events_end_and_timeout() {
     let server2 = common::start().await;
     let coll2 = format!("{}/api/v1/namespaces/default/pods", server2.url());
     let started = std::time::Instant::now();
-    let mut w = Watch::open(&h, &format!("{coll2}?watch=true&timeoutSeconds=1&allowWatchBookmarks=true&resourceVersion={}", server2.resource_version())).await;
+    let mut w = Watch::open(
+        &h,
+        &format!(
+            "{coll2}?watch=true&timeoutSeconds=1&allowWatchBookmarks=true&resourceVersion={}",
+            server2.resource_version()
+        ),
+    )
+    .await;
     let ev = w.next_within(T).await.unwrap();
     assert_eq!(ev["type"], "BOOKMARK");
     assert_eq!(ev["object"]["kind"], "Pod");
@@ -202,17 +281,46 @@ async fn selectors_filter_and_leaving_objects_are_deleted() {
     let base = server.url();
     let coll = format!("{base}/api/v1/namespaces/default/configmaps");
     let from = server.resource_version();
-    let mut w = Watch::open(&h, &format!("{coll}?watch=true&resourceVersion={from}&labelSelector=app%3Dweb")).await;
-    let mut f = Watch::open(&h, &format!("{coll}?watch=true&resourceVersion={from}&fieldSelector=metadata.name%3Dtwo")).await;
+    let mut w = Watch::open(
+        &h,
+        &format!("{coll}?watch=true&resourceVersion={from}&labelSelector=app%3Dweb"),
+    )
+    .await;
+    let mut f = Watch::open(
+        &h,
+        &format!("{coll}?watch=true&resourceVersion={from}&fieldSelector=metadata.name%3Dtwo"),
+    )
+    .await;
 
     let mut one = cm("one", &[]);
     one["metadata"]["labels"] = json!({"app": "web"});
     post(&h, &coll, &one).await;
     post(&h, &coll, &cm("two", &[])).await;
     let p = |labels: Value| json!({"metadata": {"labels": labels}});
-    send(&h, "PATCH", &format!("{coll}/one"), "application/merge-patch+json", Some(&p(json!({"app": "api"})))).await;
-    send(&h, "PATCH", &format!("{coll}/one"), "application/merge-patch+json", Some(&p(json!({"app": "web"})))).await;
-    send(&h, "PATCH", &format!("{coll}/two"), "application/merge-patch+json", Some(&p(json!({"x": "y"})))).await;
+    send(
+        &h,
+        "PATCH",
+        &format!("{coll}/one"),
+        "application/merge-patch+json",
+        Some(&p(json!({"app": "api"}))),
+    )
+    .await;
+    send(
+        &h,
+        "PATCH",
+        &format!("{coll}/one"),
+        "application/merge-patch+json",
+        Some(&p(json!({"app": "web"}))),
+    )
+    .await;
+    send(
+        &h,
+        "PATCH",
+        &format!("{coll}/two"),
+        "application/merge-patch+json",
+        Some(&p(json!({"x": "y"}))),
+    )
+    .await;
     delete(&h, &format!("{coll}/one")).await;
     let mut marker = cm("zz", &[]);
     marker["metadata"]["labels"] = json!({"app": "web"});
@@ -261,30 +369,57 @@ async fn list_paging_snapshots_and_expired_continue() {
     let items = p1.body["items"].as_array().unwrap();
     assert_eq!(items.len(), 3);
     assert_eq!(p1.body["metadata"]["remainingItemCount"], 4);
-    let snap_rv = p1.body["metadata"]["resourceVersion"].as_str().unwrap().to_string();
-    let cont = p1.body["metadata"]["continue"].as_str().unwrap().to_string();
+    let snap_rv = p1.body["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let cont = p1.body["metadata"]["continue"]
+        .as_str()
+        .unwrap()
+        .to_string();
 
     // Changes after the first page do not show in later pages.
     delete(&h, &format!("{coll}/c5")).await;
     post(&h, &coll, &cm("c9", &[])).await;
     let p2 = get(&h, &format!("{coll}?limit=3&continue={cont}")).await;
-    let names: Vec<&str> = p2.body["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = p2.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["c3", "c4", "c5"]);
     assert_eq!(p2.body["metadata"]["resourceVersion"], snap_rv);
-    let cont2 = p2.body["metadata"]["continue"].as_str().unwrap().to_string();
+    let cont2 = p2.body["metadata"]["continue"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let p3 = get(&h, &format!("{coll}?limit=3&continue={cont2}")).await;
-    let names: Vec<&str> = p3.body["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = p3.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["c6"]);
     assert!(p3.body["metadata"].get("continue").is_none());
 
     // Exact list at the old snapshot.
-    let exact = get(&h, &format!("{coll}?resourceVersion={snap_rv}&resourceVersionMatch=Exact")).await;
+    let exact = get(
+        &h,
+        &format!("{coll}?resourceVersion={snap_rv}&resourceVersionMatch=Exact"),
+    )
+    .await;
     assert_eq!(exact.body["items"].as_array().unwrap().len(), 7);
     let latest = get(&h, &coll).await;
     assert_eq!(latest.body["items"].as_array().unwrap().len(), 7);
     assert_ne!(latest.body["metadata"]["resourceVersion"], snap_rv);
     // Too new a version: 504 like kube-apiserver's "Too large resource version".
-    let r = get(&h, &format!("{coll}?resourceVersion=999999&resourceVersionMatch=NotOlderThan")).await;
+    let r = get(
+        &h,
+        &format!("{coll}?resourceVersion=999999&resourceVersionMatch=NotOlderThan"),
+    )
+    .await;
     assert_eq!(r.status, 504);
 
     // Compacted: the continue token has expired.

@@ -41,7 +41,9 @@ pub async fn send(
     content_type: &str,
     body: Option<&Value>,
 ) -> Resp {
-    let body = body.map(|b| serde_json::to_vec(b).unwrap()).unwrap_or_default();
+    let body = body
+        .map(|b| serde_json::to_vec(b).unwrap())
+        .unwrap_or_default();
     let req = Request::builder()
         .method(method)
         .uri(url)

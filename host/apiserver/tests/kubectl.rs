@@ -1,0 +1,331 @@
+//! kubectl (an independent client) against the server, as a subprocess.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+use wasmwatch_apiserver::ServerHandle;
+
+fn kubectl_path() -> Option<PathBuf> {
+    let candidates = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("kubectl"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+struct Kubectl {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Kubectl {
+    fn new(server: &ServerHandle) -> Option<Kubectl> {
+        let Some(bin) = kubectl_path() else {
+            eprintln!(
+                "\n!!!!!!!! SKIPPING kubectl tests: kubectl is not installed (Debian package kubernetes-client) !!!!!!!!\n"
+            );
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        server
+            .write_kubeconfig(dir.path().join("kubeconfig"))
+            .unwrap();
+        Some(Kubectl { bin, dir })
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("--kubeconfig")
+            .arg(self.dir.path().join("kubeconfig"))
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("cache"))
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .kill_on_drop(true);
+        c
+    }
+
+    async fn run(&self, args: &[&str]) -> Out {
+        let out = tokio::time::timeout(Duration::from_secs(30), self.command(args).output())
+            .await
+            .expect("kubectl finished in time")
+            .expect("kubectl runs");
+        Out {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args).await;
+        assert_eq!(
+            o.code, 0,
+            "kubectl {args:?} failed: {}{}",
+            o.stdout, o.stderr
+        );
+        o.stdout
+    }
+
+    async fn get_json(&self, args: &[&str]) -> Value {
+        let mut a = vec!["get"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["-o", "json"]);
+        serde_json::from_str(&self.ok(&a).await).unwrap()
+    }
+
+    fn file(&self, name: &str, content: &str) -> String {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, content).unwrap();
+        path_str(&p)
+    }
+}
+
+fn path_str(p: &Path) -> String {
+    p.to_str().unwrap().to_string()
+}
+
+const CONFIGMAP: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: app-config
+  labels:
+    app: web
+data:
+  mode: "blue"
+"#;
+
+const SECRET: &str = r#"
+apiVersion: v1
+kind: Secret
+metadata:
+  name: app-secret
+stringData:
+  password: hunter2
+"#;
+
+const DEPLOYMENT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: web
+        image: nginx:1.25
+        env:
+        - {name: MODE, value: blue}
+      - name: sidecar
+        image: busybox:1
+"#;
+
+#[tokio::test]
+async fn kubectl_apply_get_patch_label_annotate_rollout_delete() {
+    let server = common::start().await;
+    let Some(k) = Kubectl::new(&server) else {
+        return;
+    };
+
+    // apply (create), then apply a change (strategic patch computed by kubectl).
+    let cm = k.file("cm.yaml", CONFIGMAP);
+    assert!(
+        k.ok(&["apply", "-f", &cm])
+            .await
+            .contains("configmap/app-config created")
+    );
+    let cm2 = k.file("cm2.yaml", &CONFIGMAP.replace("blue", "green"));
+    assert!(
+        k.ok(&["apply", "-f", &cm2])
+            .await
+            .contains("configmap/app-config configured")
+    );
+    let yaml = k
+        .ok(&["get", "configmap", "app-config", "-o", "yaml"])
+        .await;
+    let v: Value = serde_yaml::from_str(&yaml).unwrap();
+    assert_eq!(v["data"]["mode"], "green");
+    assert_eq!(v["metadata"]["labels"]["app"], "web");
+    assert_eq!(
+        server.get("configmaps", "default", "app-config").unwrap()["data"]["mode"],
+        "green"
+    );
+
+    let secret = k.file("secret.yaml", SECRET);
+    k.ok(&["apply", "-f", &secret]).await;
+    let s = k.get_json(&["secret", "app-secret"]).await;
+    assert_eq!(s["data"]["password"], "aHVudGVyMg==");
+    assert_eq!(s["type"], "Opaque");
+
+    let dep = k.file("dep.yaml", DEPLOYMENT);
+    assert!(
+        k.ok(&["apply", "-f", &dep])
+            .await
+            .contains("deployment.apps/web created")
+    );
+    let d = k.get_json(&["deployment", "web"]).await;
+    assert_eq!(d["metadata"]["generation"], 1);
+
+    // patch --type merge and strategic (containers merged by name).
+    k.ok(&[
+        "patch",
+        "configmap",
+        "app-config",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"extra":"1"}}"#,
+    ])
+    .await;
+    assert_eq!(
+        k.get_json(&["cm", "app-config"]).await["data"],
+        json!({"mode": "green", "extra": "1"})
+    );
+    k.ok(&[
+        "patch",
+        "deployment",
+        "web",
+        "--type",
+        "strategic",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"containers":[{"name":"web","image":"nginx:1.26"}]}}}}"#,
+    ])
+    .await;
+    let d = k.get_json(&["deploy", "web"]).await;
+    let containers = d["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
+    assert_eq!(containers.len(), 2, "strategic merge kept the sidecar");
+    assert_eq!(containers[0]["image"], "nginx:1.26");
+    assert_eq!(containers[0]["env"][0]["value"], "blue");
+    assert_eq!(d["metadata"]["generation"], 2);
+
+    // label and annotate.
+    k.ok(&["label", "configmap", "app-config", "tier=frontend"])
+        .await;
+    k.ok(&["annotate", "configmap", "app-config", "owner=team-a"])
+        .await;
+    let v = k.get_json(&["cm", "-l", "tier=frontend"]).await;
+    assert_eq!(v["items"].as_array().unwrap().len(), 1);
+    assert_eq!(v["items"][0]["metadata"]["annotations"]["owner"], "team-a");
+    k.ok(&["label", "configmap", "app-config", "tier-"]).await;
+    assert!(
+        k.get_json(&["cm", "app-config"]).await["metadata"]["labels"]
+            .get("tier")
+            .is_none()
+    );
+
+    // rollout restart: kubectl patches the pod template annotation.
+    k.ok(&["rollout", "restart", "deployment/web"]).await;
+    let d = server.get("deployments.apps", "default", "web").unwrap();
+    assert!(
+        d["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"]
+            .is_string(),
+        "{d}"
+    );
+    assert_eq!(d["metadata"]["generation"], 3);
+
+    // A missing object: kube-apiserver's NotFound message.
+    let o = k.run(&["get", "configmap", "x"]).await;
+    assert_ne!(o.code, 0);
+    assert!(
+        o.stderr
+            .contains(r#"Error from server (NotFound): configmaps "x" not found"#),
+        "{}",
+        o.stderr
+    );
+    let o = k.run(&["get", "deployment", "nope"]).await;
+    assert!(
+        o.stderr
+            .contains(r#"Error from server (NotFound): deployments.apps "nope" not found"#),
+        "{}",
+        o.stderr
+    );
+
+    // Invalid names are 422s.
+    let bad = k.file("bad.yaml", &CONFIGMAP.replace("app-config", "Bad_Name"));
+    let o = k.run(&["apply", "-f", &bad]).await;
+    assert_ne!(o.code, 0);
+    assert!(o.stderr.contains("is invalid"), "{}", o.stderr);
+
+    // delete (kubectl waits for the object to be gone).
+    assert!(
+        k.ok(&["delete", "configmap", "app-config"])
+            .await
+            .contains("deleted")
+    );
+    assert!(server.get("configmaps", "default", "app-config").is_none());
+    k.ok(&["delete", "-f", &dep]).await;
+    assert!(server.get("deployments.apps", "default", "web").is_none());
+
+    // Discovery-driven listing works across kinds.
+    let out = k.ok(&["get", "namespaces", "-o", "name"]).await;
+    assert!(out.contains("namespace/kube-system"), "{out}");
+    k.ok(&["api-resources"]).await;
+}
+
+#[tokio::test]
+async fn kubectl_get_watch_sees_changes() {
+    let server = common::start().await;
+    let Some(k) = Kubectl::new(&server) else {
+        return;
+    };
+    let client = server.client().unwrap();
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::default_namespaced(client);
+    let patch = |v: &str| json!({"data": {"v": v}});
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "w"}, "data": {"v": "1"}})).unwrap();
+    api.create(&Default::default(), &cm).await.unwrap();
+
+    let mut child = k
+        .command(&[
+            "get",
+            "configmap",
+            "-w",
+            "-o",
+            "jsonpath={.metadata.name}={.data.v}{\"\\n\"}",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let next = async |lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>| {
+        tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("kubectl printed in time")
+            .unwrap()
+            .expect("kubectl still running")
+    };
+    assert_eq!(next(&mut lines).await, "w=1");
+    for v in ["2", "3"] {
+        api.patch("w", &Default::default(), &kube::api::Patch::Merge(patch(v)))
+            .await
+            .unwrap();
+        assert_eq!(next(&mut lines).await, format!("w={v}"));
+    }
+    child.kill().await.unwrap();
+}
