@@ -165,6 +165,9 @@ fn main() {
     let wasm = measure(batches, per_batch, || {
         black_box(plugin.handle(black_box(&ev)).unwrap());
     });
+    let sandbox = measure(batches, per_batch, || {
+        black_box(plugin.sandbox_only().unwrap());
+    });
     let native = measure(batches, per_batch, || {
         let actions = native_decision(black_box(&ev), &config_json, lookups.as_ref());
         // The host checks capabilities either way.
@@ -174,6 +177,10 @@ fn main() {
     println!(
         "  fresh sandbox + call, http-refresh.wasm : {:>8.2} us",
         wasm.as_secs_f64() * 1e6
+    );
+    println!(
+        "  of which fresh sandbox + trivial call  : {:>8.2} us",
+        sandbox.as_secs_f64() * 1e6
     );
     println!(
         "  same decision, plain Rust              : {:>8.2} us",

@@ -221,6 +221,13 @@ impl Plugin {
         })
     }
 
+    /// A fresh sandbox and the cheapest call (`check-config`), for benchmarks
+    /// that separate the sandbox's cost from the plugin's work.
+    #[doc(hidden)]
+    pub fn sandbox_only(&self) -> Result<(), PluginError> {
+        self.call(|b, s| b.call_check_config(s, "{}")).map(|_| ())
+    }
+
     /// Like [`Plugin::handle`], on tokio's blocking pool.
     pub async fn handle_async(
         self: &Arc<Self>,

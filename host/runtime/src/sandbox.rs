@@ -72,7 +72,13 @@ impl Runtime {
             .max_tables_per_component(8)
             .total_tables(n * 8)
             .total_stacks(n)
-            .max_memory_size(wasmwatch_core::manifest::MAX_MEMORY as usize);
+            .max_memory_size(wasmwatch_core::manifest::MAX_MEMORY as usize)
+            // Reset a freed slot's memory with memset instead of giving pages
+            // back to the kernel and faulting them in again on the next
+            // event: a Rust plugin touches its 1 MiB shadow stack and a
+            // little heap per call.
+            .linear_memory_keep_resident(2 << 20)
+            .table_keep_resident(64 << 10);
         let mut cfg = Config::new();
         cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
             .epoch_interruption(true)

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use wasmwatch_core::units::HumanDuration;
 use wasmwatch_core::{ChangeType, Manifest, StaticLookups};
+use wasmwatch_kube::elector::{Elector, ElectorConfig, default_identity};
 use wasmwatch_runtime::{Runtime, RuntimeConfig};
 
 #[derive(Debug, Parser)]
@@ -42,6 +44,32 @@ enum Command {
     /// Work with one plugin.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Run only leader election and the admin port (`/leader`, `/healthz`,
+    /// `/readyz`): a leader-election sidecar for another app. SIGTERM releases
+    /// the lease so that another replica takes over at once.
+    Elect(ElectArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ElectArgs {
+    /// Namespace of the Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    namespace: String,
+    /// Name of the Lease.
+    #[arg(long, default_value = "wasmwatch-leader")]
+    lease_name: String,
+    /// This replica's identity (default: POD_NAME, else the host name).
+    #[arg(long)]
+    identity: Option<String>,
+    /// Address of the admin HTTP port.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    admin_addr: std::net::SocketAddr,
+    #[arg(long, default_value = "15s")]
+    lease_duration: HumanDuration,
+    #[arg(long, default_value = "10s")]
+    renew_deadline: HumanDuration,
+    #[arg(long, default_value = "2s")]
+    retry_period: HumanDuration,
 }
 
 #[derive(Debug, Subcommand)]
@@ -167,5 +195,63 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&decision)?);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Elect(elect) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(run_elect(elect))?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+/// Completes on the first SIGTERM or Ctrl-C; a second one exits at once.
+async fn shutdown_signal() {
+    async fn one() {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    one().await;
+    tracing::info!("shutting down (signal again to exit at once)");
+    tokio::spawn(async {
+        one().await;
+        std::process::exit(130);
+    });
+}
+
+async fn run_elect(args: ElectArgs) -> anyhow::Result<()> {
+    let config = ElectorConfig {
+        namespace: args.namespace,
+        lease_name: args.lease_name,
+        identity: args.identity.unwrap_or_else(default_identity),
+        lease_duration: args.lease_duration.0,
+        renew_deadline: args.renew_deadline.0,
+        retry_period: args.retry_period.0,
+    };
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot configure the Kubernetes client")?;
+    let identity = config.identity.clone();
+    let (elector, leadership) = Elector::new(client, config).map_err(anyhow::Error::msg)?;
+    let listener = crate::admin::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.admin_addr))?;
+    let addr = listener.local_addr()?;
+    let (_ready_tx, ready) = tokio::sync::watch::channel(true);
+    let admin = tokio::spawn(crate::admin::serve(
+        listener,
+        crate::admin::AdminState { leadership, ready },
+    ));
+    tracing::info!(%identity, "admin port listening on http://{addr}");
+    println!("listening on http://{addr}");
+    elector.run(shutdown_signal()).await;
+    admin.abort();
+    Ok(())
 }

@@ -5,5 +5,6 @@
 //! ([`cli`]); the binary is a thin wrapper around [`cli::main`].
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod cli;
 pub mod event_file;
