@@ -24,6 +24,9 @@ use crate::resources::{RESOURCES, ResourceId, namespaces_id};
 /// objects use an empty namespace. Ordered like kube-apiserver's etcd keys.
 pub type Key = (String, String);
 
+/// A list result: objects in key order and the snapshot's resourceVersion.
+pub type Listing = (Vec<(Key, Arc<Value>)>, u64);
+
 /// Kind of a stored change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChangeType {
@@ -349,7 +352,7 @@ impl Store {
         res: ResourceId,
         ns: Option<&str>,
         at: Option<u64>,
-    ) -> Result<(Vec<(Key, Arc<Value>)>, u64), ApiError> {
+    ) -> Result<Listing, ApiError> {
         let g = self.lock();
         let in_ns = |k: &Key| ns.is_none_or(|n| k.0 == n);
         let map = &g.objects[res];

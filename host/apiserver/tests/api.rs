@@ -16,25 +16,46 @@ async fn validation_errors_are_422_invalid() {
     assert_eq!(r.body["reason"], "Invalid");
     assert_eq!(r.body["details"]["kind"], "ConfigMap");
     assert_eq!(r.body["details"]["causes"][0]["field"], "metadata.name");
-    assert!(r.body["message"].as_str().unwrap().starts_with("ConfigMap \"Bad_Name\" is invalid: metadata.name: Invalid value"));
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("ConfigMap \"Bad_Name\" is invalid: metadata.name: Invalid value")
+    );
 
     let big = "x".repeat(1024 * 1024);
     let r = post(&h, &coll, &cm("big", &[("a", &big)])).await;
     assert_eq!(r.status, 422);
-    assert!(r.body["message"].as_str().unwrap().contains("Too long: must have at most 1048576 bytes"));
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("Too long: must have at most 1048576 bytes")
+    );
     // Just under the limit is fine.
     let ok = "x".repeat(1024 * 1024 - 10);
-    assert_eq!(post(&h, &coll, &cm("almost", &[("a", &ok)])).await.status, 201);
+    assert_eq!(
+        post(&h, &coll, &cm("almost", &[("a", &ok)])).await.status,
+        201
+    );
 
     let mut annotated = cm("ann", &[]);
     annotated["metadata"]["annotations"] = json!({"a": "y".repeat(256 * 1024)});
     let r = post(&h, &coll, &annotated).await;
     assert_eq!(r.status, 422);
-    assert_eq!(r.body["details"]["causes"][0]["field"], "metadata.annotations");
+    assert_eq!(
+        r.body["details"]["causes"][0]["field"],
+        "metadata.annotations"
+    );
 
     let secrets = format!("{}/api/v1/namespaces/default/secrets", server.url());
     let big = "x".repeat(1024 * 1024 + 1);
-    let r = post(&h, &secrets, &json!({"metadata": {"name": "s"}, "stringData": {"k": big}})).await;
+    let r = post(
+        &h,
+        &secrets,
+        &json!({"metadata": {"name": "s"}, "stringData": {"k": big}}),
+    )
+    .await;
     assert_eq!(r.status, 422);
 
     let svc = format!("{}/api/v1/namespaces/default/services", server.url());
@@ -51,19 +72,56 @@ async fn bad_requests_and_not_found_paths() {
 
     let r = send(&h, "POST", &coll, "application/json", None).await;
     assert_eq!(r.status, 400);
-    let r = post(&h, &coll, &json!({"apiVersion": "apps/v1", "kind": "ConfigMap", "metadata": {"name": "x"}})).await;
-    assert_eq!((r.status, r.body["reason"].as_str()), (400, Some("BadRequest")));
-    let r = post(&h, &coll, &json!({"metadata": {"name": "x", "namespace": "other"}})).await;
+    let r = post(
+        &h,
+        &coll,
+        &json!({"apiVersion": "apps/v1", "kind": "ConfigMap", "metadata": {"name": "x"}}),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.body["reason"].as_str()),
+        (400, Some("BadRequest"))
+    );
+    let r = post(
+        &h,
+        &coll,
+        &json!({"metadata": {"name": "x", "namespace": "other"}}),
+    )
+    .await;
     assert_eq!(r.status, 400);
     let r = get(&h, &format!("{base}/api/v1/namespaces/default/widgets")).await;
-    assert_eq!((r.status, r.body["reason"].as_str()), (404, Some("NotFound")));
-    let r = get(&h, &format!("{base}/apis/apps/v1/namespaces/default/deployments/nope")).await;
+    assert_eq!(
+        (r.status, r.body["reason"].as_str()),
+        (404, Some("NotFound"))
+    );
+    let r = get(
+        &h,
+        &format!("{base}/apis/apps/v1/namespaces/default/deployments/nope"),
+    )
+    .await;
     assert_eq!(r.body["message"], "deployments.apps \"nope\" not found");
-    assert_eq!(r.body["details"], json!({"name": "nope", "group": "apps", "kind": "deployments"}));
-    let r = send(&h, "PATCH", &format!("{coll}/nope"), "application/merge-patch+json", Some(&json!({}))).await;
+    assert_eq!(
+        r.body["details"],
+        json!({"name": "nope", "group": "apps", "kind": "deployments"})
+    );
+    let r = send(
+        &h,
+        "PATCH",
+        &format!("{coll}/nope"),
+        "application/merge-patch+json",
+        Some(&json!({})),
+    )
+    .await;
     assert_eq!(r.status, 404);
     post(&h, &coll, &cm("x", &[])).await;
-    let r = send(&h, "PATCH", &format!("{coll}/x"), "text/plain", Some(&json!({}))).await;
+    let r = send(
+        &h,
+        "PATCH",
+        &format!("{coll}/x"),
+        "text/plain",
+        Some(&json!({})),
+    )
+    .await;
     assert_eq!(r.status, 415);
     let r = put(&h, &format!("{coll}/y"), &cm("x", &[])).await;
     assert_eq!(r.status, 404, "PUT does not create");
@@ -84,8 +142,16 @@ async fn server_sets_metadata_and_delete_answers() {
     let name = r.body["metadata"]["name"].as_str().unwrap().to_string();
     assert!(name.starts_with("gen-") && name.len() == 9);
     assert_ne!(r.body["metadata"]["uid"], "mine");
-    assert_eq!(r.body["metadata"]["resourceVersion"], server.resource_version().to_string());
-    assert!(r.body["metadata"]["creationTimestamp"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(
+        r.body["metadata"]["resourceVersion"],
+        server.resource_version().to_string()
+    );
+    assert!(
+        r.body["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
 
     let d = delete(&h, &format!("{coll}/{name}")).await;
     assert_eq!(d.body["kind"], "Status");
@@ -98,16 +164,41 @@ async fn server_sets_metadata_and_delete_answers() {
     let d = delete(&h, &format!("{coll}/fin")).await;
     assert!(d.body["metadata"]["deletionTimestamp"].is_string());
     assert!(server.get("configmaps", "default", "fin").is_some());
-    let r = send(&h, "PATCH", &format!("{coll}/fin"), "application/merge-patch+json", Some(&json!({"metadata": {"finalizers": null}}))).await;
+    let r = send(
+        &h,
+        "PATCH",
+        &format!("{coll}/fin"),
+        "application/merge-patch+json",
+        Some(&json!({"metadata": {"finalizers": null}})),
+    )
+    .await;
     assert_eq!(r.status, 200);
     assert!(server.get("configmaps", "default", "fin").is_none());
 
     // Events in both groups.
     let ev = json!({"metadata": {"name": "e1"}, "involvedObject": {"kind": "ConfigMap", "name": "x"}, "reason": "Changed", "type": "Normal"});
-    assert_eq!(post(&h, &format!("{base}/api/v1/namespaces/default/events"), &ev).await.status, 201);
+    assert_eq!(
+        post(&h, &format!("{base}/api/v1/namespaces/default/events"), &ev)
+            .await
+            .status,
+        201
+    );
     let ev = json!({"metadata": {"name": "e2"}, "regarding": {"kind": "ConfigMap", "name": "x"}, "reason": "Changed", "type": "Normal", "action": "Refresh", "eventTime": "2025-01-01T00:00:00.000000Z", "reportingController": "wasmwatch", "reportingInstance": "a"});
-    assert_eq!(post(&h, &format!("{base}/apis/events.k8s.io/v1/namespaces/default/events"), &ev).await.status, 201);
-    let r = get(&h, &format!("{base}/api/v1/events?fieldSelector=involvedObject.name%3Dx")).await;
+    assert_eq!(
+        post(
+            &h,
+            &format!("{base}/apis/events.k8s.io/v1/namespaces/default/events"),
+            &ev
+        )
+        .await
+        .status,
+        201
+    );
+    let r = get(
+        &h,
+        &format!("{base}/api/v1/events?fieldSelector=involvedObject.name%3Dx"),
+    )
+    .await;
     assert_eq!(r.body["items"].as_array().unwrap().len(), 1);
 }
 
@@ -122,13 +213,34 @@ async fn discovery_documents() {
     assert_eq!(r.body["versions"], json!(["v1"]));
     assert_eq!(r.headers["content-type"], "application/json");
     let r = get(&h, &format!("{base}/apis")).await;
-    let groups: Vec<&str> = r.body["groups"].as_array().unwrap().iter().map(|g| g["name"].as_str().unwrap()).collect();
-    for g in ["apps", "coordination.k8s.io", "discovery.k8s.io", "events.k8s.io"] {
+    let groups: Vec<&str> = r.body["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["name"].as_str().unwrap())
+        .collect();
+    for g in [
+        "apps",
+        "coordination.k8s.io",
+        "discovery.k8s.io",
+        "events.k8s.io",
+    ] {
         assert!(groups.contains(&g), "{g}");
     }
     let r = get(&h, &format!("{base}/apis/apps/v1")).await;
-    let names: Vec<&str> = r.body["resources"].as_array().unwrap().iter().map(|g| g["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = r.body["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["name"].as_str().unwrap())
+        .collect();
     assert!(names.contains(&"deployments") && names.contains(&"deployments/status"));
     let r = get(&h, &format!("{base}/api/v1")).await;
-    assert!(r.body["resources"].as_array().unwrap().iter().any(|r| r["name"] == "configmaps" && r["shortNames"] == json!(["cm"])));
+    assert!(
+        r.body["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == "configmaps" && r["shortNames"] == json!(["cm"]))
+    );
 }

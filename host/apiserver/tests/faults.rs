@@ -34,7 +34,12 @@ async fn injected_500s_and_429s() {
     }
     assert_eq!(get(&h, &url).await.status, 200);
 
-    server.faults().fail_next(1, Failure::TooManyRequests { retry_after_seconds: 7 });
+    server.faults().fail_next(
+        1,
+        Failure::TooManyRequests {
+            retry_after_seconds: 7,
+        },
+    );
     let r = get(&h, &url).await;
     assert_eq!(r.status, 429);
     assert_eq!(r.headers["retry-after"], "7");
@@ -46,21 +51,54 @@ async fn injected_500s_and_429s() {
     cfg.default_retry = false;
     let api: Api<ConfigMap> = Api::default_namespaced(kube::Client::try_from(cfg).unwrap());
     server.faults().fail_next(1, Failure::Internal);
-    assert_eq!(api_code(api.list(&Default::default()).await.unwrap_err()), (500, "InternalError".into()));
-    server.faults().fail_next(1, Failure::TooManyRequests { retry_after_seconds: 1 });
-    assert_eq!(api_code(api.list(&Default::default()).await.unwrap_err()), (429, "TooManyRequests".into()));
+    assert_eq!(
+        api_code(api.list(&Default::default()).await.unwrap_err()),
+        (500, "InternalError".into())
+    );
+    server.faults().fail_next(
+        1,
+        Failure::TooManyRequests {
+            retry_after_seconds: 1,
+        },
+    );
+    assert_eq!(
+        api_code(api.list(&Default::default()).await.unwrap_err()),
+        (429, "TooManyRequests".into())
+    );
     // kube-rs's default client retries 429 after Retry-After, like client-go.
     let retrying: Api<ConfigMap> = Api::default_namespaced(server.client().unwrap());
-    server.faults().fail_next(2, Failure::TooManyRequests { retry_after_seconds: 0 });
+    server.faults().fail_next(
+        2,
+        Failure::TooManyRequests {
+            retry_after_seconds: 0,
+        },
+    );
     retrying.list(&Default::default()).await.unwrap();
-    assert_eq!(get(&h, &url).await.status, 200, "both failures were consumed by retries");
+    assert_eq!(
+        get(&h, &url).await.status,
+        200,
+        "both failures were consumed by retries"
+    );
 
     // Over HTTP.
-    let r = post(&h, &format!("{}/_faults/fail", server.url()), &json!({"count": 1, "code": 429, "retryAfterSeconds": 2})).await;
+    let r = post(
+        &h,
+        &format!("{}/_faults/fail", server.url()),
+        &json!({"count": 1, "code": 429, "retryAfterSeconds": 2}),
+    )
+    .await;
     assert_eq!(r.status, 200);
     let r = get(&h, &url).await;
-    assert_eq!((r.status, r.headers["retry-after"].to_str().unwrap()), (429, "2"));
-    post(&h, &format!("{}/_faults/fail", server.url()), &json!({"count": 1})).await;
+    assert_eq!(
+        (r.status, r.headers["retry-after"].to_str().unwrap()),
+        (429, "2")
+    );
+    post(
+        &h,
+        &format!("{}/_faults/fail", server.url()),
+        &json!({"count": 1}),
+    )
+    .await;
     assert_eq!(get(&h, &url).await.status, 500);
     assert_eq!(get(&h, &url).await.status, 200);
 }
@@ -80,7 +118,12 @@ async fn injected_latency_is_measurable() {
     get(&h, &url).await;
     assert!(t.elapsed() < Duration::from_millis(150));
 
-    post(&h, &format!("{}/_faults/latency", server.url()), &json!({"millis": 120})).await;
+    post(
+        &h,
+        &format!("{}/_faults/latency", server.url()),
+        &json!({"millis": 120}),
+    )
+    .await;
     let t = Instant::now();
     get(&h, &url).await;
     assert!(t.elapsed() >= Duration::from_millis(120));
@@ -96,7 +139,11 @@ async fn closed_watches_end_cleanly_and_compaction_gives_410() {
     post(&h, &coll, &cm("a", &[])).await;
     let rv = server.resource_version();
     let mut w1 = Watch::open(&h, &format!("{coll}?watch=true&resourceVersion={rv}")).await;
-    let mut w2 = Watch::open(&h, &format!("{base}/api/v1/configmaps?watch=true&resourceVersion={rv}")).await;
+    let mut w2 = Watch::open(
+        &h,
+        &format!("{base}/api/v1/configmaps?watch=true&resourceVersion={rv}"),
+    )
+    .await;
     server.faults().close_watches();
     assert!(w1.next_within(T).await.is_none());
     assert!(w2.next_within(T).await.is_none());
@@ -104,7 +151,10 @@ async fn closed_watches_end_cleanly_and_compaction_gives_410() {
     // Resuming from the same version works...
     let mut w = Watch::open(&h, &format!("{coll}?watch=true&resourceVersion={rv}")).await;
     post(&h, &coll, &cm("b", &[])).await;
-    assert_eq!(w.next_within(T).await.unwrap()["object"]["metadata"]["name"], "b");
+    assert_eq!(
+        w.next_within(T).await.unwrap()["object"]["metadata"]["name"],
+        "b"
+    );
     // ...and the HTTP endpoint closes it too.
     post(&h, &format!("{base}/_faults/close-watches"), &json!({})).await;
     assert!(w.next_within(T).await.is_none());
@@ -114,14 +164,20 @@ async fn closed_watches_end_cleanly_and_compaction_gives_410() {
     server.faults().compact_history();
     let mut w = Watch::open(&h, &format!("{coll}?watch=true&resourceVersion={before}")).await;
     let ev = w.next_within(T).await.unwrap();
-    assert_eq!((ev["type"].as_str(), ev["object"]["code"].as_i64()), (Some("ERROR"), Some(410)));
+    assert_eq!(
+        (ev["type"].as_str(), ev["object"]["code"].as_i64()),
+        (Some("ERROR"), Some(410))
+    );
     assert!(w.next_within(T).await.is_none());
     // Via HTTP as well, after a new write.
     post(&h, &coll, &cm("c", &[])).await;
     let before = server.resource_version();
     post(&h, &format!("{base}/_faults/compact"), &json!({})).await;
     let mut w = Watch::open(&h, &format!("{coll}?watch=true&resourceVersion={before}")).await;
-    assert_eq!(w.next_within(T).await.unwrap()["object"]["reason"], "Expired");
+    assert_eq!(
+        w.next_within(T).await.unwrap()["object"]["reason"],
+        "Expired"
+    );
 }
 
 async fn wait_until_accepting(addr: std::net::SocketAddr) {
@@ -140,10 +196,22 @@ async fn refused_connections_look_like_a_down_server() {
     let coll = format!("{base}/api/v1/namespaces/default/configmaps");
     let api: Api<ConfigMap> = Api::default_namespaced(server.client().unwrap());
     api.list(&Default::default()).await.unwrap();
-    let mut w = Watch::open(&h, &format!("{coll}?watch=true&resourceVersion={}", server.resource_version())).await;
+    let mut w = Watch::open(
+        &h,
+        &format!(
+            "{coll}?watch=true&resourceVersion={}",
+            server.resource_version()
+        ),
+    )
+    .await;
 
-    server.faults().refuse_connections(Duration::from_millis(400)).await;
-    let e = tokio::net::TcpStream::connect(server.addr()).await.unwrap_err();
+    server
+        .faults()
+        .refuse_connections(Duration::from_millis(400))
+        .await;
+    let e = tokio::net::TcpStream::connect(server.addr())
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
     // The open watch was cut off.
     assert!(w.next_within(T).await.is_none());
@@ -158,7 +226,12 @@ async fn refused_connections_look_like_a_down_server() {
     assert_eq!(get(&h, &coll).await.status, 200);
 
     // Over HTTP: the fault request itself is answered, then the server is down.
-    let r = post(&h, &format!("{base}/_faults/refuse"), &json!({"millis": 300})).await;
+    let r = post(
+        &h,
+        &format!("{base}/_faults/refuse"),
+        &json!({"millis": 300}),
+    )
+    .await;
     assert_eq!(r.status, 200);
     assert!(tokio::net::TcpStream::connect(server.addr()).await.is_err());
     wait_until_accepting(server.addr()).await;
@@ -169,29 +242,53 @@ async fn forced_conflict_on_next_write_to_a_named_object() {
     let server = common::start().await;
     let h = http();
     let api: Api<ConfigMap> = Api::default_namespaced(server.client().unwrap());
-    let obj: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "target"}, "data": {"a": "1"}})).unwrap();
+    let obj: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "target"}, "data": {"a": "1"}}))
+            .unwrap();
     let created = api.create(&PostParams::default(), &obj).await.unwrap();
-    api.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "other"}})).unwrap())
-        .await
-        .unwrap();
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "other"}})).unwrap(),
+    )
+    .await
+    .unwrap();
 
-    server.faults().conflict_next_write("configmaps", "default", "target");
+    server
+        .faults()
+        .conflict_next_write("configmaps", "default", "target");
     // Other objects are unaffected.
-    api.patch("other", &PatchParams::default(), &Patch::Merge(json!({"data": {"x": "1"}})))
+    api.patch(
+        "other",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"x": "1"}})),
+    )
+    .await
+    .unwrap();
+    // The named object gets exactly one 409, even with the right version.
+    let e = api
+        .replace("target", &PostParams::default(), &created)
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(e), (409, "Conflict".into()));
+    api.replace("target", &PostParams::default(), &created)
         .await
         .unwrap();
-    // The named object gets exactly one 409, even with the right version.
-    let e = api.replace("target", &PostParams::default(), &created).await.unwrap_err();
-    assert_eq!(api_code(e), (409, "Conflict".into()));
-    api.replace("target", &PostParams::default(), &created).await.unwrap();
 
     // Over HTTP, for a patch.
     let base = server.url();
-    post(&h, &format!("{base}/_faults/conflict"), &json!({"resource": "configmaps", "namespace": "default", "name": "target"})).await;
+    post(
+        &h,
+        &format!("{base}/_faults/conflict"),
+        &json!({"resource": "configmaps", "namespace": "default", "name": "target"}),
+    )
+    .await;
     let url = format!("{base}/api/v1/namespaces/default/configmaps/target");
     let p = json!({"data": {"b": "2"}});
     let r = send(&h, "PATCH", &url, "application/merge-patch+json", Some(&p)).await;
-    assert_eq!((r.status, r.body["reason"].as_str()), (409, Some("Conflict")));
+    assert_eq!(
+        (r.status, r.body["reason"].as_str()),
+        (409, Some("Conflict"))
+    );
     assert_eq!(
         r.body["message"],
         "Operation cannot be fulfilled on configmaps \"target\": the object has been modified; please apply your changes to the latest version and try again"
