@@ -291,7 +291,7 @@ pub fn watch(sh: &Shared, t: &Target, q: &Query) -> Result<Reply, ApiError> {
             if start == StartAt::CurrentNoInitial {
                 ws.initial.clear();
             }
-            Ok(Reply::Watch(watch::spawn(
+            Ok(Reply::Watch(watch::stream(
                 req,
                 ws,
                 sh.config.bookmark_interval,

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::stream;
-use http_body_util::combinators::BoxBody;
+use futures_util::StreamExt as _;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
@@ -32,12 +32,16 @@ use crate::resources::{self, RESOURCES};
 use crate::watch::Chunks;
 
 /// Response body: a full document or a watch stream.
-pub type Body = BoxBody<Bytes, io::Error>;
+pub type Body = UnsyncBoxBody<Bytes, io::Error>;
 
 const MAX_BODY: usize = 3 * 1024 * 1024;
 
 fn full(code: u16, content_type: &'static str, bytes: Bytes) -> Response<Body> {
-    let mut r = Response::new(Full::new(bytes).map_err(|e: Infallible| match e {}).boxed());
+    let mut r = Response::new(
+        Full::new(bytes)
+            .map_err(|e: Infallible| match e {})
+            .boxed_unsync(),
+    );
     *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -61,10 +65,8 @@ fn error_response(e: &ApiError) -> Response<Body> {
 }
 
 fn watch_response(chunks: Chunks) -> Response<Body> {
-    let s = stream::unfold(chunks, |mut rx| async move {
-        rx.recv().await.map(|item| (item.map(Frame::data), rx))
-    });
-    let mut r = Response::new(StreamBody::new(s).boxed());
+    let body = StreamBody::new(chunks.map(|c| c.map(Frame::data)));
+    let mut r = Response::new(BodyExt::boxed_unsync(body));
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r

@@ -1,21 +1,24 @@
 //! Watch streams: newline-delimited JSON events over a chunked response.
 //!
-//! A watch is a task that owns a broadcast receiver from the store and writes
-//! event lines into a small bounded channel that backs the response body.
-//! Replayed history or synthetic ADDED events go first, then live changes.
-//! Events that arrive together are coalesced into one chunk; a chunk is
-//! handed to hyper as soon as it is ready (hyper flushes when the body has
-//! nothing more to give). A watch that falls behind the broadcast buffer is
-//! closed, as kube-apiserver closes slow watchers; the client re-watches from
-//! its last resourceVersion.
+//! A watch is a pull-based stream polled by the connection's hyper task: it
+//! owns a broadcast receiver from the store, and each poll yields the next
+//! chunk. Replayed history or synthetic ADDED events go first, then live
+//! changes. Changes that are already waiting are coalesced into one chunk; a
+//! chunk goes to the socket as soon as it is ready (hyper flushes when the
+//! body has nothing more to give). A watch that falls behind the broadcast
+//! buffer is closed, as kube-apiserver closes slow watchers; the client
+//! re-watches from its last resourceVersion.
 
+use std::collections::VecDeque;
 use std::io;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::Stream;
 use serde_json::Value;
-use tokio::sync::{broadcast, mpsc, watch};
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::sync::{broadcast, watch};
+use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::error::ApiError;
 use crate::faults::WatchClose;
@@ -48,31 +51,15 @@ pub struct WatchRequest {
 }
 
 /// The chunk stream backing a watch response body.
-pub type Chunks = mpsc::Receiver<Result<Bytes, io::Error>>;
+pub type Chunks = Pin<Box<dyn Stream<Item = Result<Bytes, io::Error>> + Send>>;
 
 const FLUSH_AT: usize = 64 * 1024;
 const DRAIN_MAX: usize = 512;
 
 /// A finished watch response with a single ERROR event (410 Expired etc.).
 pub fn error_stream(err: &ApiError) -> Chunks {
-    let (tx, rx) = mpsc::channel(1);
     let line = event_line("ERROR", &err.status());
-    tx.try_send(Ok(line)).expect("fresh channel has room");
-    rx
-}
-
-/// Start a watch from `start` (taken atomically by the store) and return the
-/// chunk stream; the watch runs on its own task until the client goes away,
-/// the timeout passes or a fault closes it.
-pub fn spawn(
-    req: WatchRequest,
-    start: WatchStart,
-    bookmark_interval: Duration,
-    close: watch::Receiver<(u64, WatchClose)>,
-) -> Chunks {
-    let (tx, rx) = mpsc::channel(8);
-    tokio::spawn(run(req, start, bookmark_interval, close, tx));
-    rx
+    Box::pin(futures_util::stream::iter([Ok(line)]))
 }
 
 struct Filter {
@@ -122,20 +109,31 @@ fn bookmark(resource: ResourceId, rv: u64, initial_end: bool) -> Bytes {
     )
 }
 
-async fn send(tx: &mpsc::Sender<Result<Bytes, io::Error>>, buf: &mut BytesMut) -> bool {
-    if buf.is_empty() {
-        return true;
-    }
-    tx.send(Ok(buf.split().freeze())).await.is_ok()
+/// A running watch.
+struct WatchState {
+    filter: Filter,
+    resource: ResourceId,
+    bookmarks: bool,
+    rx: broadcast::Receiver<std::sync::Arc<Change>>,
+    last_rv: u64,
+    /// Chunks rendered up front (synthetic events, replay).
+    pending: VecDeque<Bytes>,
+    deadline: Option<Instant>,
+    ticker: Interval,
+    close: watch::Receiver<(u64, WatchClose)>,
+    buf: BytesMut,
+    done: bool,
 }
 
-async fn run(
+/// Start a watch from `start` (taken atomically by the store) and return the
+/// chunk stream. It ends when the client goes away, the timeout passes or a
+/// fault closes it.
+pub fn stream(
     req: WatchRequest,
     start: WatchStart,
     bookmark_interval: Duration,
     mut close: watch::Receiver<(u64, WatchClose)>,
-    tx: mpsc::Sender<Result<Bytes, io::Error>>,
-) {
+) -> Chunks {
     close.mark_unchanged();
     let filter = Filter {
         resource: req.resource,
@@ -147,102 +145,126 @@ async fn run(
         initial,
         replay,
         rv: mut last_rv,
-        mut rx,
+        rx,
     } = start;
+    let mut pending = VecDeque::new();
     let mut buf = BytesMut::with_capacity(8 * 1024);
     for obj in &initial {
-        if filter
-            .namespace
-            .as_ref()
-            .is_some_and(|n| obj.pointer("/metadata/namespace").and_then(Value::as_str) != Some(n))
+        let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str);
+        if filter.namespace.as_deref().is_some_and(|n| ns != Some(n))
             || !filter.selectors.matches(obj)
         {
             continue;
         }
         buf.extend_from_slice(&event_line("ADDED", obj));
-        if buf.len() >= FLUSH_AT && !send(&tx, &mut buf).await {
-            return;
+        if buf.len() >= FLUSH_AT {
+            pending.push_back(buf.split().freeze());
         }
     }
-    drop(initial);
     if req.initial_events_end {
         buf.extend_from_slice(&bookmark(req.resource, last_rv, true));
     }
     for c in &replay {
         last_rv = last_rv.max(c.rv);
         filter.append(c, &mut buf);
-        if buf.len() >= FLUSH_AT && !send(&tx, &mut buf).await {
-            return;
+        if buf.len() >= FLUSH_AT {
+            pending.push_back(buf.split().freeze());
         }
     }
-    drop(replay);
-    if !send(&tx, &mut buf).await {
-        return;
+    if !buf.is_empty() {
+        pending.push_back(buf.split().freeze());
     }
-
-    let deadline = req.timeout.map(|t| Instant::now() + t);
     let mut ticker =
         tokio::time::interval_at(Instant::now() + bookmark_interval, bookmark_interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            biased;
-            changed = close.changed() => {
-                let how = if changed.is_ok() { close.borrow_and_update().1 } else { WatchClose::Abort };
-                if how == WatchClose::Abort {
-                    let _ = tx.send(Err(io::Error::other("watch aborted"))).await;
+    let state = WatchState {
+        filter,
+        resource: req.resource,
+        bookmarks: req.bookmarks,
+        rx,
+        last_rv,
+        pending,
+        deadline: req.timeout.map(|t| Instant::now() + t),
+        ticker,
+        close,
+        buf,
+        done: false,
+    };
+    Box::pin(futures_util::stream::unfold(state, |mut s| async move {
+        let item = s.next_chunk().await?;
+        Some((item, s))
+    }))
+}
+
+impl WatchState {
+    fn take(&mut self) -> Option<Result<Bytes, io::Error>> {
+        (!self.buf.is_empty()).then(|| Ok(self.buf.split().freeze()))
+    }
+
+    /// The next chunk, or None when the watch is over.
+    async fn next_chunk(&mut self) -> Option<Result<Bytes, io::Error>> {
+        if let Some(b) = self.pending.pop_front() {
+            return Some(Ok(b));
+        }
+        if self.done {
+            return None;
+        }
+        loop {
+            tokio::select! {
+                biased;
+                changed = self.close.changed() => {
+                    self.done = true;
+                    let how = if changed.is_ok() { self.close.borrow_and_update().1 } else { WatchClose::Abort };
+                    return (how == WatchClose::Abort).then(|| Err(io::Error::other("watch aborted")));
                 }
-                return;
-            }
-            _ = tx.closed() => return,
-            _ = sleep_until_opt(deadline) => {
-                if req.bookmarks {
-                    buf.extend_from_slice(&bookmark(req.resource, last_rv, false));
-                    send(&tx, &mut buf).await;
+                _ = sleep_until_opt(self.deadline) => {
+                    self.done = true;
+                    if self.bookmarks {
+                        self.buf.extend_from_slice(&bookmark(self.resource, self.last_rv, false));
+                    }
+                    return self.take();
                 }
-                return;
-            }
-            _ = ticker.tick(), if req.bookmarks => {
-                buf.extend_from_slice(&bookmark(req.resource, last_rv, false));
-                if !send(&tx, &mut buf).await {
-                    return;
+                _ = self.ticker.tick(), if self.bookmarks => {
+                    self.buf.extend_from_slice(&bookmark(self.resource, self.last_rv, false));
+                    return self.take();
                 }
-            }
-            r = rx.recv() => {
-                let mut next = r;
-                let mut n = 0;
-                loop {
-                    match next {
-                        Ok(c) => {
-                            if c.rv > last_rv {
-                                last_rv = c.rv;
-                                filter.append(&c, &mut buf);
+                r = self.rx.recv() => {
+                    let mut next = r;
+                    let mut n = 0;
+                    loop {
+                        match next {
+                            Ok(c) => {
+                                if c.rv > self.last_rv {
+                                    self.last_rv = c.rv;
+                                    self.filter.append(&c, &mut self.buf);
+                                }
+                            }
+                            // Lagged: too slow to keep up, end the watch like
+                            // kube-apiserver does; the client resumes from its
+                            // last version. Closed: the server is going away.
+                            Err(_) => {
+                                self.done = true;
+                                return self.take();
                             }
                         }
-                        // Too slow to keep up: end the watch like kube-apiserver
-                        // does; the client resumes from its last version.
-                        Err(broadcast::error::RecvError::Lagged(_)) => {
-                            send(&tx, &mut buf).await;
-                            return;
+                        n += 1;
+                        if n >= DRAIN_MAX || self.buf.len() >= FLUSH_AT {
+                            break;
                         }
-                        Err(broadcast::error::RecvError::Closed) => {
-                            send(&tx, &mut buf).await;
-                            return;
-                        }
+                        next = match self.rx.try_recv() {
+                            Ok(c) => Ok(c),
+                            Err(broadcast::error::TryRecvError::Empty) => break,
+                            Err(broadcast::error::TryRecvError::Lagged(k)) => {
+                                Err(broadcast::error::RecvError::Lagged(k))
+                            }
+                            Err(broadcast::error::TryRecvError::Closed) => {
+                                Err(broadcast::error::RecvError::Closed)
+                            }
+                        };
                     }
-                    n += 1;
-                    if n >= DRAIN_MAX || buf.len() >= FLUSH_AT {
-                        break;
+                    if let Some(chunk) = self.take() {
+                        return Some(chunk);
                     }
-                    next = match rx.try_recv() {
-                        Ok(c) => Ok(c),
-                        Err(broadcast::error::TryRecvError::Lagged(k)) => Err(broadcast::error::RecvError::Lagged(k)),
-                        Err(broadcast::error::TryRecvError::Closed) => Err(broadcast::error::RecvError::Closed),
-                        Err(broadcast::error::TryRecvError::Empty) => break,
-                    };
-                }
-                if !send(&tx, &mut buf).await {
-                    return;
                 }
             }
         }
