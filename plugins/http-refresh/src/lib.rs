@@ -11,18 +11,17 @@
 //!   `...secret.labels` (`k=v,k2=v2`), or else
 //! - the Service named like the object.
 //!
-//! The Service annotation `boot.spring.io/actuator` (`http://:9090/myactuator`)
-//! overrides the port and base path; the default base path is `/actuator` and
-//! the default port the endpoint's first port.
+//! Apps without a Service are skipped. The Service annotation
+//! `boot.spring.io/actuator` (`http://:9090/myactuator`) overrides the port and
+//! base path; the default base path is `/actuator` and the default port the
+//! endpoint's first port.
 //!
 //! Config (JSON from the manifest), all optional:
 //! `{"strategy": "refresh" | "shutdown", "basePath": "/actuator"}`.
 
-wit_bindgen::generate!({ path: "../../wit", world: "plugin" });
-
-use wasmwatch::plugin::host;
-use wasmwatch::plugin::types::{
-    HttpMethod, KeyValue, LogLevel, ObjectKind, RefreshService, ServiceInfo,
+use wasmwatch_plugin_sdk::{
+    Action, ChangeEvent, Guest, HttpMethod, LogLevel, action, host, log, lookup, parse_config,
+    spring,
 };
 
 #[derive(serde::Deserialize)]
@@ -46,14 +45,8 @@ fn default_base_path() -> String {
     "/actuator".to_string()
 }
 
-fn parse_config(json: &str) -> Result<Config, String> {
-    let json = if json.trim().is_empty() || json.trim() == "null" {
-        "{}"
-    } else {
-        json
-    };
-    let config: Config =
-        serde_json::from_str(json).map_err(|e| format!("http-refresh config: {e}"))?;
+fn config(json: &str) -> Result<Config, String> {
+    let config: Config = parse_config("http-refresh", json)?;
     if !config.base_path.starts_with('/') {
         return Err(format!(
             "http-refresh config: basePath must start with '/', got {:?}",
@@ -61,12 +54,6 @@ fn parse_config(json: &str) -> Result<Config, String> {
         ));
     }
     Ok(config)
-}
-
-fn annotation<'a>(list: &'a [KeyValue], key: &str) -> Option<&'a str> {
-    list.iter()
-        .find(|kv| kv.key == key)
-        .map(|kv| kv.value.as_str())
 }
 
 /// `http://:9090/myactuator` -> (Some(9090), "/myactuator").
@@ -89,40 +76,15 @@ fn parse_actuator(value: &str) -> (Option<u16>, Option<String>) {
 struct HttpRefresh;
 
 impl Guest for HttpRefresh {
-    fn check_config(config: String) -> Result<(), String> {
-        parse_config(&config).map(|_| ())
+    fn check_config(json: String) -> Result<(), String> {
+        config(&json).map(|_| ())
     }
 
     fn handle(event: ChangeEvent) -> Result<Vec<Action>, String> {
-        let config = parse_config(&host::config())?;
-        let prefix = match event.kind {
-            ObjectKind::ConfigMap => "spring.cloud.kubernetes.configmap",
-            ObjectKind::Secret => "spring.cloud.kubernetes.secret",
-        };
-        let services: Vec<ServiceInfo> =
-            if let Some(apps) = annotation(&event.annotations, &format!("{prefix}.apps")) {
-                apps.split(',')
-                    .map(str::trim)
-                    .filter(|a| !a.is_empty())
-                    .filter_map(|app| host::service(&event.namespace, app))
-                    .collect()
-            } else if let Some(sel) = annotation(&event.annotations, &format!("{prefix}.labels")) {
-                let labels: Vec<KeyValue> = sel
-                    .split(',')
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| KeyValue {
-                        key: k.trim().into(),
-                        value: v.trim().into(),
-                    })
-                    .collect();
-                host::services_with_labels(&event.namespace, &labels)
-            } else {
-                host::service(&event.namespace, &event.name)
-                    .into_iter()
-                    .collect()
-            };
+        let config = config(&host::config())?;
+        let services = spring::target_apps(&event).services(&event.namespace);
         if services.is_empty() {
-            host::log(
+            log(
                 LogLevel::Debug,
                 &format!(
                     "no app Service found for {}/{}",
@@ -137,21 +99,15 @@ impl Guest for HttpRefresh {
         Ok(services
             .into_iter()
             .map(|svc| {
-                let (port, base) = annotation(&svc.annotations, "boot.spring.io/actuator")
+                let (port, base) = lookup(&svc.annotations, "boot.spring.io/actuator")
                     .map(parse_actuator)
                     .unwrap_or((None, None));
                 let base = base.unwrap_or_else(|| config.base_path.clone());
-                Action::RefreshService(RefreshService {
-                    namespace: svc.namespace,
-                    service: svc.name,
-                    method: HttpMethod::Post,
-                    port,
-                    path: format!("{}/{endpoint}", base.trim_end_matches('/')),
-                    tls: false,
-                })
+                let path = format!("{}/{endpoint}", base.trim_end_matches('/'));
+                action::refresh_service(&svc.namespace, &svc.name, HttpMethod::Post, port, &path)
             })
             .collect())
     }
 }
 
-export!(HttpRefresh);
+wasmwatch_plugin_sdk::export!(HttpRefresh with_types_in wasmwatch_plugin_sdk);

@@ -1,0 +1,126 @@
+//! wasmwatch-plugin-sdk: write a wasmwatch plugin in a few lines of Rust.
+//!
+//! The crate runs `wit-bindgen` on `wit/plugin.wit` (world
+//! `wasmwatch:plugin/plugin@0.1.0`) and re-exports the generated types, the
+//! [`Guest`] trait and the [`host`] imports, plus a few helpers:
+//!
+//! - [`EventExt`]: annotation/label lookup, data values as text, kind checks;
+//! - [`action`]: builders for the actions a plugin returns;
+//! - [`parse_config`]: the plugin's JSON config into your `Deserialize` type;
+//! - [`spring`]: Spring Cloud Kubernetes target-app resolution.
+//!
+//! A plugin is a `cdylib` crate built with
+//! `cargo build --release --target wasm32-wasip2`:
+//!
+//! ```ignore
+//! use wasmwatch_plugin_sdk::{Action, ChangeEvent, EventExt, Guest, action};
+//!
+//! struct Hello;
+//!
+//! impl Guest for Hello {
+//!     fn check_config(_config: String) -> Result<(), String> {
+//!         Ok(())
+//!     }
+//!     fn handle(event: ChangeEvent) -> Result<Vec<Action>, String> {
+//!         Ok(vec![action::event_normal("Seen", event.object_id())])
+//!     }
+//! }
+//!
+//! wasmwatch_plugin_sdk::export!(Hello with_types_in wasmwatch_plugin_sdk);
+//! ```
+
+/// The `wit-bindgen` output; everything in it is re-exported at the crate root.
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "plugin",
+        pub_export_macro: true,
+        default_bindings_module: "wasmwatch_plugin_sdk",
+        export_macro_name: "export",
+    });
+}
+
+pub use bindings::wasmwatch::plugin::host;
+pub use bindings::wasmwatch::plugin::types::*;
+pub use bindings::*;
+/// The world's `use`d types, named explicitly so they win over the glob below.
+pub use bindings::{Action, ChangeEvent};
+
+pub mod action;
+pub mod spring;
+
+use serde::de::DeserializeOwned;
+
+/// Reads the plugin's config (JSON text from the manifest's `config`, as
+/// `check-config` and `host::config()` give it) into `T`.
+///
+/// Empty text and `null` read as `{}`, so a plugin whose fields all have
+/// defaults needs no `config` in the manifest. Errors start with `plugin`,
+/// e.g. `bus-refresh config: missing field `connection``, which the host shows
+/// to the operator.
+pub fn parse_config<T: DeserializeOwned>(plugin: &str, json: &str) -> Result<T, String> {
+    let json = match json.trim() {
+        "" | "null" => "{}",
+        _ => json,
+    };
+    serde_json::from_str(json).map_err(|e| format!("{plugin} config: {e}"))
+}
+
+/// The value of `key` in a list of labels or annotations.
+pub fn lookup<'a>(list: &'a [KeyValue], key: &str) -> Option<&'a str> {
+    list.iter()
+        .find(|kv| kv.key == key)
+        .map(|kv| kv.value.as_str())
+}
+
+/// Writes a line to the host's log, tagged with the plugin's name.
+pub fn log(level: LogLevel, message: &str) {
+    host::log(level, message)
+}
+
+/// Convenient access to a [`ChangeEvent`].
+pub trait EventExt {
+    /// The value of annotation `key` on the changed object.
+    fn annotation(&self, key: &str) -> Option<&str>;
+    /// The value of label `key` on the changed object.
+    fn label(&self, key: &str) -> Option<&str>;
+    /// The value of data key `key` when it is text and not withheld.
+    fn text(&self, key: &str) -> Option<&str>;
+    fn is_config_map(&self) -> bool;
+    fn is_secret(&self) -> bool;
+    /// `ConfigMap` or `Secret`.
+    fn kind_name(&self) -> &'static str;
+    /// `namespace/name`.
+    fn object_id(&self) -> String;
+}
+
+impl EventExt for ChangeEvent {
+    fn annotation(&self, key: &str) -> Option<&str> {
+        lookup(&self.annotations, key)
+    }
+    fn label(&self, key: &str) -> Option<&str> {
+        lookup(&self.labels, key)
+    }
+    fn text(&self, key: &str) -> Option<&str> {
+        match self.data.iter().find(|d| d.key == key)?.value.as_ref()? {
+            DataValue::Text(s) => Some(s),
+            DataValue::Binary(_) => None,
+        }
+    }
+    fn is_config_map(&self) -> bool {
+        matches!(self.kind, ObjectKind::ConfigMap)
+    }
+    fn is_secret(&self) -> bool {
+        matches!(self.kind, ObjectKind::Secret)
+    }
+    fn kind_name(&self) -> &'static str {
+        match self.kind {
+            ObjectKind::ConfigMap => "ConfigMap",
+            ObjectKind::Secret => "Secret",
+        }
+    }
+    fn object_id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
