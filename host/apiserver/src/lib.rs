@@ -213,6 +213,23 @@ impl ServerHandle {
         self.store.resource_version()
     }
 
+    /// The number of watch streams open right now.
+    pub fn open_watches(&self) -> usize {
+        *self.store.open_watches().borrow()
+    }
+
+    /// A receiver of the number of open watch streams, to await changes.
+    pub fn watch_count(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.store.open_watches()
+    }
+
+    /// Wait until at least `n` watch streams are open (e.g. until the code
+    /// under test has established its watch), without sleeping.
+    pub async fn wait_for_watches(&self, n: usize) {
+        let mut rx = self.store.open_watches();
+        let _ = rx.wait_for(|&open| open >= n).await;
+    }
+
     /// Change the history size; shrinking drops the oldest changes now.
     pub fn set_history(&self, capacity: usize) {
         self.store.set_history_capacity(capacity);

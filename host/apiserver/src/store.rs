@@ -114,6 +114,17 @@ pub struct WatchStart {
     /// The resourceVersion the watch is at once `initial`/`replay` are sent.
     pub rv: u64,
     pub rx: broadcast::Receiver<Arc<Change>>,
+    /// Counts this watch as open until dropped.
+    pub guard: WatchGuard,
+}
+
+/// Keeps a watch counted in [`Store::open_watches`] while alive.
+pub struct WatchGuard(tokio::sync::watch::Sender<usize>);
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 /// The in-memory object store.
@@ -121,6 +132,7 @@ pub struct Store {
     inner: Mutex<Inner>,
     tx: broadcast::Sender<Arc<Change>>,
     auto_create_namespaces: bool,
+    open_watches: tokio::sync::watch::Sender<usize>,
 }
 
 fn set_rv(obj: &mut Value, rv: u64) {
@@ -150,7 +162,18 @@ impl Store {
             }),
             tx,
             auto_create_namespaces,
+            open_watches: tokio::sync::watch::channel(0).0,
         }
+    }
+
+    /// A receiver of the number of open watch streams.
+    pub fn open_watches(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.open_watches.subscribe()
+    }
+
+    fn watch_guard(&self) -> WatchGuard {
+        self.open_watches.send_modify(|n| *n += 1);
+        WatchGuard(self.open_watches.clone())
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -416,6 +439,7 @@ impl Store {
                 replay: Vec::new(),
                 rv: g.rv,
                 rx,
+                guard: self.watch_guard(),
             }),
             Some(n) => {
                 if n < g.compacted {
@@ -427,6 +451,7 @@ impl Store {
                     replay: g.history.range(start..).cloned().collect(),
                     rv: n,
                     rx,
+                    guard: self.watch_guard(),
                 })
             }
         }

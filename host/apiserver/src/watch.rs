@@ -24,7 +24,7 @@ use crate::error::ApiError;
 use crate::faults::WatchClose;
 use crate::resources::{RESOURCES, ResourceId};
 use crate::selector::Selectors;
-use crate::store::{Change, ChangeType, WatchStart, bookmark_object, event_line};
+use crate::store::{Change, ChangeType, WatchGuard, WatchStart, bookmark_object, event_line};
 
 /// Where a watch starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +123,7 @@ struct WatchState {
     close: watch::Receiver<(u64, WatchClose)>,
     buf: BytesMut,
     done: bool,
+    _guard: WatchGuard,
 }
 
 /// Start a watch from `start` (taken atomically by the store) and return the
@@ -146,6 +147,7 @@ pub fn stream(
         replay,
         rv: mut last_rv,
         rx,
+        guard,
     } = start;
     let mut pending = VecDeque::new();
     let mut buf = BytesMut::with_capacity(8 * 1024);
@@ -189,6 +191,7 @@ pub fn stream(
         close,
         buf,
         done: false,
+        _guard: guard,
     };
     Box::pin(futures_util::stream::unfold(state, |mut s| async move {
         let item = s.next_chunk().await?;

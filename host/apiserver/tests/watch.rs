@@ -428,3 +428,40 @@ async fn list_paging_snapshots_and_expired_continue() {
     assert_eq!(r.status, 410);
     assert_eq!(r.body["reason"], "Expired");
 }
+
+#[tokio::test]
+async fn open_watches_are_counted_and_released_when_clients_go() {
+    let server = common::start().await;
+    let base = server.url();
+    let coll = format!("{base}/api/v1/namespaces/default/configmaps");
+    let (h1, h2) = (http(), http());
+    let w1 = Watch::open(&h1, &format!("{coll}?watch=true")).await;
+    let client = server.client().unwrap();
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::default_namespaced(client);
+    let kw = tokio::spawn(async move {
+        use futures_util::StreamExt;
+        let s = kube::runtime::watcher(api, Default::default());
+        futures_util::pin_mut!(s);
+        while s.next().await.is_some() {}
+    });
+    // Awaitable, no sleeping: both watches are established.
+    tokio::time::timeout(T, server.wait_for_watches(2))
+        .await
+        .unwrap();
+    assert_eq!(server.open_watches(), 2);
+    let _w2 = Watch::open(&h2, &format!("{coll}?watch=true&timeoutSeconds=60")).await;
+    tokio::time::timeout(T, server.wait_for_watches(3))
+        .await
+        .unwrap();
+
+    // Idle watches are released when their clients disconnect.
+    drop(w1);
+    drop(h1);
+    kw.abort();
+    let mut count = server.watch_count();
+    tokio::time::timeout(T, count.wait_for(|&n| n == 1))
+        .await
+        .unwrap()
+        .unwrap();
+}
