@@ -1,0 +1,962 @@
+//! The bundled plugins (plugins/bus-refresh, plugins/rollout-restart) in the
+//! real runtime: exact actions and verdicts for each documented behaviour.
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use wasmwatch_core::action::{Action, Header, WorkloadKind, WorkloadRef};
+use wasmwatch_core::lookups::{ObjectRef, ServiceInfo, StaticLookups, WorkloadInfo};
+use wasmwatch_core::{ChangeEvent, ChangeType, Manifest, ObjectKind, ObjectSnapshot, Verdict};
+use wasmwatch_runtime::{LoadError, Plugin, Runtime, RuntimeConfig};
+use wasmwatch_testkit::pin;
+
+/// A manifest with two bus connections and one plugin entry; `entry` is YAML
+/// indented by four spaces.
+fn manifest(entry: &str) -> Manifest {
+    let yaml = format!(
+        "apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nbuses:\n  - name: rabbit\n    amqp: {{url: \"amqp://guest:guest@rabbitmq:5672/%2f\"}}\n  - name: nats\n    nats: {{url: \"nats://nats:4222\"}}\nplugins:\n  - {}\n",
+        entry.trim_start()
+    );
+    Manifest::parse(&pin(&yaml), Path::new("/")).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+}
+
+fn try_load(lookups: StaticLookups, entry: &str) -> Result<Plugin, LoadError> {
+    let rt = Runtime::new(RuntimeConfig::default(), Arc::new(lookups)).unwrap();
+    let m = manifest(entry);
+    rt.load(&m.plugins[0], &m.base_dir)
+}
+
+fn load(lookups: StaticLookups, entry: &str) -> Plugin {
+    try_load(lookups, entry).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+struct Obj<'a> {
+    kind: ObjectKind,
+    namespace: &'a str,
+    name: &'a str,
+    uid: &'a str,
+    rv: &'a str,
+    annotations: &'a [(&'a str, &'a str)],
+    value: &'a str,
+}
+
+const ORDERS: Obj<'static> = Obj {
+    kind: ObjectKind::ConfigMap,
+    namespace: "shop",
+    name: "orders",
+    uid: "u-1",
+    rv: "42",
+    annotations: &[],
+    value: "greeting: hi",
+};
+
+fn event(change: ChangeType, o: &Obj) -> ChangeEvent {
+    let mut meta = serde_json::json!({
+        "name": o.name, "namespace": o.namespace, "resourceVersion": o.rv,
+        "annotations": map(o.annotations),
+    });
+    if !o.uid.is_empty() {
+        meta["uid"] = o.uid.into();
+    }
+    let obj = match o.kind {
+        ObjectKind::ConfigMap => serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+            "data": {"application.yaml": o.value}
+        }),
+        ObjectKind::Secret => serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret", "metadata": meta,
+            "stringData": {"password": o.value}
+        }),
+    };
+    ChangeEvent::new(change, ObjectSnapshot::from_json(&obj).unwrap(), None)
+}
+
+fn modified(o: &Obj) -> ChangeEvent {
+    event(ChangeType::Modified, o)
+}
+
+fn service(namespace: &str, name: &str, labels: &[(&str, &str)]) -> ServiceInfo {
+    ServiceInfo {
+        namespace: namespace.into(),
+        name: name.into(),
+        labels: map(labels),
+        annotations: Default::default(),
+        ports: vec![],
+        ready_endpoints: vec![],
+    }
+}
+
+// ---------------------------------------------------------------- bus-refresh
+
+fn bus_refresh(lookups: StaticLookups, config: &str, bus: &str) -> Plugin {
+    load(
+        lookups,
+        &format!(
+            "name: bus\n    module: {{module:bus-refresh}}\n    sha256: {{sha256:bus-refresh}}\n    config: {config}\n    capabilities: {{bus: [{bus}]}}"
+        ),
+    )
+}
+
+/// One published message, its payload parsed.
+#[derive(Debug)]
+struct Published {
+    connection: String,
+    destination: String,
+    routing_key: String,
+    headers: Vec<Header>,
+    raw: String,
+    json: serde_json::Map<String, serde_json::Value>,
+    verdict: Verdict,
+}
+
+impl Published {
+    fn str(&self, field: &str) -> &str {
+        self.json[field]
+            .as_str()
+            .unwrap_or_else(|| panic!("{field} in {}", self.raw))
+    }
+}
+
+fn published(plugin: &Plugin, ev: &ChangeEvent) -> Vec<Published> {
+    plugin
+        .handle(ev)
+        .unwrap()
+        .actions
+        .into_iter()
+        .map(|c| match c.action {
+            Action::Publish {
+                connection,
+                destination,
+                routing_key,
+                headers,
+                payload,
+            } => {
+                let raw = String::from_utf8(payload).unwrap();
+                let json = match serde_json::from_str(&raw).unwrap() {
+                    serde_json::Value::Object(m) => m,
+                    other => panic!("payload is not an object: {other}"),
+                };
+                Published {
+                    connection,
+                    destination,
+                    routing_key,
+                    headers,
+                    raw,
+                    json,
+                    verdict: c.verdict,
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect()
+}
+
+fn destinations(msgs: &[Published]) -> Vec<&str> {
+    msgs.iter().map(|m| m.str("destinationService")).collect()
+}
+
+fn ids(msgs: &[Published]) -> Vec<String> {
+    msgs.iter().map(|m| m.str("id").to_string()).collect()
+}
+
+fn assert_uuid(id: &str) {
+    let b = id.as_bytes();
+    assert_eq!(b.len(), 36, "{id}");
+    for (i, c) in id.chars().enumerate() {
+        if [8, 13, 18, 23].contains(&i) {
+            assert_eq!(c, '-', "{id}");
+        } else {
+            assert!(c.is_ascii_hexdigit() && !c.is_ascii_uppercase(), "{id}");
+        }
+    }
+    assert_eq!(b[14], b'8', "version 8: {id}");
+    assert!(b"89ab".contains(&b[19]), "RFC 9562 variant: {id}");
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[test]
+fn bus_refresh_publishes_springs_remote_event_per_app() {
+    let plugin = bus_refresh(
+        StaticLookups::default(),
+        "{connection: rabbit}",
+        "rabbit/springCloudBus",
+    );
+    let ev = modified(&Obj {
+        annotations: &[("spring.cloud.kubernetes.configmap.apps", "orders, billing")],
+        ..ORDERS
+    });
+    let before = now_ms();
+    let msgs = published(&plugin, &ev);
+    let after = now_ms();
+    assert_eq!(destinations(&msgs), ["orders:**", "billing:**"]);
+    for m in &msgs {
+        assert_eq!(m.verdict, Verdict::Allowed);
+        assert_eq!(m.connection, "rabbit");
+        assert_eq!(m.destination, "springCloudBus");
+        // Spring Cloud Stream's RabbitMQ binder publishes with the destination
+        // as routing key when no routingKeyExpression is set.
+        assert_eq!(m.routing_key, "springCloudBus");
+        assert_eq!(
+            m.headers,
+            vec![Header {
+                name: "content-type".into(),
+                value: "application/json".into()
+            }]
+        );
+        // Exactly Spring's fields, in Spring's order.
+        let keys: Vec<&str> = m.json.keys().map(String::as_str).collect();
+        let mut expected = vec![
+            "type",
+            "timestamp",
+            "originService",
+            "destinationService",
+            "id",
+        ];
+        expected.sort();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(sorted, expected, "{}", m.raw);
+        assert!(
+            m.raw
+                .starts_with("{\"type\":\"RefreshRemoteApplicationEvent\",\"timestamp\":"),
+            "{}",
+            m.raw
+        );
+        assert_eq!(m.str("type"), "RefreshRemoteApplicationEvent");
+        assert_eq!(m.str("originService"), "wasmwatch");
+        let ts = m.json["timestamp"]
+            .as_u64()
+            .expect("timestamp is an integer");
+        assert!(
+            before <= ts && ts <= after,
+            "{ts} not in {before}..={after}"
+        );
+        assert!(m.str("destinationService").ends_with(":**"));
+        assert_uuid(m.str("id"));
+    }
+    let ids = ids(&msgs);
+    assert_ne!(ids[0], ids[1], "each app's message has its own id");
+}
+
+#[test]
+fn bus_refresh_ids_are_stable_per_change_and_differ_between_changes() {
+    let plugin = bus_refresh(
+        StaticLookups::default(),
+        "{connection: rabbit}",
+        "rabbit/springCloudBus",
+    );
+    let first = ids(&published(&plugin, &modified(&ORDERS)));
+    // A redelivery of the same change (a fresh instance, later) carries the same id.
+    assert_eq!(ids(&published(&plugin, &modified(&ORDERS))), first);
+    let mut replay = modified(&ORDERS);
+    replay.replay = true;
+    assert_eq!(ids(&published(&plugin, &replay)), first);
+    // Another resourceVersion, another content, another object: other ids.
+    let other_rv = ids(&published(&plugin, &modified(&Obj { rv: "43", ..ORDERS })));
+    let other_content = ids(&published(
+        &plugin,
+        &modified(&Obj {
+            value: "greeting: hello",
+            ..ORDERS
+        }),
+    ));
+    let other_uid = ids(&published(
+        &plugin,
+        &modified(&Obj {
+            uid: "u-2",
+            ..ORDERS
+        }),
+    ));
+    for other in [&other_rv, &other_content, &other_uid] {
+        assert_eq!(other.len(), 1);
+        assert_ne!(other, &first);
+    }
+    // Without a uid, namespace/name identifies the object: still stable.
+    let no_uid = Obj { uid: "", ..ORDERS };
+    let a = ids(&published(&plugin, &modified(&no_uid)));
+    assert_eq!(ids(&published(&plugin, &modified(&no_uid))), a);
+    assert_ne!(a, first);
+    // The shutdown event of the same change has its own id.
+    let shutdown = bus_refresh(
+        StaticLookups::default(),
+        "{connection: rabbit, strategy: shutdown}",
+        "rabbit/springCloudBus",
+    );
+    assert_ne!(ids(&published(&shutdown, &modified(&ORDERS))), first);
+}
+
+#[test]
+fn bus_refresh_shutdown_and_custom_destination() {
+    let plugin = bus_refresh(
+        StaticLookups::default(),
+        "{connection: nats, destination: bus.events, strategy: shutdown, originService: config-watcher}",
+        "\"nats/*\"",
+    );
+    let msgs = published(&plugin, &modified(&ORDERS));
+    assert_eq!(msgs.len(), 1);
+    let m = &msgs[0];
+    assert_eq!(m.verdict, Verdict::Allowed);
+    assert_eq!(
+        (
+            m.connection.as_str(),
+            m.destination.as_str(),
+            m.routing_key.as_str()
+        ),
+        ("nats", "bus.events", "bus.events")
+    );
+    assert_eq!(m.str("type"), "ShutdownRemoteApplicationEvent");
+    assert!(
+        m.raw
+            .starts_with("{\"type\":\"ShutdownRemoteApplicationEvent\",\"timestamp\":")
+    );
+    assert_eq!(m.str("originService"), "config-watcher");
+    assert_eq!(m.str("destinationService"), "orders:**");
+    // An explicit routing key.
+    let plugin = bus_refresh(
+        StaticLookups::default(),
+        "{connection: rabbit, routingKey: \"#\"}",
+        "rabbit/springCloudBus",
+    );
+    assert_eq!(published(&plugin, &modified(&ORDERS))[0].routing_key, "#");
+}
+
+#[test]
+fn bus_refresh_resolves_apps_like_spring_cloud_kubernetes() {
+    let lookups = StaticLookups {
+        services: vec![
+            service("shop", "web", &[("team", "shop"), ("tier", "web")]),
+            service("shop", "batch", &[("team", "shop")]),
+            service("other", "web2", &[("team", "shop"), ("tier", "web")]),
+            service("shop", "web3", &[("team", "shop"), ("tier", "web")]),
+        ],
+        workloads: vec![],
+    };
+    let plugin = bus_refresh(lookups, "{connection: rabbit}", "rabbit/springCloudBus");
+    // Labels annotation: the matching Services in the object's namespace.
+    let ev = modified(&Obj {
+        annotations: &[(
+            "spring.cloud.kubernetes.configmap.labels",
+            "team=shop, tier=web",
+        )],
+        ..ORDERS
+    });
+    assert_eq!(
+        destinations(&published(&plugin, &ev)),
+        ["web:**", "web3:**"]
+    );
+    // Labels matching no Service: nothing to address.
+    let ev = modified(&Obj {
+        annotations: &[("spring.cloud.kubernetes.configmap.labels", "team=none")],
+        ..ORDERS
+    });
+    assert!(published(&plugin, &ev).is_empty());
+    // The apps annotation wins over labels; names need no Service; duplicates once.
+    let ev = modified(&Obj {
+        annotations: &[
+            ("spring.cloud.kubernetes.configmap.apps", "a,b, a,"),
+            ("spring.cloud.kubernetes.configmap.labels", "team=shop"),
+        ],
+        ..ORDERS
+    });
+    assert_eq!(destinations(&published(&plugin, &ev)), ["a:**", "b:**"]);
+    // No annotation: the object's name, even without a Service of that name.
+    assert_eq!(
+        destinations(&published(&plugin, &modified(&ORDERS))),
+        ["orders:**"]
+    );
+    // Secrets read the secret annotations, not the configmap ones.
+    let secret = Obj {
+        kind: ObjectKind::Secret,
+        name: "db",
+        annotations: &[
+            ("spring.cloud.kubernetes.secret.apps", "payments"),
+            ("spring.cloud.kubernetes.configmap.apps", "wrong"),
+        ],
+        ..ORDERS
+    };
+    assert_eq!(
+        destinations(&published(&plugin, &modified(&secret))),
+        ["payments:**"]
+    );
+    let secret = Obj {
+        kind: ObjectKind::Secret,
+        name: "db",
+        annotations: &[("spring.cloud.kubernetes.configmap.apps", "wrong")],
+        ..ORDERS
+    };
+    assert_eq!(
+        destinations(&published(&plugin, &modified(&secret))),
+        ["db:**"]
+    );
+}
+
+#[test]
+fn bus_refresh_publishing_outside_the_grant_is_refused() {
+    let plugin = bus_refresh(
+        StaticLookups::default(),
+        "{connection: rabbit}",
+        "rabbit/otherExchange",
+    );
+    let msgs = published(&plugin, &modified(&ORDERS));
+    assert_eq!(
+        msgs[0].verdict,
+        Verdict::Refused {
+            capability: "bus",
+            reason: "publishing to rabbit/springCloudBus not granted".into()
+        }
+    );
+    assert_eq!(plugin.refused_actions(), 1);
+}
+
+#[test]
+fn bus_refresh_config_is_checked_at_load() {
+    let load_with = |config: &str| {
+        try_load(
+            StaticLookups::default(),
+            &format!(
+                "name: bus\n    module: {{module:bus-refresh}}\n    sha256: {{sha256:bus-refresh}}\n    config: {config}"
+            ),
+        )
+        .err()
+        .map(|e| e.to_string())
+    };
+    let err = load_with("{}").unwrap();
+    assert!(
+        err.starts_with(
+            "plugin `bus`: rejected its config: bus-refresh config: missing field `connection`"
+        ),
+        "{err}"
+    );
+    let err = load_with("{connection: rabbit, strategy: reboot}").unwrap();
+    assert!(
+        err.starts_with(
+            "plugin `bus`: rejected its config: bus-refresh config: unknown variant `reboot`"
+        ),
+        "{err}"
+    );
+    let err = load_with("{connection: rabbit, exchange: x}").unwrap();
+    assert!(err.contains("unknown field `exchange`"), "{err}");
+    assert_eq!(
+        load_with("{connection: \" \"}").unwrap(),
+        "plugin `bus`: rejected its config: bus-refresh config: connection must not be empty"
+    );
+    assert_eq!(load_with("{connection: nats}"), None);
+}
+
+// ------------------------------------------------------------ rollout-restart
+
+fn workload(
+    kind: WorkloadKind,
+    name: &str,
+    annotations: &[(&str, &str)],
+    template_annotations: &[(&str, &str)],
+    references: &[(ObjectKind, &str)],
+) -> WorkloadInfo {
+    WorkloadInfo {
+        workload: WorkloadRef {
+            kind,
+            namespace: "shop".into(),
+            name: name.into(),
+        },
+        labels: Default::default(),
+        annotations: map(annotations),
+        template_annotations: map(template_annotations),
+        references: references
+            .iter()
+            .map(|(kind, name)| ObjectRef {
+                kind: *kind,
+                name: name.to_string(),
+            })
+            .collect(),
+    }
+}
+
+fn deploy(name: &str, annotations: &[(&str, &str)], refs: &[(ObjectKind, &str)]) -> WorkloadInfo {
+    workload(WorkloadKind::Deployment, name, annotations, &[], refs)
+}
+
+const CM: ObjectKind = ObjectKind::ConfigMap;
+const SECRET: ObjectKind = ObjectKind::Secret;
+
+fn rollout(workloads: Vec<WorkloadInfo>, config: &str) -> Plugin {
+    load(
+        StaticLookups {
+            workloads,
+            services: vec![],
+        },
+        &format!(
+            "name: restart\n    module: {{module:rollout-restart}}\n    sha256: {{sha256:rollout-restart}}\n    config: {config}\n    capabilities: {{restart: [shop]}}"
+        ),
+    )
+}
+
+/// The names of the restarted workloads, checking every action's reason,
+/// hash and verdict.
+fn restarted(plugin: &Plugin, ev: &ChangeEvent) -> Vec<String> {
+    let what = match ev.change {
+        ChangeType::Added => "created",
+        ChangeType::Deleted => "deleted",
+        _ => "changed",
+    };
+    let o = &ev.object;
+    let hash = match ev.change {
+        ChangeType::Deleted => "deleted",
+        _ => ev.digest.as_str(),
+    };
+    plugin
+        .handle(ev)
+        .unwrap()
+        .actions
+        .into_iter()
+        .map(|c| match c.action {
+            Action::Restart {
+                workload,
+                reason,
+                content_hash,
+            } => {
+                assert_eq!(
+                    reason,
+                    format!("{} {}/{} {what}", o.kind.as_str(), o.namespace, o.name)
+                );
+                assert_eq!(
+                    content_hash,
+                    format!("{}/{}:{hash}", o.kind.as_str().to_lowercase(), o.name)
+                );
+                assert_eq!(c.verdict, Verdict::Allowed);
+                assert_eq!(workload.namespace, o.namespace);
+                workload.name
+            }
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect()
+}
+
+fn secret(name: &'static str) -> Obj<'static> {
+    Obj {
+        kind: SECRET,
+        name,
+        ..ORDERS
+    }
+}
+
+#[test]
+fn rollout_restart_auto_restarts_referencing_workloads() {
+    let plugin = rollout(
+        vec![
+            deploy(
+                "api",
+                &[("reloader.stakater.com/auto", "true")],
+                &[(CM, "orders")],
+            ),
+            deploy("plain", &[], &[(CM, "orders")]),
+            deploy(
+                "off",
+                &[("reloader.stakater.com/auto", "false")],
+                &[(CM, "orders")],
+            ),
+            deploy(
+                "elsewhere",
+                &[("reloader.stakater.com/auto", "true")],
+                &[(CM, "billing")],
+            ),
+            workload(
+                WorkloadKind::StatefulSet,
+                "db",
+                &[("reloader.stakater.com/auto", "true")],
+                &[],
+                &[(SECRET, "orders"), (CM, "orders")],
+            ),
+            workload(
+                WorkloadKind::DaemonSet,
+                "agent",
+                &[("wasmwatch.io/auto", "true")],
+                &[],
+                &[(CM, "orders")],
+            ),
+        ],
+        "{}",
+    );
+    let ev = modified(&ORDERS);
+    let decision = plugin.handle(&ev).unwrap();
+    let kinds: Vec<_> = decision
+        .actions
+        .iter()
+        .map(|c| match &c.action {
+            Action::Restart { workload, .. } => (workload.kind, workload.name.as_str()),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (WorkloadKind::Deployment, "api"),
+            (WorkloadKind::StatefulSet, "db"),
+            (WorkloadKind::DaemonSet, "agent"),
+        ]
+    );
+    assert_eq!(restarted(&plugin, &ev), ["api", "db", "agent"]);
+    // Any referenced Secret too.
+    assert_eq!(restarted(&plugin, &modified(&secret("orders"))), ["db"]);
+    // A resync counts as a change.
+    assert_eq!(
+        restarted(&plugin, &event(ChangeType::Resynced, &ORDERS)),
+        ["api", "db", "agent"]
+    );
+}
+
+#[test]
+fn rollout_restart_the_hash_identifies_the_content() {
+    let plugin = rollout(
+        vec![deploy(
+            "api",
+            &[("reloader.stakater.com/auto", "true")],
+            &[(CM, "orders")],
+        )],
+        "{}",
+    );
+    let hash = |ev: &ChangeEvent| match &plugin.handle(ev).unwrap().actions[0].action {
+        Action::Restart { content_hash, .. } => content_hash.clone(),
+        other => panic!("unexpected {other:?}"),
+    };
+    let a = hash(&modified(&ORDERS));
+    assert_eq!(a, format!("configmap/orders:{}", modified(&ORDERS).digest));
+    // Same content at another resourceVersion: same hash, the host skips it.
+    assert_eq!(hash(&modified(&Obj { rv: "99", ..ORDERS })), a);
+    assert_ne!(
+        hash(&modified(&Obj {
+            value: "greeting: hello",
+            ..ORDERS
+        })),
+        a
+    );
+}
+
+#[test]
+fn rollout_restart_kind_specific_auto_fires_only_for_its_kind() {
+    let refs = [(CM, "orders"), (SECRET, "orders")];
+    let plugin = rollout(
+        vec![
+            deploy(
+                "cm-only",
+                &[("configmap.reloader.stakater.com/auto", "true")],
+                &refs,
+            ),
+            deploy(
+                "secret-only",
+                &[("secret.reloader.stakater.com/auto", "true")],
+                &refs,
+            ),
+            deploy("ww-cm", &[("wasmwatch.io/auto-configmaps", "true")], &refs),
+            deploy("ww-secret", &[("wasmwatch.io/auto-secrets", "true")], &refs),
+        ],
+        "{}",
+    );
+    assert_eq!(restarted(&plugin, &modified(&ORDERS)), ["cm-only", "ww-cm"]);
+    assert_eq!(
+        restarted(&plugin, &modified(&secret("orders"))),
+        ["secret-only", "ww-secret"]
+    );
+}
+
+#[test]
+fn rollout_restart_named_reload_entries_are_anchored_regexes() {
+    let refs = [
+        (CM, "orders"),
+        (CM, "orders-v2"),
+        (CM, "my-orders"),
+        (SECRET, "db-password"),
+    ];
+    let plugin = rollout(
+        vec![
+            deploy(
+                "exact",
+                &[("configmap.reloader.stakater.com/reload", "billing, orders")],
+                &refs,
+            ),
+            deploy(
+                "regex",
+                &[("configmap.reloader.stakater.com/reload", "orders-.*")],
+                &refs,
+            ),
+            deploy(
+                "partial",
+                &[("configmap.reloader.stakater.com/reload", "order")],
+                &refs,
+            ),
+            deploy(
+                "secrets",
+                &[("secret.reloader.stakater.com/reload", "db-.+")],
+                &refs,
+            ),
+            deploy(
+                "ours",
+                &[("wasmwatch.io/reload-configmaps", "(my-)?orders")],
+                &refs,
+            ),
+            deploy(
+                "ours-secret",
+                &[("wasmwatch.io/reload-secrets", "db-password")],
+                &refs,
+            ),
+            deploy(
+                "invalid",
+                &[("configmap.reloader.stakater.com/reload", "orders-v2, [")],
+                &refs,
+            ),
+        ],
+        "{}",
+    );
+    assert_eq!(restarted(&plugin, &modified(&ORDERS)), ["exact", "ours"]);
+    let v2 = Obj {
+        name: "orders-v2",
+        ..ORDERS
+    };
+    assert_eq!(restarted(&plugin, &modified(&v2)), ["regex", "invalid"]);
+    let mine = Obj {
+        name: "my-orders",
+        ..ORDERS
+    };
+    assert_eq!(restarted(&plugin, &modified(&mine)), ["ours"]);
+    // A ConfigMap annotation never names a Secret.
+    assert_eq!(
+        restarted(&plugin, &modified(&secret("db-password"))),
+        ["secrets", "ours-secret"]
+    );
+}
+
+#[test]
+fn rollout_restart_reads_the_pod_template_when_the_workload_says_nothing() {
+    let refs = [(CM, "orders")];
+    let plugin = rollout(
+        vec![
+            workload(
+                WorkloadKind::Deployment,
+                "template-auto",
+                &[("team", "shop")],
+                &[("reloader.stakater.com/auto", "true")],
+                &refs,
+            ),
+            workload(
+                WorkloadKind::Deployment,
+                "template-named",
+                &[],
+                &[("configmap.reloader.stakater.com/reload", "orders")],
+                &refs,
+            ),
+            // The workload's own annotations decide when they hold any.
+            workload(
+                WorkloadKind::Deployment,
+                "workload-wins",
+                &[("configmap.reloader.stakater.com/reload", "billing")],
+                &[("reloader.stakater.com/auto", "true")],
+                &refs,
+            ),
+        ],
+        "{}",
+    );
+    assert_eq!(
+        restarted(&plugin, &modified(&ORDERS)),
+        ["template-auto", "template-named"]
+    );
+}
+
+#[test]
+fn rollout_restart_search_needs_match_on_the_object() {
+    let refs = [(CM, "orders")];
+    let plugin = rollout(
+        vec![
+            deploy(
+                "searching",
+                &[("reloader.stakater.com/search", "true")],
+                &refs,
+            ),
+            deploy("ours", &[("wasmwatch.io/search", "true")], &refs),
+            deploy("plain", &[], &refs),
+        ],
+        "{}",
+    );
+    assert!(restarted(&plugin, &modified(&ORDERS)).is_empty());
+    let matching = Obj {
+        annotations: &[("reloader.stakater.com/match", "true")],
+        ..ORDERS
+    };
+    assert_eq!(
+        restarted(&plugin, &modified(&matching)),
+        ["searching", "ours"]
+    );
+    let ours = Obj {
+        annotations: &[("wasmwatch.io/match", "true")],
+        ..ORDERS
+    };
+    assert_eq!(restarted(&plugin, &modified(&ours)), ["searching", "ours"]);
+    let no = Obj {
+        annotations: &[("reloader.stakater.com/match", "false")],
+        ..ORDERS
+    };
+    assert!(restarted(&plugin, &modified(&no)).is_empty());
+}
+
+#[test]
+fn rollout_restart_ignore_and_exclude() {
+    let refs = [(CM, "orders"), (CM, "billing")];
+    let plugin = rollout(
+        vec![
+            deploy("auto", &[("reloader.stakater.com/auto", "true")], &refs),
+            deploy(
+                "named",
+                &[("configmap.reloader.stakater.com/reload", "orders,billing")],
+                &refs,
+            ),
+            deploy(
+                "excludes-orders",
+                &[
+                    ("reloader.stakater.com/auto", "true"),
+                    ("configmaps.exclude.reloader.stakater.com/reload", "orders"),
+                ],
+                &refs,
+            ),
+            deploy(
+                "ours-excludes-orders",
+                &[
+                    ("wasmwatch.io/auto", "true"),
+                    ("wasmwatch.io/exclude-configmaps", "x, orders"),
+                ],
+                &refs,
+            ),
+        ],
+        "{}",
+    );
+    assert_eq!(restarted(&plugin, &modified(&ORDERS)), ["auto", "named"]);
+    let billing = Obj {
+        name: "billing",
+        ..ORDERS
+    };
+    assert_eq!(
+        restarted(&plugin, &modified(&billing)),
+        ["auto", "named", "excludes-orders", "ours-excludes-orders"]
+    );
+    for ignore in ["reloader.stakater.com/ignore", "wasmwatch.io/ignore"] {
+        let ignored = Obj {
+            annotations: &[(ignore, "true")],
+            ..ORDERS
+        };
+        assert!(
+            restarted(&plugin, &modified(&ignored)).is_empty(),
+            "{ignore}"
+        );
+    }
+    let not_ignored = Obj {
+        annotations: &[("reloader.stakater.com/ignore", "false")],
+        ..ORDERS
+    };
+    assert_eq!(
+        restarted(&plugin, &modified(&not_ignored)),
+        ["auto", "named"]
+    );
+}
+
+#[test]
+fn rollout_restart_create_and_delete_follow_reloaders_defaults() {
+    let workloads = || {
+        vec![deploy(
+            "api",
+            &[("reloader.stakater.com/auto", "true")],
+            &[(CM, "orders")],
+        )]
+    };
+    // Reloader: --reload-on-create=false, --reload-on-delete=false.
+    let defaults = rollout(workloads(), "null");
+    assert!(restarted(&defaults, &event(ChangeType::Added, &ORDERS)).is_empty());
+    assert!(restarted(&defaults, &event(ChangeType::Deleted, &ORDERS)).is_empty());
+    assert_eq!(restarted(&defaults, &modified(&ORDERS)), ["api"]);
+    let both = rollout(workloads(), "{reloadOnCreate: true, reloadOnDelete: true}");
+    // `restarted` checks the reasons (`created`, `deleted`) and the deletion's
+    // hash `configmap/orders:deleted`.
+    assert_eq!(
+        restarted(&both, &event(ChangeType::Added, &ORDERS)),
+        ["api"]
+    );
+    assert_eq!(
+        restarted(&both, &event(ChangeType::Deleted, &ORDERS)),
+        ["api"]
+    );
+}
+
+#[test]
+fn rollout_restart_auto_reload_all_respects_opt_outs() {
+    let refs = [(CM, "orders")];
+    let plugin = rollout(
+        vec![
+            deploy("plain", &[], &refs),
+            deploy(
+                "opted-out",
+                &[("reloader.stakater.com/auto", "false")],
+                &refs,
+            ),
+            deploy(
+                "cm-opted-out",
+                &[("configmap.reloader.stakater.com/auto", "false")],
+                &refs,
+            ),
+        ],
+        "{autoReloadAll: true}",
+    );
+    assert_eq!(restarted(&plugin, &modified(&ORDERS)), ["plain"]);
+}
+
+#[test]
+fn rollout_restart_outside_the_granted_namespaces_is_refused() {
+    let mut w = deploy(
+        "api",
+        &[("reloader.stakater.com/auto", "true")],
+        &[(CM, "orders")],
+    );
+    w.workload.namespace = "payments".into();
+    let plugin = rollout(vec![w], "{}");
+    let ev = modified(&Obj {
+        namespace: "payments",
+        ..ORDERS
+    });
+    let decision = plugin.handle(&ev).unwrap();
+    assert_eq!(decision.actions.len(), 1);
+    assert_eq!(
+        decision.actions[0].verdict,
+        Verdict::Refused {
+            capability: "restart",
+            reason: "restarting Deployment payments/api: namespace \"payments\" not granted".into()
+        }
+    );
+    assert_eq!(decision.allowed().count(), 0);
+    assert_eq!(plugin.refused_actions(), 1);
+}
+
+#[test]
+fn rollout_restart_rejects_unknown_config() {
+    let err = try_load(
+        StaticLookups::default(),
+        "name: restart\n    module: {module:rollout-restart}\n    sha256: {sha256:rollout-restart}\n    config: {reloadOnUpdate: true}",
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.starts_with(
+            "plugin `restart`: rejected its config: rollout-restart config: unknown field `reloadOnUpdate`"
+        ),
+        "{err}"
+    );
+}
