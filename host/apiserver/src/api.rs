@@ -55,6 +55,8 @@ pub type Query = HashMap<String, String>;
 /// What a verb answers: a JSON document or a watch stream.
 pub enum Reply {
     Json(u16, Value),
+    /// A stored object, serialised without copying it.
+    Stored(u16, Arc<Value>),
     /// A JSON document already serialised.
     Raw(u16, Bytes),
     Watch(watch::Chunks),
@@ -124,7 +126,7 @@ pub fn parse_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
 
 pub fn get(sh: &Shared, t: &Target) -> Result<Reply, ApiError> {
     match sh.store.get(t.resource, t.ns(), t.name()) {
-        Some(o) => Ok(Reply::Json(200, (*o).clone())),
+        Some(o) => Ok(Reply::Stored(200, o)),
         None => Err(ApiError::not_found(t.rt(), t.name())),
     }
 }
@@ -322,7 +324,7 @@ pub fn create(sh: &Shared, t: &Target, q: &Query, body: Value) -> Result<Reply, 
         .store
         .create(t.resource, t.ns(), &name, obj)
         .map_err(|e| store_err(&t, e))?;
-    Ok(Reply::Json(201, (*stored).clone()))
+    Ok(Reply::Stored(201, stored))
 }
 
 /// The shared update loop behind PUT and PATCH.
@@ -354,7 +356,7 @@ fn update_with(
             return Ok(Reply::Json(200, new));
         }
         match sh.store.update(t.resource, t.ns(), t.name(), cur_rv, new) {
-            Ok(o) => return Ok(Reply::Json(200, (*o).clone())),
+            Ok(o) => return Ok(Reply::Stored(200, o)),
             Err(StoreError::Changed) if !client_rv => continue,
             Err(e) => return Err(store_err(t, e)),
         }
@@ -483,7 +485,7 @@ pub fn delete(sh: &Shared, t: &Target, q: &Query, body: Option<Value>) -> Result
             ));
         }
         if dry_run(q) {
-            return Ok(Reply::Json(200, (*cur).clone()));
+            return Ok(Reply::Stored(200, cur));
         }
         let has_finalizers = cur
             .pointer("/metadata/finalizers")
@@ -491,7 +493,7 @@ pub fn delete(sh: &Shared, t: &Target, q: &Query, body: Option<Value>) -> Result
             .is_some_and(|f| !f.is_empty());
         let result = if has_finalizers {
             if cur.pointer("/metadata/deletionTimestamp").is_some() {
-                return Ok(Reply::Json(200, (*cur).clone()));
+                return Ok(Reply::Stored(200, cur));
             }
             sh.store
                 .update(
@@ -510,7 +512,7 @@ pub fn delete(sh: &Shared, t: &Target, q: &Query, body: Option<Value>) -> Result
         match result {
             Ok((o, pending)) => {
                 return Ok(if pending || returns_object(rt) {
-                    Reply::Json(200, (*o).clone())
+                    Reply::Stored(200, o)
                 } else {
                     Reply::Json(200, success_status(rt, &o))
                 });

@@ -75,6 +75,7 @@ fn watch_response(chunks: Chunks) -> Response<Body> {
 fn reply_response(reply: Reply) -> Response<Body> {
     match reply {
         Reply::Json(code, v) => json_response(code, &v),
+        Reply::Stored(code, v) => json_response(code, &v),
         Reply::Raw(code, b) => full(code, "application/json", b),
         Reply::Watch(chunks) => watch_response(chunks),
     }
