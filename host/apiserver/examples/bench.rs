@@ -84,7 +84,9 @@ async fn watcher(
     let mut buf: Vec<u8> = Vec::new();
     let mut local = Vec::with_capacity(1 << 16);
     while let Some(frame) = resp.body_mut().frame().await {
-        let Ok(data) = frame.unwrap().into_data() else {
+        // The stream is cut when the server shuts down at the end.
+        let Ok(frame) = frame else { break };
+        let Ok(data) = frame.into_data() else {
             continue;
         };
         buf.extend_from_slice(&data);
