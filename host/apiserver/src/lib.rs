@@ -40,9 +40,14 @@
 //! let dir = tempfile::tempdir()?;
 //! let kubeconfig = dir.path().join("kubeconfig");
 //! server.write_kubeconfig(&kubeconfig)?;     // for kubectl --kubeconfig
+//! server.wait_for_watches(1).await;         // the code under test is watching
 //! server.faults().close_watches();
 //! # Ok(()) }
 //! ```
+//!
+//! The same faults are reachable out of process as `POST /_faults/...`
+//! (see the crate README); `wasmwatch-apiserver --port P --kubeconfig F
+//! --history N` runs the server as a binary until Ctrl-C.
 
 pub mod api;
 pub mod discovery;
