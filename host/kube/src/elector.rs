@@ -15,6 +15,7 @@
 //! - On shutdown the leader releases: holder cleared, duration 1 s.
 //! - Candidates also watch the Lease, so a release is acted on at once rather
 //!   at the next retry.
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -22,7 +23,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -108,6 +109,29 @@ pub struct Leadership {
     pub holder: Option<String>,
 }
 
+/// Whether this replica may act right now: only while it leads and before the
+/// renew deadline counted from the start of its last successful renew.
+/// Executors check it before every action. A replica that was paused (GC,
+/// SIGSTOP, a stalled node) sees its deadline passed the moment it wakes, on
+/// the monotonic clock, before its elector has even run again.
+#[derive(Clone, Debug, Default)]
+pub struct Fence {
+    until: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Fence {
+    pub fn may_act(&self) -> bool {
+        self.until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    fn set(&self, until: Option<Instant>) {
+        *self.until.lock().unwrap_or_else(|e| e.into_inner()) = until;
+    }
+}
+
 /// The parts of a Lease record that matter for election.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseRecord {
@@ -191,6 +215,7 @@ pub struct Elector {
     /// The Lease as last read or written by us (for its resourceVersion).
     lease: Option<Lease>,
     tx: watch::Sender<Leadership>,
+    fence: Fence,
 }
 
 impl Elector {
@@ -209,6 +234,7 @@ impl Elector {
                 observer: Observer::default(),
                 lease: None,
                 tx,
+                fence: Fence::default(),
             },
             rx,
         ))
@@ -216,6 +242,11 @@ impl Elector {
 
     pub fn subscribe(&self) -> watch::Receiver<Leadership> {
         self.tx.subscribe()
+    }
+
+    /// The fence executors check before acting.
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
     }
 
     /// One round: read the Lease and take or renew it if we may.
@@ -293,6 +324,9 @@ impl Elector {
     }
 
     fn publish(&self, leading: Option<Term>) {
+        if leading.is_none() {
+            self.fence.set(None);
+        }
         let new = Leadership {
             leading: leading.is_some(),
             holder: leading
@@ -318,6 +352,8 @@ impl Elector {
         if record.holder != self.config.identity {
             return Ok(());
         }
+        // Stop acting before the lease can pass to anyone else.
+        self.publish(None);
         let spec = lease.spec.get_or_insert_with(Default::default);
         spec.holder_identity = Some(String::new());
         spec.lease_duration_seconds = Some(1);
@@ -327,7 +363,6 @@ impl Elector {
             .api
             .replace(&self.config.lease_name, &PostParams::default(), &lease)
             .await;
-        self.publish(None);
         self.publish_holder("");
         result.map(|_| ())
     }
@@ -354,6 +389,7 @@ impl Elector {
                 last_renew = None;
                 self.publish(None);
             }
+            let attempt_started = Instant::now();
             let attempt = self.try_acquire_or_renew();
             let result = match last_renew {
                 Some(last) => {
@@ -371,7 +407,10 @@ impl Elector {
                     if last_renew.is_none() {
                         tracing::info!(identity = %cfg.identity, transitions = term.transitions, "became leader");
                     }
-                    last_renew = Some(Instant::now());
+                    // Count from when the request was sent: the API server
+                    // may have stamped the renewal any time after that.
+                    last_renew = Some(attempt_started);
+                    self.fence.set(Some(attempt_started + cfg.renew_deadline));
                     self.publish(Some(term));
                 }
                 Err(ElectError::Held(_)) => {}
@@ -426,7 +465,8 @@ impl Drop for AbortOnDrop {
 /// Notifies on every change of the one Lease, reconnecting as needed.
 async fn watch_lease(api: Api<Lease>, name: String, changed: std::sync::Arc<Notify>) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut stream = watcher(api, config).boxed();
+    // Back off on errors: while the API server is down the watch must not spin.
+    let mut stream = watcher(api, config).default_backoff().boxed();
     while let Some(event) = stream.next().await {
         if matches!(
             event,
@@ -493,6 +533,18 @@ mod tests {
         assert!(!o.may_acquire("me", Instant::now()));
         tokio::time::advance(Duration::from_secs(15)).await;
         assert!(o.may_acquire("me", Instant::now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paused_leader_may_not_act_once_its_deadline_passed() {
+        let fence = Fence::default();
+        assert!(!fence.may_act());
+        fence.set(Some(Instant::now() + Duration::from_secs(10)));
+        assert!(fence.may_act());
+        // The process is paused for 11 s: on waking, before anything else
+        // runs, the fence is already closed.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(!fence.may_act());
     }
 
     #[tokio::test(start_paused = true)]

@@ -3,7 +3,11 @@
 //! - [`elector`]: Lease-based leader election with client-go's semantics,
 //!   written on `Api<Lease>`; leadership is published as a value
 //!   ([`elector::Leadership`] on a `tokio::sync::watch` channel) that the rest
-//!   of the host observes.
+//!   of the host observes, and a [`elector::Fence`] executors check before
+//!   every action.
+//! - [`checkpoint`]: per-namespace resourceVersion checkpoints in the state
+//!   Lease, fenced by the leadership term.
 #![forbid(unsafe_code)]
 
+pub mod checkpoint;
 pub mod elector;

@@ -8,7 +8,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use wasmwatch_apiserver::{Config, Server, ServerHandle};
-use wasmwatch_kube::elector::{Elector, ElectorConfig, Leadership};
+use wasmwatch_kube::elector::{Elector, ElectorConfig, Fence, Leadership};
 
 const LEASE: Duration = Duration::from_secs(3);
 const RENEW: Duration = Duration::from_secs(2);
@@ -16,6 +16,7 @@ const RETRY: Duration = Duration::from_millis(200);
 
 struct Replica {
     rx: watch::Receiver<Leadership>,
+    fence: Fence,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -29,6 +30,7 @@ fn start(server: &ServerHandle, id: usize, log: &Log) -> Replica {
     cfg.renew_deadline = RENEW;
     cfg.retry_period = RETRY;
     let (elector, rx) = Elector::new(server.client().unwrap(), cfg).unwrap();
+    let fence = elector.fence();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(elector.run(async move {
         let _ = stopped.await;
@@ -50,6 +52,7 @@ fn start(server: &ServerHandle, id: usize, log: &Log) -> Replica {
     });
     Replica {
         rx,
+        fence,
         stop: Some(stop),
         task,
     }
@@ -178,6 +181,8 @@ async fn a_graceful_leader_hands_over_within_a_second() {
     let took = start.elapsed();
     assert!(took < Duration::from_secs(1), "handover took {took:?}");
     assert!(!replicas[leader].rx.borrow().leading);
+    assert!(!replicas[leader].fence.may_act());
+    assert!(replicas[other].fence.may_act());
     assert_never_two_leaders(&log, &[]);
 }
 
@@ -202,6 +207,7 @@ async fn the_leader_stops_acting_when_the_api_server_is_gone() {
         .expect("leader did not step down before the lease could expire")
         .unwrap();
     let stepped_down = down_at.elapsed();
+    assert!(!replicas[leader].fence.may_act());
     assert!(
         stepped_down <= RENEW + RETRY,
         "stepped down after {stepped_down:?}"
