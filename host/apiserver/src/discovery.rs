@@ -184,3 +184,33 @@ pub fn openapi_v3_group_version(group: &str, version: &str) -> Option<Value> {
         "components": { "schemas": {} },
     }))
 }
+
+/// `/openapi/v2`: an empty OpenAPI v2 document in gnostic's protobuf form
+/// (`openapi_v2.Document`), which older kubectl (Debian's 1.20) insists on
+/// fetching before `apply`. With no schemas in it, kubectl falls back to its
+/// built-in type information, as it does for types the server does not
+/// describe.
+pub fn openapi_v2_protobuf() -> Vec<u8> {
+    fn field(out: &mut Vec<u8>, number: u8, bytes: &[u8]) {
+        out.push((number << 3) | 2); // length-delimited
+        let mut len = bytes.len();
+        loop {
+            let b = (len & 0x7f) as u8;
+            len >>= 7;
+            if len == 0 {
+                out.push(b);
+                break;
+            }
+            out.push(b | 0x80);
+        }
+        out.extend_from_slice(bytes);
+    }
+    let mut info = Vec::new();
+    field(&mut info, 1, b"wasmwatch-apiserver"); // title
+    field(&mut info, 2, b"v1"); // version
+    let mut doc = Vec::new();
+    field(&mut doc, 1, b"2.0"); // swagger
+    field(&mut doc, 2, &info); // info
+    field(&mut doc, 8, &[]); // paths
+    doc
+}

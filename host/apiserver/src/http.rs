@@ -308,6 +308,12 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body
         ["api", "v1"] => get_only(discovery::api_resource_list("", "v1")),
         ["apis", g] => get_only(discovery::api_group(g)),
         ["apis", g, v] => get_only(discovery::api_resource_list(g, v)),
+        ["openapi", "v2"] | ["swagger-2.0.0.pb-v1"] if req.method() == Method::GET => full(
+            200,
+            // What kube-apiserver answers; kubectl cannot parse the Accept type back.
+            "application/octet-stream",
+            Bytes::from(discovery::openapi_v2_protobuf()),
+        ),
         ["openapi", "v3"] => get_only(Some(discovery::openapi_v3_index())),
         ["openapi", "v3", "api", v] => get_only(discovery::openapi_v3_group_version("", v)),
         ["openapi", "v3", "apis", g, v] => get_only(discovery::openapi_v3_group_version(g, v)),
