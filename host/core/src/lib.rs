@@ -16,6 +16,7 @@
 pub mod action;
 pub mod capability;
 pub mod event;
+pub mod index;
 pub mod lookups;
 pub mod manifest;
 pub mod selector;

@@ -1,0 +1,293 @@
+//! What the host remembers of every handled object, so that it can tell a
+//! real content change from a repeat, and resynchronise after the API
+//! server's history is lost (410) without refreshing everything.
+//!
+//! Per object it keeps the content digest, a hash of labels and annotations,
+//! and a short hash per data key (for `changed-keys`): memory grows with the
+//! number of objects and keys, not with the size of their data.
+//!
+//! Not yet done (issue 4): persisting the index next to the checkpoints
+//! (compact, sharded across Leases when large) so that a new leader can
+//! resynchronise against what its predecessor handled.
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+
+use sha2::{Digest, Sha256};
+
+use crate::event::{ChangeEvent, ChangeType, ObjectKind, ObjectSnapshot};
+
+/// What is remembered of one handled object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Handled {
+    /// Hex SHA-256 of the data ([`ObjectSnapshot::digest`]).
+    digest: String,
+    metadata: u64,
+    /// Data keys with a short hash of each value, sorted by key.
+    keys: Vec<(String, u64)>,
+}
+
+fn short_hash(bytes: &[u8]) -> u64 {
+    let d = Sha256::digest(bytes);
+    u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
+}
+
+fn metadata_hash(o: &ObjectSnapshot) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    o.labels.hash(&mut h);
+    o.annotations.hash(&mut h);
+    h.finish()
+}
+
+impl Handled {
+    fn of(o: &ObjectSnapshot) -> Handled {
+        Handled {
+            digest: o.digest(),
+            metadata: metadata_hash(o),
+            keys: o
+                .data
+                .iter()
+                .map(|(k, v)| (k.clone(), short_hash(v.as_bytes())))
+                .collect(),
+        }
+    }
+
+    fn changed_keys(&self, now: &Handled) -> Vec<String> {
+        let before: BTreeMap<&str, u64> = self.keys.iter().map(|(k, h)| (k.as_str(), *h)).collect();
+        let after: BTreeMap<&str, u64> = now.keys.iter().map(|(k, h)| (k.as_str(), *h)).collect();
+        let mut keys: Vec<String> = after
+            .iter()
+            .filter(|(k, h)| before.get(*k) != Some(*h))
+            .map(|(k, _)| k.to_string())
+            .chain(
+                before
+                    .keys()
+                    .filter(|k| !after.contains_key(*k))
+                    .map(|k| k.to_string()),
+            )
+            .collect();
+        keys.sort();
+        keys
+    }
+}
+
+/// How a watch reported an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// The handled objects of one kind, by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectIndex {
+    kind: ObjectKind,
+    objects: BTreeMap<(String, String), Handled>,
+}
+
+impl ObjectIndex {
+    pub fn new(kind: ObjectKind) -> Self {
+        ObjectIndex {
+            kind,
+            objects: BTreeMap::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Turns one watch event into the change to deliver, if any, and
+    /// remembers the object. Only data changes count as modifications unless
+    /// `metadata_changes`; an ADDED for an object already handled with the
+    /// same content (a relist, a replay) delivers nothing.
+    pub fn apply(
+        &mut self,
+        seen: Seen,
+        object: ObjectSnapshot,
+        metadata_changes: bool,
+    ) -> Option<ChangeEvent> {
+        let key = (object.namespace.clone(), object.name.clone());
+        if seen == Seen::Deleted {
+            self.objects.remove(&key);
+            return Some(ChangeEvent::new(ChangeType::Deleted, object, None));
+        }
+        let now = Handled::of(&object);
+        let previous = self.objects.insert(key, now.clone());
+        let change = match previous {
+            None => ChangeType::Added,
+            Some(before) => {
+                let content = before.digest != now.digest;
+                let metadata = metadata_changes && before.metadata != now.metadata;
+                if !(content || metadata) {
+                    return None;
+                }
+                let mut ev = ChangeEvent::new(ChangeType::Modified, object, None);
+                ev.changed_keys = before.changed_keys(&now);
+                return Some(ev);
+            }
+        };
+        Some(ChangeEvent::new(change, object, None))
+    }
+
+    /// After the watch history was lost: compares a fresh list with what was
+    /// handled. Objects whose content differs are delivered as `resynced`, new
+    /// ones as `added`, vanished ones as `deleted` (with no data: their last
+    /// content is not kept); unchanged objects deliver nothing.
+    pub fn resync(
+        &mut self,
+        current: Vec<ObjectSnapshot>,
+        metadata_changes: bool,
+    ) -> Vec<ChangeEvent> {
+        let mut out = Vec::new();
+        let mut fresh = BTreeMap::new();
+        for object in current {
+            let key = (object.namespace.clone(), object.name.clone());
+            let now = Handled::of(&object);
+            match self.objects.get(&key) {
+                None => out.push(ChangeEvent::new(ChangeType::Added, object, None)),
+                Some(before)
+                    if before.digest != now.digest
+                        || (metadata_changes && before.metadata != now.metadata) =>
+                {
+                    let mut ev = ChangeEvent::new(ChangeType::Resynced, object, None);
+                    ev.changed_keys = before.changed_keys(&now);
+                    out.push(ev);
+                }
+                Some(_) => {}
+            }
+            fresh.insert(key, now);
+        }
+        for ((namespace, name), _) in self.objects.iter().filter(|(k, _)| !fresh.contains_key(*k)) {
+            let gone = ObjectSnapshot {
+                kind: self.kind,
+                namespace: namespace.clone(),
+                name: name.clone(),
+                uid: String::new(),
+                resource_version: String::new(),
+                labels: Default::default(),
+                annotations: Default::default(),
+                data: Default::default(),
+            };
+            out.push(ChangeEvent::new(ChangeType::Deleted, gone, None));
+        }
+        self.objects = fresh;
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cm(name: &str, data: serde_json::Value, labels: serde_json::Value) -> ObjectSnapshot {
+        ObjectSnapshot::from_json(&json!({"kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "ns", "labels": labels}, "data": data}))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_content_changes_are_modifications() {
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap);
+        let a = idx
+            .apply(
+                Seen::Added,
+                cm("a", json!({"k": "1", "j": "x"}), json!({})),
+                false,
+            )
+            .unwrap();
+        assert_eq!(a.change, ChangeType::Added);
+        // Same content again (a relist or replay): nothing.
+        assert!(
+            idx.apply(
+                Seen::Added,
+                cm("a", json!({"k": "1", "j": "x"}), json!({})),
+                false
+            )
+            .is_none()
+        );
+        // Label-only change: nothing by default, a modification when asked.
+        assert!(
+            idx.apply(
+                Seen::Modified,
+                cm("a", json!({"k": "1", "j": "x"}), json!({"l": "1"})),
+                false
+            )
+            .is_none()
+        );
+        let m = idx
+            .apply(
+                Seen::Modified,
+                cm("a", json!({"k": "1", "j": "x"}), json!({"l": "2"})),
+                true,
+            )
+            .unwrap();
+        assert_eq!(m.changed_keys, Vec::<String>::new());
+        // A data change names exactly the keys that changed.
+        let m = idx
+            .apply(
+                Seen::Modified,
+                cm("a", json!({"k": "2", "n": "new"}), json!({"l": "2"})),
+                false,
+            )
+            .unwrap();
+        assert_eq!(m.change, ChangeType::Modified);
+        assert_eq!(m.changed_keys, vec!["j", "k", "n"]);
+        let d = idx
+            .apply(Seen::Deleted, cm("a", json!({"k": "2"}), json!({})), false)
+            .unwrap();
+        assert_eq!(d.change, ChangeType::Deleted);
+        assert!(idx.is_empty());
+    }
+
+    #[test]
+    fn resync_delivers_only_what_changed_during_the_gap() {
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap);
+        for i in 0..1000 {
+            idx.apply(
+                Seen::Added,
+                cm(&format!("o{i}"), json!({"v": i.to_string()}), json!({})),
+                false,
+            );
+        }
+        // During the gap: o5 changed, o7 deleted, o1000 created, o9 relabelled.
+        let current: Vec<ObjectSnapshot> = (0..1001)
+            .filter(|i| *i != 7)
+            .map(|i| match i {
+                5 => cm("o5", json!({"v": "changed"}), json!({})),
+                9 => cm("o9", json!({"v": "9"}), json!({"new": "label"})),
+                _ => cm(&format!("o{i}"), json!({"v": i.to_string()}), json!({})),
+            })
+            .collect();
+        let events = idx.resync(current, false);
+        let got: Vec<(ChangeType, String)> = events
+            .iter()
+            .map(|e| (e.change, e.object.name.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (ChangeType::Resynced, "o5".to_string()),
+                (ChangeType::Added, "o1000".to_string()),
+                (ChangeType::Deleted, "o7".to_string()),
+            ]
+        );
+        assert_eq!(events[0].changed_keys, vec!["v"]);
+        assert_eq!(idx.len(), 1000);
+        // A second resync of the same state delivers nothing.
+        let again: Vec<ObjectSnapshot> = (0..1001)
+            .filter(|i| *i != 7)
+            .map(|i| match i {
+                5 => cm("o5", json!({"v": "changed"}), json!({})),
+                9 => cm("o9", json!({"v": "9"}), json!({"new": "label"})),
+                _ => cm(&format!("o{i}"), json!({"v": i.to_string()}), json!({})),
+            })
+            .collect();
+        assert!(idx.resync(again, false).is_empty());
+    }
+}
