@@ -119,6 +119,9 @@ impl ObjectIndex {
         let now = Handled::of(&object);
         let previous = self.objects.insert(key, now.clone());
         let change = match previous {
+            // A replay after failover may modify objects this replica never
+            // saw: a modification with every key counted as changed.
+            None if seen == Seen::Modified => ChangeType::Modified,
             None => ChangeType::Added,
             Some(before) => {
                 let content = before.digest != now.digest;

@@ -11,3 +11,4 @@
 
 pub mod checkpoint;
 pub mod elector;
+pub mod watchloop;

@@ -1,0 +1,286 @@
+//! A checkpointed watch of one kind in one namespace (or all), as an
+//! explicit state machine:
+//!
+//! ```text
+//!            ┌──────────── stream ended / idle timeout ───────────┐
+//!            ▼                                                    │
+//! Resume{rv} ──watch from rv──▶ Watching{rv} ──events, bookmarks──┘
+//!     ▲                              │ 410 Gone
+//!     │                              ▼
+//!     └──── list rv ────────── Relist{resync} (diff against the index)
+//! errors anywhere: back off (exponential, jittered) and retry the state
+//! ```
+//!
+//! Resuming from a checkpoint is a WATCH from that version: no list, no
+//! synthetic ADDED storm; exactly the changes after it arrive. Without a
+//! checkpoint, the first list is a baseline and delivers nothing. After a
+//! 410 the loop lists and delivers only what differs from the
+//! [`ObjectIndex`] of handled objects.
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
+use tokio::sync::mpsc;
+use wasmwatch_core::index::{ObjectIndex, Seen};
+use wasmwatch_core::{ChangeEvent, ObjectKind, ObjectSnapshot};
+
+/// What one watch loop watches.
+#[derive(Debug, Clone)]
+pub struct WatchTarget {
+    pub kind: ObjectKind,
+    /// `None`: all namespaces, one cluster-wide stream.
+    pub namespace: Option<String>,
+    pub label_selector: Option<String>,
+    /// Count label/annotation-only changes as modifications.
+    pub metadata_changes: bool,
+}
+
+/// What the loop reports, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// A change to handle; the checkpoint may pass `resource_version` once it
+    /// and everything before it are handled.
+    Change {
+        event: Box<ChangeEvent>,
+        resource_version: String,
+    },
+    /// Nothing to handle up to this version (a bookmark, a baseline list, a
+    /// resync's list version): the checkpoint may advance to it.
+    Progress { resource_version: String },
+}
+
+/// The loop's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// List and take the result as the baseline (no checkpoint yet).
+    Baseline,
+    /// Watch from this version.
+    Resume { from: String },
+    /// The history is gone: list and deliver only real differences.
+    Relist,
+}
+
+/// The watch loop for one target.
+pub struct WatchLoop {
+    api: Api<DynamicObject>,
+    target: WatchTarget,
+    index: ObjectIndex,
+    state: State,
+    /// Consecutive failures, for backoff.
+    failures: u32,
+    /// Server-side timeout of one watch request.
+    pub watch_timeout: Duration,
+}
+
+/// Why one step failed. All are retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("api: {0}")]
+    Api(#[from] kube::Error),
+    #[error("the consumer of the watch loop is gone")]
+    Closed,
+}
+
+fn api_resource(kind: ObjectKind) -> ApiResource {
+    match kind {
+        ObjectKind::ConfigMap => ApiResource::erase::<ConfigMap>(&()),
+        ObjectKind::Secret => ApiResource::erase::<Secret>(&()),
+    }
+}
+
+impl WatchLoop {
+    /// A loop that resumes from `checkpoint`, or takes a baseline without one.
+    pub fn new(client: kube::Client, target: WatchTarget, checkpoint: Option<String>) -> WatchLoop {
+        let ar = api_resource(target.kind);
+        let api = match &target.namespace {
+            Some(ns) => Api::namespaced_with(client, ns, &ar),
+            None => Api::all_with(client, &ar),
+        };
+        WatchLoop {
+            api,
+            index: ObjectIndex::new(target.kind),
+            target,
+            state: match checkpoint {
+                Some(from) => State::Resume { from },
+                None => State::Baseline,
+            },
+            failures: 0,
+            watch_timeout: Duration::from_secs(290),
+        }
+    }
+
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn snapshot(&self, obj: DynamicObject) -> Option<(ObjectSnapshot, String)> {
+        let mut value = serde_json::to_value(&obj).ok()?;
+        // Watch and list items may come without kind; we know it.
+        value["kind"] = self.target.kind.as_str().into();
+        let rv = obj.metadata.resource_version.clone().unwrap_or_default();
+        match ObjectSnapshot::from_json(&value) {
+            Ok(s) => Some((s, rv)),
+            Err(e) => {
+                tracing::warn!(kind = self.target.kind.as_str(), name = ?obj.metadata.name, "skipping unreadable object: {e}");
+                None
+            }
+        }
+    }
+
+    async fn list(&self) -> Result<(Vec<ObjectSnapshot>, String), WatchError> {
+        let mut lp = ListParams::default();
+        if let Some(sel) = &self.target.label_selector {
+            lp = lp.labels(sel);
+        }
+        let list = self.api.list(&lp).await?;
+        let rv = list.metadata.resource_version.clone().unwrap_or_default();
+        let objects = list
+            .items
+            .into_iter()
+            .filter_map(|o| self.snapshot(o).map(|(s, _)| s))
+            .collect();
+        Ok((objects, rv))
+    }
+
+    /// One step of the state machine. Returns when the state changed or the
+    /// stream ended; outputs are sent as they come.
+    pub async fn step(&mut self, out: &mpsc::Sender<Output>) -> Result<(), WatchError> {
+        let send = |o: Output| async move { out.send(o).await.map_err(|_| WatchError::Closed) };
+        match self.state.clone() {
+            State::Baseline => {
+                let (objects, rv) = self.list().await?;
+                for o in objects {
+                    self.index
+                        .apply(Seen::Added, o, self.target.metadata_changes);
+                }
+                send(Output::Progress {
+                    resource_version: rv.clone(),
+                })
+                .await?;
+                self.state = State::Resume { from: rv };
+            }
+            State::Relist => {
+                let (objects, rv) = self.list().await?;
+                for event in self.index.resync(objects, self.target.metadata_changes) {
+                    send(Output::Change {
+                        event: Box::new(event),
+                        resource_version: rv.clone(),
+                    })
+                    .await?;
+                }
+                send(Output::Progress {
+                    resource_version: rv.clone(),
+                })
+                .await?;
+                self.state = State::Resume { from: rv };
+            }
+            State::Resume { from } => {
+                let mut wp = WatchParams::default().timeout(self.watch_timeout.as_secs() as u32);
+                wp.bookmarks = true;
+                if let Some(sel) = &self.target.label_selector {
+                    wp = wp.labels(sel);
+                }
+                let stream = self.api.watch(&wp, &from).await?;
+                futures_util::pin_mut!(stream);
+                let mut at = from;
+                while let Some(event) = stream.try_next().await? {
+                    self.failures = 0;
+                    let (seen, obj) = match event {
+                        WatchEvent::Added(o) => (Seen::Added, o),
+                        WatchEvent::Modified(o) => (Seen::Modified, o),
+                        WatchEvent::Deleted(o) => (Seen::Deleted, o),
+                        WatchEvent::Bookmark(b) => {
+                            at = b.metadata.resource_version;
+                            send(Output::Progress {
+                                resource_version: at.clone(),
+                            })
+                            .await?;
+                            continue;
+                        }
+                        WatchEvent::Error(status) if status.code == 410 => {
+                            tracing::info!(kind = self.target.kind.as_str(), from = %at, "watch history expired; resynchronising");
+                            self.state = State::Relist;
+                            return Ok(());
+                        }
+                        WatchEvent::Error(status) => {
+                            return Err(WatchError::Api(kube::Error::Api(status)));
+                        }
+                    };
+                    let Some((snapshot, rv)) = self.snapshot(obj) else {
+                        continue;
+                    };
+                    at = rv.clone();
+                    match self
+                        .index
+                        .apply(seen, snapshot, self.target.metadata_changes)
+                    {
+                        Some(event) => {
+                            send(Output::Change {
+                                event: Box::new(event),
+                                resource_version: rv,
+                            })
+                            .await?
+                        }
+                        None => {
+                            send(Output::Progress {
+                                resource_version: rv,
+                            })
+                            .await?
+                        }
+                    }
+                }
+                // The stream ended (timeout, closed by the server): resume.
+                self.state = State::Resume { from: at };
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs until the consumer goes away, backing off on errors.
+    pub async fn run(mut self, out: mpsc::Sender<Output>) {
+        loop {
+            match self.step(&out).await {
+                Ok(()) => {}
+                Err(WatchError::Closed) => return,
+                Err(e) => {
+                    self.failures += 1;
+                    let delay = backoff(self.failures);
+                    tracing::warn!(kind = self.target.kind.as_str(), state = ?self.state, "watch failed, retrying in {delay:?}: {e}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = out.closed() => return,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Exponential backoff from 200 ms to 30 s with ±25 % jitter.
+pub fn backoff(failures: u32) -> Duration {
+    let base = 0.2 * 2f64.powi(failures.saturating_sub(1).min(8) as i32);
+    let base = base.min(30.0);
+    // Jitter from the clock's sub-second part: good enough to spread replicas.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let jitter = 0.75 + 0.5 * (nanos as f64 / 1e9);
+    Duration::from_secs_f64(base * jitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let b1 = backoff(1).as_secs_f64();
+        assert!((0.15..=0.25).contains(&b1), "{b1}");
+        let b5 = backoff(5).as_secs_f64();
+        assert!((2.4..=4.0).contains(&b5), "{b5}");
+        let b50 = backoff(50).as_secs_f64();
+        assert!((22.5..=37.5).contains(&b50), "{b50}");
+    }
+}

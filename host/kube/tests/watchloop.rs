@@ -1,0 +1,195 @@
+//! The checkpointed watch loop against the test API server.
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use tokio::sync::mpsc;
+use wasmwatch_apiserver::{Config, Server, ServerHandle};
+use wasmwatch_core::{ChangeType, ObjectKind};
+use wasmwatch_kube::watchloop::{Output, State, WatchLoop, WatchTarget};
+
+fn target(ns: Option<&str>) -> WatchTarget {
+    WatchTarget {
+        kind: ObjectKind::ConfigMap,
+        namespace: ns.map(str::to_string),
+        label_selector: None,
+        metadata_changes: false,
+    }
+}
+
+fn cm(name: &str, value: &str) -> ConfigMap {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name}, "data": {"v": value}
+    }))
+    .unwrap()
+}
+
+async fn put(api: &Api<ConfigMap>, name: &str, value: &str) {
+    let mut obj = api.get(name).await.unwrap();
+    obj.data.as_mut().unwrap().insert("v".into(), value.into());
+    api.replace(name, &PostParams::default(), &obj)
+        .await
+        .unwrap();
+}
+
+fn drain(rx: &mut mpsc::Receiver<Output>) -> Vec<Output> {
+    let mut out = Vec::new();
+    while let Ok(o) = rx.try_recv() {
+        out.push(o);
+    }
+    out
+}
+
+/// Receives outputs until `n` changes arrived (or 10 s passed).
+async fn recv_changes(rx: &mut mpsc::Receiver<Output>, n: usize) -> Vec<Output> {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while changes(&out).len() < n {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(o)) => out.push(o),
+            _ => break,
+        }
+    }
+    out
+}
+
+fn changes(outputs: &[Output]) -> Vec<(ChangeType, String)> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Change { event, .. } => Some((event.change, event.object.name.clone())),
+            Output::Progress { .. } => None,
+        })
+        .collect()
+}
+
+async fn setup(n: usize) -> (ServerHandle, Api<ConfigMap>) {
+    let server = Server::start(Config::default()).await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(server.client().unwrap(), "default");
+    for i in 0..n {
+        api.create(
+            &PostParams::default(),
+            &cm(&format!("o{i}"), &i.to_string()),
+        )
+        .await
+        .unwrap();
+    }
+    (server, api)
+}
+
+#[tokio::test]
+async fn resuming_from_a_checkpoint_replays_exactly_the_changes_after_it() {
+    let (server, api) = setup(20).await;
+    let checkpoint = server.resource_version().to_string();
+    // Changes made while nobody watched.
+    put(&api, "o3", "changed").await;
+    api.create(&PostParams::default(), &cm("fresh", "x"))
+        .await
+        .unwrap();
+    api.delete("o4", &DeleteParams::default()).await.unwrap();
+
+    let mut lp = WatchLoop::new(
+        server.client().unwrap(),
+        target(Some("default")),
+        Some(checkpoint),
+    );
+    let (tx, mut rx) = mpsc::channel(1000);
+    let watching = tokio::spawn(async move {
+        lp.step(&tx).await.unwrap();
+        lp
+    });
+    let out = recv_changes(&mut rx, 3).await;
+    server.faults().close_watches();
+    let lp = watching.await.unwrap();
+    assert_eq!(changes(&drain(&mut rx)), vec![], "nothing more");
+    assert_eq!(
+        changes(&out),
+        vec![
+            (ChangeType::Modified, "o3".to_string()),
+            (ChangeType::Added, "fresh".to_string()),
+            (ChangeType::Deleted, "o4".to_string()),
+        ],
+        "exactly the missed changes, in order, and no synthetic ADDED for the other 18"
+    );
+    assert!(matches!(lp.state(), State::Resume { .. }));
+}
+
+#[tokio::test]
+async fn a_baseline_delivers_nothing_and_then_only_content_changes() {
+    let (server, api) = setup(5).await;
+    let mut lp = WatchLoop::new(server.client().unwrap(), target(None), None);
+    let (tx, mut rx) = mpsc::channel(1000);
+    lp.step(&tx).await.unwrap();
+    let out = drain(&mut rx);
+    assert_eq!(changes(&out), vec![], "the first list is a baseline");
+    assert!(matches!(&out[..], [Output::Progress { .. }]));
+
+    let watching = tokio::spawn(async move {
+        lp.step(&tx).await.unwrap();
+    });
+    server.wait_for_watches(1).await;
+    put(&api, "o1", "new").await;
+    // A label-only change is no modification by default.
+    let mut o2 = api.get("o2").await.unwrap();
+    o2.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
+    api.replace("o2", &PostParams::default(), &o2)
+        .await
+        .unwrap();
+    put(&api, "o1", "new").await; // same content again: nothing
+    put(&api, "o3", "last").await; // a marker: when it arrives, all before it did
+    let out = recv_changes(&mut rx, 2).await;
+    server.faults().close_watches();
+    watching.await.unwrap();
+    assert_eq!(
+        changes(&out),
+        vec![
+            (ChangeType::Modified, "o1".to_string()),
+            (ChangeType::Modified, "o3".to_string())
+        ]
+    );
+    assert_eq!(changes(&drain(&mut rx)), vec![]);
+    let Output::Change {
+        event,
+        resource_version,
+    } = out
+        .iter()
+        .find(|o| matches!(o, Output::Change { .. }))
+        .unwrap()
+    else {
+        unreachable!()
+    };
+    assert_eq!(event.changed_keys, vec!["v"]);
+    assert!(!resource_version.is_empty());
+}
+
+#[tokio::test]
+async fn after_410_only_objects_changed_in_the_gap_are_delivered() {
+    let (server, api) = setup(1000).await;
+    let mut lp = WatchLoop::new(server.client().unwrap(), target(Some("default")), None);
+    let (tx, mut rx) = mpsc::channel(10_000);
+    lp.step(&tx).await.unwrap(); // baseline of 1000 objects
+    drain(&mut rx);
+
+    // The gap: three changes, then the history is gone.
+    put(&api, "o5", "changed").await;
+    api.delete("o7", &DeleteParams::default()).await.unwrap();
+    api.create(&PostParams::default(), &cm("o1000", "new"))
+        .await
+        .unwrap();
+    server.faults().compact_history();
+
+    lp.step(&tx).await.unwrap(); // resume -> 410
+    assert_eq!(lp.state(), &State::Relist);
+    lp.step(&tx).await.unwrap(); // relist and diff
+    let out = drain(&mut rx);
+    let got = changes(&out);
+    assert_eq!(
+        got.len(),
+        3,
+        "exactly 3 deliveries for 3 changes among 1000 objects: {got:?}"
+    );
+    assert!(got.contains(&(ChangeType::Resynced, "o5".to_string())));
+    assert!(got.contains(&(ChangeType::Deleted, "o7".to_string())));
+    assert!(got.contains(&(ChangeType::Added, "o1000".to_string())));
+    assert!(matches!(out.last(), Some(Output::Progress { .. })));
+    assert!(matches!(lp.state(), State::Resume { .. }));
+}
