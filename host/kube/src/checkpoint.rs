@@ -261,3 +261,165 @@ mod tests {
         assert_eq!(parse_term("pod-a"), None);
     }
 }
+
+/// A change handed out for handling; complete it when all its actions were
+/// executed or dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ticket {
+    stream: usize,
+    seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct Stream {
+    kind: Option<ObjectKind>,
+    namespace: String,
+    next_seq: u64,
+    /// In stream order: (seq, resourceVersion, done).
+    pending: std::collections::VecDeque<(u64, String, bool)>,
+}
+
+/// Decides how far each watch stream's checkpoint may advance: only past
+/// versions whose changes, and all changes before them, are handled. The
+/// caller writes [`Progress::checkpoints`] with [`CheckpointStore::save`]
+/// when [`Progress::take_dirty`] says so, at most every so often (batching).
+#[derive(Debug, Default)]
+pub struct Progress {
+    streams: Vec<Stream>,
+    checkpoints: Checkpoints,
+    dirty: bool,
+}
+
+impl Progress {
+    /// Starts from the stored checkpoints.
+    pub fn new(checkpoints: Checkpoints) -> Self {
+        Progress {
+            streams: Vec::new(),
+            checkpoints,
+            dirty: false,
+        }
+    }
+
+    /// Registers a watch stream (namespace `*` for cluster-wide); returns its id.
+    pub fn stream(&mut self, kind: ObjectKind, namespace: &str) -> usize {
+        self.streams.push(Stream {
+            kind: Some(kind),
+            namespace: namespace.to_string(),
+            ..Default::default()
+        });
+        self.streams.len() - 1
+    }
+
+    /// A change at `resource_version` was handed out.
+    pub fn change(&mut self, stream: usize, resource_version: &str) -> Ticket {
+        let s = &mut self.streams[stream];
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        s.pending
+            .push_back((seq, resource_version.to_string(), false));
+        Ticket { stream, seq }
+    }
+
+    /// Nothing to handle up to `resource_version`.
+    pub fn progress(&mut self, stream: usize, resource_version: &str) {
+        let s = &mut self.streams[stream];
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        s.pending
+            .push_back((seq, resource_version.to_string(), true));
+        self.advance(stream);
+    }
+
+    /// The change behind `ticket` is fully handled.
+    pub fn complete(&mut self, ticket: Ticket) {
+        if let Some(entry) = self.streams[ticket.stream]
+            .pending
+            .iter_mut()
+            .find(|e| e.0 == ticket.seq)
+        {
+            entry.2 = true;
+        }
+        self.advance(ticket.stream);
+    }
+
+    fn advance(&mut self, stream: usize) {
+        let s = &mut self.streams[stream];
+        let mut last = None;
+        while s.pending.front().is_some_and(|e| e.2) {
+            last = s.pending.pop_front().map(|e| e.1);
+        }
+        if let (Some(rv), Some(kind)) = (last, s.kind)
+            && self.checkpoints.get(kind, &s.namespace) != Some(rv.as_str())
+        {
+            self.checkpoints.set(kind, &s.namespace, &rv);
+            self.dirty = true;
+        }
+    }
+
+    /// Changes handed out and not yet complete, over all streams.
+    pub fn in_flight(&self) -> usize {
+        self.streams
+            .iter()
+            .map(|s| s.pending.iter().filter(|e| !e.2).count())
+            .sum()
+    }
+
+    pub fn checkpoints(&self) -> &Checkpoints {
+        &self.checkpoints
+    }
+
+    /// Whether the checkpoints moved since the last call.
+    pub fn take_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.dirty)
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+
+    #[test]
+    fn the_checkpoint_passes_a_version_only_when_everything_before_it_is_handled() {
+        let mut p = Progress::new(Checkpoints::default());
+        let s = p.stream(ObjectKind::ConfigMap, "prod");
+        let a = p.change(s, "10");
+        let b = p.change(s, "11");
+        p.progress(s, "12"); // a bookmark
+        assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "prod"), None);
+        assert!(!p.take_dirty());
+        // The later change finishes first: still nothing, 10 is in flight.
+        p.complete(b);
+        assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "prod"), None);
+        assert_eq!(p.in_flight(), 1);
+        // Now everything up to the bookmark is done.
+        p.complete(a);
+        assert_eq!(
+            p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
+            Some("12")
+        );
+        assert!(p.take_dirty());
+        assert!(!p.take_dirty(), "one write per advance");
+        assert_eq!(p.in_flight(), 0);
+    }
+
+    #[test]
+    fn streams_advance_independently_and_start_from_the_stored_state() {
+        let mut stored = Checkpoints::default();
+        stored.set(ObjectKind::Secret, "*", "5");
+        let mut p = Progress::new(stored);
+        let cm = p.stream(ObjectKind::ConfigMap, "a");
+        let sec = p.stream(ObjectKind::Secret, "*");
+        let t = p.change(cm, "7");
+        p.progress(sec, "8");
+        assert_eq!(p.checkpoints().get(ObjectKind::Secret, "*"), Some("8"));
+        assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "a"), None);
+        p.complete(t);
+        assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "a"), Some("7"));
+        // Many events, one dirty flag: the caller batches the writes.
+        for i in 0..100 {
+            p.progress(cm, &(100 + i).to_string());
+        }
+        assert!(p.take_dirty());
+        assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "a"), Some("199"));
+    }
+}
