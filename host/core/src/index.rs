@@ -6,9 +6,11 @@
 //! and a short hash per data key (for `changed-keys`): memory grows with the
 //! number of objects and keys, not with the size of their data.
 //!
-//! Not yet done (issue 4): persisting the index next to the checkpoints
-//! (compact, sharded across Leases when large) so that a new leader can
-//! resynchronise against what its predecessor handled.
+//! [`ObjectIndex::encode`] writes it as one line per object
+//! (`ns/name digest metadata key=hash;key=hash`), about 60 bytes plus 20 per
+//! key. Not yet done (issue 4): storing that text next to the checkpoints
+//! (sharded across Leases when large) so that a new leader can resynchronise
+//! against what its predecessor handled.
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 
@@ -19,8 +21,8 @@ use crate::event::{ChangeEvent, ChangeType, ObjectKind, ObjectSnapshot};
 /// What is remembered of one handled object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Handled {
-    /// Hex SHA-256 of the data ([`ObjectSnapshot::digest`]).
-    digest: String,
+    /// The first 128 bits of the data's SHA-256 ([`ObjectSnapshot::digest`]).
+    digest: u128,
     metadata: u64,
     /// Data keys with a short hash of each value, sorted by key.
     keys: Vec<(String, u64)>,
@@ -40,8 +42,9 @@ fn metadata_hash(o: &ObjectSnapshot) -> u64 {
 
 impl Handled {
     fn of(o: &ObjectSnapshot) -> Handled {
+        let hex = o.digest();
         Handled {
-            digest: o.digest(),
+            digest: u128::from_str_radix(&hex[..32], 16).expect("hex digest"),
             metadata: metadata_hash(o),
             keys: o
                 .data
@@ -183,6 +186,68 @@ impl ObjectIndex {
     }
 }
 
+impl ObjectIndex {
+    /// One line per object, sorted: `ns/name digest metadata k=h;k=h`
+    /// (hex; an object without data ends after `metadata`).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        for ((ns, name), h) in &self.objects {
+            let keys: Vec<String> = h
+                .keys
+                .iter()
+                .map(|(k, v)| format!("{k}={v:016x}"))
+                .collect();
+            out.push_str(&format!(
+                "{ns}/{name} {:032x} {:016x} {}\n",
+                h.digest,
+                h.metadata,
+                keys.join(";")
+            ));
+        }
+        out
+    }
+
+    /// Reads [`ObjectIndex::encode`]'s text; errors name the line.
+    pub fn decode(kind: ObjectKind, text: &str) -> Result<ObjectIndex, String> {
+        let mut index = ObjectIndex::new(kind);
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let bad = |why: &str| format!("object index line {}: {why}: {line:?}", i + 1);
+            let mut parts = line.splitn(4, ' ');
+            let (Some(id), Some(digest), Some(meta)) = (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(bad("expected `ns/name digest metadata keys`"));
+            };
+            let (ns, name) = id.split_once('/').ok_or_else(|| bad("expected ns/name"))?;
+            let digest = u128::from_str_radix(digest, 16).map_err(|_| bad("bad digest"))?;
+            let metadata = u64::from_str_radix(meta, 16).map_err(|_| bad("bad metadata hash"))?;
+            let keys = parts
+                .next()
+                .unwrap_or("")
+                .split(';')
+                .filter(|k| !k.is_empty())
+                .map(|kv| {
+                    let (k, h) = kv.rsplit_once('=').ok_or_else(|| bad("bad key hash"))?;
+                    let h = u64::from_str_radix(h, 16).map_err(|_| bad("bad key hash"))?;
+                    Ok((k.to_string(), h))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            index.objects.insert(
+                (ns.to_string(), name.to_string()),
+                Handled {
+                    digest,
+                    metadata,
+                    keys,
+                },
+            );
+        }
+        Ok(index)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +311,41 @@ mod tests {
             .unwrap();
         assert_eq!(d.change, ChangeType::Deleted);
         assert!(idx.is_empty());
+    }
+
+    #[test]
+    fn the_index_round_trips_through_its_text_form() {
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap);
+        idx.apply(
+            Seen::Added,
+            cm("a", json!({"k": "1", "j.yaml": "x"}), json!({"l": "1"})),
+            false,
+        );
+        idx.apply(Seen::Added, cm("empty", json!({}), json!({})), false);
+        let text = idx.encode();
+        assert_eq!(text.lines().count(), 2);
+        let back = ObjectIndex::decode(ObjectKind::ConfigMap, &text).unwrap();
+        assert_eq!(back, idx);
+        // A decoded index still recognises repeats and names changed keys.
+        let mut back = back;
+        assert!(
+            back.apply(
+                Seen::Modified,
+                cm("a", json!({"k": "1", "j.yaml": "x"}), json!({"l": "1"})),
+                false
+            )
+            .is_none()
+        );
+        let ev = back
+            .apply(
+                Seen::Modified,
+                cm("a", json!({"k": "2", "j.yaml": "x"}), json!({})),
+                false,
+            )
+            .unwrap();
+        assert_eq!(ev.changed_keys, vec!["k"]);
+        let err = ObjectIndex::decode(ObjectKind::ConfigMap, "ns/a zz 00\n").unwrap_err();
+        assert_eq!(err, "object index line 1: bad digest: \"ns/a zz 00\"");
     }
 
     #[test]

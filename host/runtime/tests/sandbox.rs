@@ -149,7 +149,9 @@ fn http_refresh_targets_the_apps_services() {
 }
 
 #[test]
-fn infinite_loop_is_stopped_at_its_deadline_and_the_host_goes_on() {
+fn infinite_loop_is_stopped_and_the_host_goes_on() {
+    // The timing (deadline + 20 ms) is asserted in tests/deadline.rs, a test
+    // binary of its own, away from the CPU load of the tests here.
     let rt = runtime();
     let looping = misbehave(&rt, "loop", "    limits: {timeout: 50ms}");
     let start = Instant::now();
@@ -164,10 +166,7 @@ fn infinite_loop_is_stopped_at_its_deadline_and_the_host_goes_on() {
         took >= Duration::from_millis(45),
         "stopped too early: {took:?}"
     );
-    assert!(
-        took <= Duration::from_millis(50 + 20),
-        "stopped too late: {took:?}"
-    );
+    assert!(took < Duration::from_secs(2), "not stopped: {took:?}");
     // The next event is served, by another plugin and by the same one.
     let ok = misbehave(&rt, "ok", "    capabilities: {events: true}");
     assert_eq!(
