@@ -359,15 +359,17 @@ mod tests {
             );
         }
         // During the gap: o5 changed, o7 deleted, o1000 created, o9 relabelled.
-        let current: Vec<ObjectSnapshot> = (0..1001)
-            .filter(|i| *i != 7)
-            .map(|i| match i {
-                5 => cm("o5", json!({"v": "changed"}), json!({})),
-                9 => cm("o9", json!({"v": "9"}), json!({"new": "label"})),
-                _ => cm(&format!("o{i}"), json!({"v": i.to_string()}), json!({})),
-            })
-            .collect();
-        let events = idx.resync(current, false);
+        let after_gap = || -> Vec<ObjectSnapshot> {
+            (0..1001)
+                .filter(|i| *i != 7)
+                .map(|i| match i {
+                    5 => cm("o5", json!({"v": "changed"}), json!({})),
+                    9 => cm("o9", json!({"v": "9"}), json!({"new": "label"})),
+                    _ => cm(&format!("o{i}"), json!({"v": i.to_string()}), json!({})),
+                })
+                .collect()
+        };
+        let events = idx.resync(after_gap(), false);
         let got: Vec<(ChangeType, String)> = events
             .iter()
             .map(|e| (e.change, e.object.name.clone()))
@@ -383,14 +385,6 @@ mod tests {
         assert_eq!(events[0].changed_keys, vec!["v"]);
         assert_eq!(idx.len(), 1000);
         // A second resync of the same state delivers nothing.
-        let again: Vec<ObjectSnapshot> = (0..1001)
-            .filter(|i| *i != 7)
-            .map(|i| match i {
-                5 => cm("o5", json!({"v": "changed"}), json!({})),
-                9 => cm("o9", json!({"v": "9"}), json!({"new": "label"})),
-                _ => cm(&format!("o{i}"), json!({"v": i.to_string()}), json!({})),
-            })
-            .collect();
-        assert!(idx.resync(again, false).is_empty());
+        assert!(idx.resync(after_gap(), false).is_empty());
     }
 }
