@@ -48,6 +48,16 @@ enum Command {
     /// `/readyz`): a leader-election sidecar for another app. SIGTERM releases
     /// the lease so that another replica takes over at once.
     Elect(ElectArgs),
+    /// Run the service. For now only `--dry-run` exists: watch, ask the
+    /// plugins, and print each decision as a JSON line, executing nothing.
+    Run {
+        #[arg(long)]
+        manifest: PathBuf,
+        /// Print decisions instead of executing them (required until the
+        /// executors exist).
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -193,6 +203,20 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
             let decision = loaded.handle(&event)?;
             println!("{}", serde_json::to_string_pretty(&decision)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run { manifest, dry_run } => {
+            if !dry_run {
+                anyhow::bail!(
+                    "executing actions is not implemented yet; use `wasmwatch run --dry-run` to see what would be done"
+                );
+            }
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(crate::dryrun::run(
+                &manifest,
+                args.cache_dir,
+                shutdown_signal(),
+            ))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Elect(elect) => {

@@ -7,4 +7,5 @@
 
 pub mod admin;
 pub mod cli;
+pub mod dryrun;
 pub mod event_file;
