@@ -4,6 +4,14 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+/// Splits `" 32Mi "` into `(32, "Mi")`; `None` without leading digits.
+fn number_and_unit(s: &str) -> Option<(u64, &str)> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    Some((num.parse().ok()?, unit))
+}
+
 /// A duration written as an integer with a unit: `ms`, `s`, `m` or `h`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HumanDuration(pub Duration);
@@ -11,10 +19,7 @@ pub struct HumanDuration(pub Duration);
 impl FromStr for HumanDuration {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let n: u64 = num.parse().map_err(|_| {
+        let (n, unit) = number_and_unit(s).ok_or_else(|| {
             format!("invalid duration {s:?}: expected a whole number with a unit, like 100ms, 15s, 2m or 1h")
         })?;
         let d = match unit {
@@ -56,10 +61,7 @@ pub struct ByteSize(pub u64);
 impl FromStr for ByteSize {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let n: u64 = num.parse().map_err(|_| {
+        let (n, unit) = number_and_unit(s).ok_or_else(|| {
             format!("invalid size {s:?}: expected a whole number with an optional unit, like 32Mi")
         })?;
         let mult: u64 = match unit {
