@@ -71,6 +71,8 @@ pub struct WatchLoop {
     failures: u32,
     /// Server-side timeout of one watch request.
     pub watch_timeout: Duration,
+    /// Client-side: a watch silent this long is abandoned and resumed.
+    pub idle_timeout: Duration,
 }
 
 /// Why one step failed. All are retried with backoff.
@@ -107,6 +109,7 @@ impl WatchLoop {
             },
             failures: 0,
             watch_timeout: Duration::from_secs(290),
+            idle_timeout: Duration::from_secs(320),
         }
     }
 
@@ -184,7 +187,20 @@ impl WatchLoop {
                 let stream = self.api.watch(&wp, &from).await?;
                 futures_util::pin_mut!(stream);
                 let mut at = from;
-                while let Some(event) = stream.try_next().await? {
+                // A stream that stays silent longer than this is dead (the
+                // server sends bookmarks and ends streams at its timeout):
+                // resume rather than wait forever.
+                let idle = self.idle_timeout;
+                while let Some(event) = match tokio::time::timeout(idle, stream.try_next()).await {
+                    Ok(next) => next?,
+                    Err(_) => {
+                        tracing::warn!(
+                            kind = self.target.kind.as_str(),
+                            "watch idle for {idle:?}; resuming"
+                        );
+                        None
+                    }
+                } {
                     self.failures = 0;
                     let (seen, obj) = match event {
                         WatchEvent::Added(o) => (Seen::Added, o),

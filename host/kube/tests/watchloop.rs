@@ -193,3 +193,22 @@ async fn after_410_only_objects_changed_in_the_gap_are_delivered() {
     assert!(matches!(out.last(), Some(Output::Progress { .. })));
     assert!(matches!(lp.state(), State::Resume { .. }));
 }
+
+#[tokio::test]
+async fn a_silent_watch_is_abandoned_and_resumed() {
+    let (server, _api) = setup(1).await;
+    let mut lp = WatchLoop::new(server.client().unwrap(), target(Some("default")), None);
+    lp.idle_timeout = std::time::Duration::from_millis(300);
+    let (tx, _rx) = mpsc::channel(100);
+    lp.step(&tx).await.unwrap(); // baseline
+    let State::Resume { from } = lp.state().clone() else {
+        panic!("{:?}", lp.state())
+    };
+    // No changes, no bookmarks (the server's interval is 60 s): the step
+    // returns after the idle timeout instead of hanging.
+    tokio::time::timeout(std::time::Duration::from_secs(5), lp.step(&tx))
+        .await
+        .expect("the silent watch was not abandoned")
+        .unwrap();
+    assert_eq!(lp.state(), &State::Resume { from });
+}
