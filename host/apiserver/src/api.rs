@@ -131,6 +131,20 @@ pub fn get(sh: &Shared, t: &Target) -> Result<Reply, ApiError> {
     }
 }
 
+/// The object a write is about to change: 404 if it is missing, or the
+/// injected 409 if a conflict was forced on it.
+fn current_for_write(sh: &Shared, t: &Target) -> Result<std::sync::Arc<Value>, ApiError> {
+    let rt = t.rt();
+    let cur = sh
+        .store
+        .get(t.resource, t.ns(), t.name())
+        .ok_or_else(|| ApiError::not_found(rt, t.name()))?;
+    if sh.faults.take_conflict(rt.plural, t.ns(), t.name()) {
+        return Err(ApiError::conflict(rt, t.name()));
+    }
+    Ok(cur)
+}
+
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ContinueToken {
     v: String,
@@ -337,13 +351,7 @@ fn update_with(
 ) -> Result<Reply, ApiError> {
     let rt = t.rt();
     loop {
-        let cur = sh
-            .store
-            .get(t.resource, t.ns(), t.name())
-            .ok_or_else(|| ApiError::not_found(rt, t.name()))?;
-        if sh.faults.take_conflict(rt.plural, t.ns(), t.name()) {
-            return Err(ApiError::conflict(rt, t.name()));
-        }
+        let cur = current_for_write(sh, t)?;
         let cur_rv = rv_of(&cur);
         let desired = compute(&cur)?;
         let mut new = if t.is_status() {
@@ -450,13 +458,7 @@ pub fn delete(sh: &Shared, t: &Target, q: &Query, body: Option<Value>) -> Result
         .and_then(Value::as_str)
         .map(str::to_string);
     loop {
-        let cur = sh
-            .store
-            .get(t.resource, t.ns(), t.name())
-            .ok_or_else(|| ApiError::not_found(rt, t.name()))?;
-        if sh.faults.take_conflict(rt.plural, t.ns(), t.name()) {
-            return Err(ApiError::conflict(rt, t.name()));
-        }
+        let cur = current_for_write(sh, t)?;
         let uid = cur
             .pointer("/metadata/uid")
             .and_then(Value::as_str)
