@@ -11,4 +11,5 @@
 
 pub mod checkpoint;
 pub mod elector;
+pub mod lookups;
 pub mod watchloop;

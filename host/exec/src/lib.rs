@@ -1,0 +1,45 @@
+//! What the host does with the actions plugins return.
+//!
+//! - [`http`]: HTTP calls and Service refreshes (every ready pod).
+//! - [`workload`]: rollout restarts by a pod-template hash annotation, and
+//!   Kubernetes Events.
+//! - [`pipeline`]: per-target debounce and coalescing, retries with backoff,
+//!   dead letters, rate limits; completes each change's ticket once all its
+//!   actions finished or dead-lettered.
+#![forbid(unsafe_code)]
+
+pub mod http;
+pub mod pipeline;
+pub mod workload;
+
+use wasmwatch_core::ObjectKind;
+
+/// The changed object an action is about (for Events, logs, dead letters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub kind: ObjectKind,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    /// The plugin whose decision this is.
+    pub plugin: String,
+}
+
+/// Why an action failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecError {
+    /// Worth retrying (connection refused, timeout, 5xx, 429, API conflict).
+    #[error("{0}")]
+    Retryable(String),
+    /// Retrying cannot help (4xx other than 408/429, unknown bus connection,
+    /// workload not found).
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl ExecError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ExecError::Retryable(_))
+    }
+}
