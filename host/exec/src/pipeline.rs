@@ -1,1 +1,618 @@
-//! (being written)
+//! The delivery pipeline: from a plugin's decision to executed actions.
+//!
+//! ```text
+//! submit(ticket, actions) ─▶ one job per target key ─ debounce window ─▶ execute
+//!                               ▲ same key while pending: coalesce        │ retry with backoff
+//!                               │ (latest action wins, tickets attach)    ▼ (jittered, capped)
+//!                               └─ same key while running: next window   done / dead letter
+//!                                                                         │
+//!                         a ticket completes when all its actions are ◀───┘
+//! ```
+//!
+//! - **Target key**: what an action acts on (a Service's pods and path, a
+//!   URL, a bus destination, a workload and the object whose hash it
+//!   records). Actions with the same key coalesce: ten changes to one app's
+//!   ConfigMaps inside the debounce window give one refresh.
+//! - **Debounce**: a job waits `policy.debounce` from its *first* submission
+//!   (a fixed window, so a flapping object still gets refreshed every window
+//!   rather than never). Events (`Action::Event`) never wait or coalesce.
+//! - **One at a time per key**: a submission for a key whose job is running
+//!   opens the next window; it runs after the current job, so a change that
+//!   lands during a refresh is refreshed again.
+//! - **Retries**: retryable failures are retried `policy.retries` times with
+//!   exponential backoff from `backoff_initial` to `backoff_max`, ±25 %
+//!   jitter; a permanent failure, or the last retryable one, dead-letters
+//!   the job ([`Execute::dead_letter`], a log line, a count).
+//! - **Rate limits**: a global token bucket and one per target key, taken
+//!   before every attempt.
+//! - **Fence**: before every attempt the pipeline asks `may_act`; when it
+//!   says no, the job is abandoned: its tickets never complete, so the
+//!   checkpoint stays before them and the next leader redelivers them.
+//! - **Tickets** complete (sent on the `done` channel) when every action of
+//!   the submission finished or dead-lettered; never on abandonment or when
+//!   the pipeline is dropped.
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::cmp::Reverse;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use wasmwatch_core::Action;
+
+use crate::{ExecError, Origin};
+
+/// Boxed future returned by [`Execute`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What carries actions out. The host's implementation dispatches to the
+/// HTTP, bus and Kubernetes executors.
+pub trait Execute: Send + Sync + 'static {
+    /// One attempt of one action.
+    fn execute<'a>(
+        &'a self,
+        origin: &'a Origin,
+        action: &'a Action,
+    ) -> BoxFuture<'a, Result<(), ExecError>>;
+
+    /// The action failed for good: tell someone (a Kubernetes Event on the
+    /// object). Errors here are only logged.
+    fn dead_letter<'a>(
+        &'a self,
+        _origin: &'a Origin,
+        _action: &'a Action,
+        _error: &'a ExecError,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// Per plugin: how its actions are delivered (the manifest's `delivery`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub debounce: Duration,
+    pub retries: u32,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl From<&wasmwatch_core::manifest::Delivery> for Policy {
+    fn from(d: &wasmwatch_core::manifest::Delivery) -> Self {
+        Policy {
+            debounce: d.debounce.0,
+            retries: d.retries,
+            backoff_initial: d.backoff_initial.0,
+            backoff_max: d.backoff_max.0,
+        }
+    }
+}
+
+/// A token bucket's settings: `rate` per second, up to `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub rate: f64,
+    pub burst: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PipelineConfig {
+    /// Over all targets.
+    pub global: RateLimit,
+    /// Per target key.
+    pub per_target: RateLimit,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            global: RateLimit {
+                rate: 200.0,
+                burst: 100.0,
+            },
+            per_target: RateLimit {
+                rate: 5.0,
+                burst: 5.0,
+            },
+        }
+    }
+}
+
+/// One decision to deliver.
+pub struct Submission<T> {
+    pub ticket: T,
+    pub origin: Origin,
+    pub actions: Vec<Action>,
+    pub policy: Policy,
+}
+
+/// What happened to one job, for logs, metrics and the local run's output.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub action: Action,
+    /// The changes coalesced into this job.
+    pub origins: Vec<Origin>,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// Failed, will be retried after the delay.
+    Retrying { error: ExecError, delay: Duration },
+    DeadLettered { error: ExecError },
+    /// Not leading any more: given up without completing its tickets.
+    Abandoned,
+}
+
+/// Counters, readable at any time.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub submitted: AtomicU64,
+    pub coalesced: AtomicU64,
+    pub attempts: AtomicU64,
+    pub executed: AtomicU64,
+    pub retries: AtomicU64,
+    pub dead_letters: AtomicU64,
+    pub abandoned: AtomicU64,
+    /// Jobs waiting for their window or running.
+    pub queued: AtomicUsize,
+}
+
+/// The target an action acts on: actions with equal keys coalesce.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TargetKey {
+    Refresh {
+        namespace: String,
+        service: String,
+        method: &'static str,
+        port: Option<u16>,
+        path: String,
+        tls: bool,
+    },
+    Http {
+        method: &'static str,
+        url: String,
+    },
+    Publish {
+        connection: String,
+        destination: String,
+        routing_key: String,
+    },
+    Restart {
+        workload: String,
+        /// The object whose content hash is recorded (`configmap/orders`).
+        object: String,
+    },
+    /// Never coalesced.
+    Unique(u64),
+}
+
+fn method_name(m: wasmwatch_core::action::HttpMethod) -> &'static str {
+    use wasmwatch_core::action::HttpMethod::*;
+    match m {
+        Get => "GET",
+        Post => "POST",
+        Put => "PUT",
+        Patch => "PATCH",
+        Delete => "DELETE",
+    }
+}
+
+impl TargetKey {
+    /// The key of an action; `unique` numbers the ones that never coalesce.
+    pub fn of(action: &Action, unique: u64) -> TargetKey {
+        match action {
+            Action::RefreshService {
+                namespace,
+                service,
+                method,
+                port,
+                path,
+                tls,
+            } => TargetKey::Refresh {
+                namespace: namespace.clone(),
+                service: service.clone(),
+                method: method_name(*method),
+                port: *port,
+                path: path.clone(),
+                tls: *tls,
+            },
+            // Calls with a body are not interchangeable: coalesce only bodyless ones.
+            Action::Http {
+                method,
+                url,
+                body: None,
+                ..
+            } => TargetKey::Http {
+                method: method_name(*method),
+                url: url.clone(),
+            },
+            Action::Publish {
+                connection,
+                destination,
+                routing_key,
+                ..
+            } => TargetKey::Publish {
+                connection: connection.clone(),
+                destination: destination.clone(),
+                routing_key: routing_key.clone(),
+            },
+            Action::Restart {
+                workload,
+                content_hash,
+                ..
+            } => TargetKey::Restart {
+                workload: format!("{:?}/{}/{}", workload.kind, workload.namespace, workload.name),
+                object: content_hash
+                    .rsplit_once(':')
+                    .map_or(content_hash.as_str(), |(object, _)| object)
+                    .to_string(),
+            },
+            Action::Http { .. } | Action::Event { .. } => TargetKey::Unique(unique),
+        }
+    }
+
+    fn debounces(&self) -> bool {
+        !matches!(self, TargetKey::Unique(_))
+    }
+}
+
+/// Counts down the actions of one submission; sends the ticket when the
+/// last one finishes.
+struct TicketState<T> {
+    remaining: AtomicUsize,
+    ticket: Mutex<Option<T>>,
+    done: mpsc::UnboundedSender<T>,
+}
+
+impl<T> TicketState<T> {
+    fn finish_one(&self) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
+            && let Some(t) = self.ticket.lock().expect("ticket lock").take()
+        {
+            let _ = self.done.send(t);
+        }
+    }
+}
+
+/// A job waiting for its window.
+struct Pending<T> {
+    action: Action,
+    origins: Vec<Origin>,
+    tickets: Vec<Arc<TicketState<T>>>,
+    policy: Policy,
+    due: Instant,
+}
+
+struct Slot<T> {
+    running: bool,
+    pending: Option<Pending<T>>,
+}
+
+impl<T> Default for Slot<T> {
+    fn default() -> Self {
+        Slot {
+            running: false,
+            pending: None,
+        }
+    }
+}
+
+enum Command<T> {
+    Submit(Submission<T>),
+    Finished(TargetKey),
+}
+
+/// Submits to a pipeline; see [`Pipeline::submitter`].
+pub struct Submitter<T> {
+    tx: mpsc::UnboundedSender<Command<T>>,
+}
+
+impl<T> Submitter<T> {
+    pub fn submit(&self, submission: Submission<T>) {
+        let _ = self.tx.send(Command::Submit(submission));
+    }
+}
+
+/// Handle to the pipeline's task. Dropping it stops the pipeline: pending
+/// and running jobs are abandoned (their tickets never complete).
+pub struct Pipeline<T> {
+    tx: mpsc::UnboundedSender<Command<T>>,
+    stats: Arc<Stats>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<T> Drop for Pipeline<T> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Bucket {
+    limit: RateLimit,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(limit: RateLimit) -> Self {
+        Bucket {
+            limit,
+            tokens: limit.burst,
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes a token; returns how long to wait first (zero when one was there).
+    fn take(&mut self) -> Duration {
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now;
+        self.tokens = (self.tokens + elapsed * self.limit.rate).min(self.limit.burst);
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 || self.limit.rate <= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / self.limit.rate)
+        }
+    }
+}
+
+/// Shared by the running jobs.
+struct Shared {
+    executor: Arc<dyn Execute>,
+    may_act: Arc<dyn Fn() -> bool + Send + Sync>,
+    on_report: Option<Arc<dyn Fn(&Report) + Send + Sync>>,
+    stats: Arc<Stats>,
+    global: Mutex<Bucket>,
+    per_target: Mutex<HashMap<TargetKey, Bucket>>,
+    config: PipelineConfig,
+}
+
+impl Shared {
+    fn report(&self, r: Report) {
+        if let Some(f) = &self.on_report {
+            f(&r);
+        }
+    }
+
+    async fn rate_limit(&self, key: &TargetKey) {
+        let wait = {
+            let g = self.global.lock().expect("bucket").take();
+            let mut targets = self.per_target.lock().expect("buckets");
+            let t = targets
+                .entry(key.clone())
+                .or_insert_with(|| Bucket::new(self.config.per_target))
+                .take();
+            g.max(t)
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// The delay before retry `n` (1-based): exponential, capped, ±25 % jitter.
+pub fn retry_delay(policy: &Policy, n: u32) -> Duration {
+    let base = policy
+        .backoff_initial
+        .saturating_mul(2u32.saturating_pow(n.saturating_sub(1).min(20)))
+        .min(policy.backoff_max);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    base.mul_f64(0.75 + 0.5 * (nanos as f64 / 1e9))
+}
+
+impl<T: Send + 'static> Pipeline<T> {
+    /// Starts the pipeline's task. Completed tickets go to `done`; `may_act`
+    /// is the leadership fence, asked before every attempt.
+    pub fn start(
+        executor: Arc<dyn Execute>,
+        config: PipelineConfig,
+        may_act: Arc<dyn Fn() -> bool + Send + Sync>,
+        on_report: Option<Arc<dyn Fn(&Report) + Send + Sync>>,
+        done: mpsc::UnboundedSender<T>,
+    ) -> Pipeline<T> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stats = Arc::new(Stats::default());
+        let shared = Arc::new(Shared {
+            executor,
+            may_act,
+            on_report,
+            stats: stats.clone(),
+            global: Mutex::new(Bucket::new(config.global)),
+            per_target: Mutex::new(HashMap::new()),
+            config,
+        });
+        let task = tokio::spawn(run(shared, rx, tx.clone(), done));
+        Pipeline { tx, stats, task }
+    }
+
+    pub fn submit(&self, submission: Submission<T>) {
+        let _ = self.tx.send(Command::Submit(submission));
+    }
+
+    /// A handle that submits from elsewhere (a retrying plugin call); it
+    /// goes quiet once the pipeline is dropped.
+    pub fn submitter(&self) -> Submitter<T> {
+        Submitter {
+            tx: self.tx.clone(),
+        }
+    }
+
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+}
+
+async fn run<T: Send + 'static>(
+    shared: Arc<Shared>,
+    mut rx: mpsc::UnboundedReceiver<Command<T>>,
+    tx: mpsc::UnboundedSender<Command<T>>,
+    done: mpsc::UnboundedSender<T>,
+) {
+    let mut slots: BTreeMap<TargetKey, Slot<T>> = BTreeMap::new();
+    // (due, sequence, key): the next pending window to close.
+    let mut timers: BinaryHeap<Reverse<(Instant, u64, TargetKey)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut unique = 0u64;
+    let mut jobs = tokio::task::JoinSet::new();
+    loop {
+        let next_due = timers.peek().map(|Reverse((due, _, _))| *due);
+        let command = tokio::select! {
+            c = rx.recv() => match c { Some(c) => Some(c), None => break },
+            _ = async { tokio::time::sleep_until(next_due.expect("guarded")).await }, if next_due.is_some() => None,
+            Some(_) = jobs.join_next(), if !jobs.is_empty() => continue,
+        };
+        match command {
+            Some(Command::Submit(s)) => {
+                shared.stats.submitted.fetch_add(1, Ordering::Relaxed);
+                if s.actions.is_empty() {
+                    let _ = done.send(s.ticket);
+                    continue;
+                }
+                let state = Arc::new(TicketState {
+                    remaining: AtomicUsize::new(s.actions.len()),
+                    ticket: Mutex::new(Some(s.ticket)),
+                    done: done.clone(),
+                });
+                for action in s.actions {
+                    unique += 1;
+                    let key = TargetKey::of(&action, unique);
+                    let slot = slots.entry(key.clone()).or_default();
+                    match &mut slot.pending {
+                        Some(p) => {
+                            shared.stats.coalesced.fetch_add(1, Ordering::Relaxed);
+                            p.action = action;
+                            if !p.origins.contains(&s.origin) {
+                                p.origins.push(s.origin.clone());
+                            }
+                            p.tickets.push(state.clone());
+                        }
+                        None => {
+                            shared.stats.queued.fetch_add(1, Ordering::Relaxed);
+                            let due = if key.debounces() {
+                                Instant::now() + s.policy.debounce
+                            } else {
+                                Instant::now()
+                            };
+                            slot.pending = Some(Pending {
+                                action,
+                                origins: vec![s.origin.clone()],
+                                tickets: vec![state.clone()],
+                                policy: s.policy,
+                                due,
+                            });
+                            seq += 1;
+                            timers.push(Reverse((due, seq, key)));
+                        }
+                    }
+                }
+            }
+            Some(Command::Finished(key)) => {
+                if let Some(slot) = slots.get_mut(&key) {
+                    slot.running = false;
+                    // A window that closed while the job ran starts now.
+                    if slot.pending.as_ref().is_some_and(|p| p.due <= Instant::now()) {
+                        seq += 1;
+                        timers.push(Reverse((Instant::now(), seq, key.clone())));
+                    }
+                    if slot.pending.is_none() {
+                        slots.remove(&key);
+                    }
+                }
+            }
+            None => {
+                let now = Instant::now();
+                while let Some(Reverse((due, _, _))) = timers.peek() {
+                    if *due > now {
+                        break;
+                    }
+                    let Reverse((_, _, key)) = timers.pop().expect("peeked");
+                    let Some(slot) = slots.get_mut(&key) else {
+                        continue;
+                    };
+                    if slot.running || slot.pending.as_ref().is_none_or(|p| p.due > now) {
+                        continue;
+                    }
+                    let pending = slot.pending.take().expect("checked");
+                    slot.running = true;
+                    let shared = shared.clone();
+                    let tx = tx.clone();
+                    jobs.spawn(async move {
+                        execute_job(&shared, &key, pending).await;
+                        shared.stats.queued.fetch_sub(1, Ordering::Relaxed);
+                        let _ = tx.send(Command::Finished(key));
+                    });
+                }
+            }
+        }
+    }
+}
+
+async fn execute_job<T>(shared: &Shared, key: &TargetKey, job: Pending<T>) {
+    let origin = job.origins.last().expect("a job has an origin").clone();
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        shared.rate_limit(key).await;
+        if !(shared.may_act)() {
+            shared.stats.abandoned.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(action = job.action.type_name(), plugin = %origin.plugin, "not leading: abandoning the action; the next leader redelivers it");
+            shared.report(Report {
+                action: job.action.clone(),
+                origins: job.origins.clone(),
+                attempt,
+                outcome: Outcome::Abandoned,
+            });
+            return;
+        }
+        shared.stats.attempts.fetch_add(1, Ordering::Relaxed);
+        let result = shared.executor.execute(&origin, &job.action).await;
+        let outcome = match result {
+            Ok(()) => Outcome::Done,
+            Err(error) if error.is_retryable() && attempt <= job.policy.retries => {
+                let delay = retry_delay(&job.policy, attempt);
+                Outcome::Retrying { error, delay }
+            }
+            Err(error) => Outcome::DeadLettered { error },
+        };
+        shared.report(Report {
+            action: job.action.clone(),
+            origins: job.origins.clone(),
+            attempt,
+            outcome: outcome.clone(),
+        });
+        match outcome {
+            Outcome::Done => {
+                shared.stats.executed.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(action = job.action.type_name(), plugin = %origin.plugin, object = %format!("{}/{}", origin.namespace, origin.name), attempt, "action done");
+                break;
+            }
+            Outcome::Retrying { error, delay } => {
+                shared.stats.retries.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(action = job.action.type_name(), plugin = %origin.plugin, attempt, "action failed, retrying in {delay:?}: {error}");
+                tokio::time::sleep(delay).await;
+            }
+            Outcome::DeadLettered { error } => {
+                shared.stats.dead_letters.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(action = job.action.type_name(), plugin = %origin.plugin, object = %format!("{}/{}", origin.namespace, origin.name), attempt, "action dead-lettered: {error}");
+                for o in &job.origins {
+                    shared.executor.dead_letter(o, &job.action, &error).await;
+                }
+                break;
+            }
+            Outcome::Abandoned => unreachable!("not produced here"),
+        }
+    }
+    for t in &job.tickets {
+        t.finish_one();
+    }
+}

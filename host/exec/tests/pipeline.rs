@@ -1,0 +1,422 @@
+//! The delivery pipeline's rules on paused time. The executor here is a
+//! scripted recorder (the real executors have their own tests against real
+//! servers; the end-to-end tests put them together).
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use wasmwatch_core::action::{EventType, HttpMethod, WorkloadKind, WorkloadRef};
+use wasmwatch_core::{Action, ObjectKind};
+use wasmwatch_exec::pipeline::{
+    BoxFuture, Execute, Outcome, Pipeline, PipelineConfig, Policy, RateLimit, Report, Submission,
+};
+use wasmwatch_exec::{ExecError, Origin};
+
+#[derive(Default)]
+struct Recorder {
+    /// (when, action type, object of the origin)
+    calls: Mutex<Vec<(Instant, Action, String)>>,
+    /// Results to return, in order; Ok once empty.
+    script: Mutex<VecDeque<Result<(), ExecError>>>,
+    dead: Mutex<Vec<(String, ExecError)>>,
+    delay: Mutex<Duration>,
+}
+
+impl Execute for Recorder {
+    fn execute<'a>(
+        &'a self,
+        origin: &'a Origin,
+        action: &'a Action,
+    ) -> BoxFuture<'a, Result<(), ExecError>> {
+        Box::pin(async move {
+            self.calls
+                .lock()
+                .unwrap()
+                .push((Instant::now(), action.clone(), origin.name.clone()));
+            let delay = *self.delay.lock().unwrap();
+            tokio::time::sleep(delay).await;
+            self.script.lock().unwrap().pop_front().unwrap_or(Ok(()))
+        })
+    }
+
+    fn dead_letter<'a>(
+        &'a self,
+        origin: &'a Origin,
+        _action: &'a Action,
+        error: &'a ExecError,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.dead
+                .lock()
+                .unwrap()
+                .push((origin.name.clone(), error.clone()));
+        })
+    }
+}
+
+fn origin(name: &str) -> Origin {
+    Origin {
+        kind: ObjectKind::ConfigMap,
+        namespace: "shop".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        resource_version: "1".into(),
+        plugin: "http-refresh".into(),
+    }
+}
+
+fn refresh(service: &str) -> Action {
+    Action::RefreshService {
+        namespace: "shop".into(),
+        service: service.into(),
+        method: HttpMethod::Post,
+        port: None,
+        path: "/actuator/refresh".into(),
+        tls: false,
+    }
+}
+
+fn event() -> Action {
+    Action::Event {
+        event_type: EventType::Normal,
+        reason: "Refreshed".into(),
+        message: "m".into(),
+    }
+}
+
+fn policy(debounce_ms: u64, retries: u32) -> Policy {
+    Policy {
+        debounce: Duration::from_millis(debounce_ms),
+        retries,
+        backoff_initial: Duration::from_secs(1),
+        backoff_max: Duration::from_secs(60),
+    }
+}
+
+struct Harness {
+    rec: Arc<Recorder>,
+    pipeline: Pipeline<u32>,
+    done: mpsc::UnboundedReceiver<u32>,
+    reports: Arc<Mutex<Vec<Report>>>,
+    leading: Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn harness(config: PipelineConfig) -> Harness {
+    let rec = Arc::new(Recorder::default());
+    let (tx, done) = mpsc::unbounded_channel();
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let r = reports.clone();
+    let leading = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let l = leading.clone();
+    let pipeline = Pipeline::start(
+        rec.clone(),
+        config,
+        Arc::new(move || l.load(std::sync::atomic::Ordering::SeqCst)),
+        Some(Arc::new(move |rep: &Report| r.lock().unwrap().push(rep.clone()))),
+        tx,
+    );
+    Harness {
+        rec,
+        pipeline,
+        done,
+        reports,
+        leading,
+    }
+}
+
+fn unlimited() -> PipelineConfig {
+    let none = RateLimit {
+        rate: 1e9,
+        burst: 1e9,
+    };
+    PipelineConfig {
+        global: none,
+        per_target: none,
+    }
+}
+
+async fn done_within(h: &mut Harness, d: Duration) -> Vec<u32> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + d;
+    while let Ok(Some(t)) = tokio::time::timeout_at(deadline, h.done.recv()).await {
+        out.push(t);
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_50_changes_to_one_app_gives_one_refresh_after_the_debounce() {
+    let mut h = harness(unlimited());
+    let start = Instant::now();
+    for i in 0..50u32 {
+        h.pipeline.submit(Submission {
+            ticket: i,
+            origin: origin(&format!("cm-{}", i % 10)),
+            actions: vec![refresh("orders")],
+            policy: policy(2000, 5),
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let done = done_within(&mut h, Duration::from_secs(10)).await;
+    assert_eq!(done, (0..50).collect::<Vec<_>>(), "every ticket completes");
+    let calls = h.rec.calls.lock().unwrap();
+    assert_eq!(calls.len(), 1, "one refresh for the burst");
+    let waited = calls[0].0 - start;
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_millis(2100),
+        "{waited:?}"
+    );
+    let rep = h.reports.lock().unwrap();
+    assert_eq!(rep[0].origins.len(), 10, "the ten ConfigMaps coalesced");
+    assert_eq!(
+        h.pipeline
+            .stats()
+            .coalesced
+            .load(std::sync::atomic::Ordering::Relaxed),
+        49
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_500s_then_200_is_done_after_retries_with_backoff() {
+    let mut h = harness(unlimited());
+    h.rec.script.lock().unwrap().extend([
+        Err(ExecError::Retryable("500".into())),
+        Err(ExecError::Retryable("500".into())),
+    ]);
+    let start = Instant::now();
+    h.pipeline.submit(Submission {
+        ticket: 7,
+        origin: origin("orders"),
+        actions: vec![refresh("orders")],
+        policy: policy(0, 5),
+    });
+    assert_eq!(done_within(&mut h, Duration::from_secs(30)).await, vec![7]);
+    let calls = h.rec.calls.lock().unwrap();
+    assert_eq!(calls.len(), 3);
+    // Backoff 1 s then 2 s, each ±25 %.
+    let d1 = calls[1].0 - calls[0].0;
+    let d2 = calls[2].0 - calls[1].0;
+    assert!(
+        (750..=1250).contains(&(d1.as_millis() as u64)),
+        "{d1:?} after {:?}",
+        calls[0].0 - start
+    );
+    assert!((1500..=2500).contains(&(d2.as_millis() as u64)), "{d2:?}");
+    assert!(h.rec.dead.lock().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_always_failing_target_is_dead_lettered_after_the_retry_budget() {
+    let mut h = harness(unlimited());
+    h.rec
+        .script
+        .lock()
+        .unwrap()
+        .extend((0..10).map(|_| Err(ExecError::Retryable("503".into()))));
+    h.pipeline.submit(Submission {
+        ticket: 1,
+        origin: origin("orders"),
+        actions: vec![refresh("orders")],
+        policy: policy(0, 3),
+    });
+    assert_eq!(done_within(&mut h, Duration::from_secs(60)).await, vec![1]);
+    assert_eq!(h.rec.calls.lock().unwrap().len(), 4, "1 + 3 retries");
+    let dead = h.rec.dead.lock().unwrap();
+    assert_eq!(
+        *dead,
+        vec![("orders".to_string(), ExecError::Retryable("503".into()))]
+    );
+    let last = h.reports.lock().unwrap().last().cloned().unwrap();
+    assert!(matches!(last.outcome, Outcome::DeadLettered { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_permanent_failure_is_not_retried() {
+    let mut h = harness(unlimited());
+    h.rec
+        .script
+        .lock()
+        .unwrap()
+        .push_back(Err(ExecError::Permanent("404".into())));
+    h.pipeline.submit(Submission {
+        ticket: 1,
+        origin: origin("orders"),
+        actions: vec![refresh("orders")],
+        policy: policy(0, 5),
+    });
+    assert_eq!(done_within(&mut h, Duration::from_secs(5)).await, vec![1]);
+    assert_eq!(h.rec.calls.lock().unwrap().len(), 1);
+    assert_eq!(h.rec.dead.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ticket_completes_only_when_all_its_actions_finished() {
+    let mut h = harness(unlimited());
+    h.rec
+        .script
+        .lock()
+        .unwrap()
+        .push_back(Err(ExecError::Retryable("500".into())));
+    h.pipeline.submit(Submission {
+        ticket: 1,
+        origin: origin("orders"),
+        actions: vec![refresh("orders"), refresh("billing"), event()],
+        policy: policy(0, 5),
+    });
+    // Two actions succeed at once; the failed one needs ~1 s.
+    assert_eq!(
+        done_within(&mut h, Duration::from_millis(500)).await,
+        Vec::<u32>::new()
+    );
+    assert_eq!(done_within(&mut h, Duration::from_secs(5)).await, vec![1]);
+    // No actions: complete at once.
+    h.pipeline.submit(Submission {
+        ticket: 2,
+        origin: origin("orders"),
+        actions: vec![],
+        policy: policy(1000, 5),
+    });
+    assert_eq!(done_within(&mut h, Duration::from_millis(1)).await, vec![2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_change_during_a_running_refresh_is_refreshed_again_after_it() {
+    let mut h = harness(unlimited());
+    *h.rec.delay.lock().unwrap() = Duration::from_millis(500);
+    h.pipeline.submit(Submission {
+        ticket: 1,
+        origin: origin("a"),
+        actions: vec![refresh("orders")],
+        policy: policy(0, 0),
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Running now: these two coalesce into one more run, after the first.
+    for t in [2, 3] {
+        h.pipeline.submit(Submission {
+            ticket: t,
+            origin: origin("b"),
+            actions: vec![refresh("orders")],
+            policy: policy(0, 0),
+        });
+    }
+    assert_eq!(done_within(&mut h, Duration::from_secs(5)).await, vec![1, 2, 3]);
+    let calls = h.rec.calls.lock().unwrap();
+    assert_eq!(calls.len(), 2);
+    assert!(
+        calls[1].0 - calls[0].0 >= Duration::from_millis(500),
+        "not concurrent"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_are_never_coalesced_and_restarts_coalesce_per_object() {
+    let mut h = harness(unlimited());
+    let restart = |hash: &str| Action::Restart {
+        workload: WorkloadRef {
+            kind: WorkloadKind::Deployment,
+            namespace: "shop".into(),
+            name: "orders".into(),
+        },
+        reason: "r".into(),
+        content_hash: hash.into(),
+    };
+    h.pipeline.submit(Submission {
+        ticket: 1,
+        origin: origin("a"),
+        actions: vec![
+            event(),
+            event(),
+            restart("configmap/a:1"),
+            restart("configmap/a:2"),
+            restart("secret/b:9"),
+        ],
+        policy: policy(100, 0),
+    });
+    assert_eq!(done_within(&mut h, Duration::from_secs(1)).await, vec![1]);
+    let calls = h.rec.calls.lock().unwrap();
+    let hashes: Vec<String> = calls
+        .iter()
+        .filter_map(|(_, a, _)| match a {
+            Action::Restart { content_hash, .. } => Some(content_hash.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calls.len(), 4, "2 events + 2 restarts");
+    assert!(hashes.contains(&"configmap/a:2".to_string()), "latest wins");
+    assert!(hashes.contains(&"secret/b:9".to_string()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_that_stops_leading_executes_nothing_and_completes_nothing() {
+    let mut h = harness(unlimited());
+    h.rec
+        .script
+        .lock()
+        .unwrap()
+        .push_back(Err(ExecError::Retryable("500".into())));
+    h.pipeline.submit(Submission {
+        ticket: 1,
+        origin: origin("a"),
+        actions: vec![refresh("orders")],
+        policy: policy(0, 5),
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.rec.calls.lock().unwrap().len(), 1);
+    h.leading.store(false, std::sync::atomic::Ordering::SeqCst);
+    h.pipeline.submit(Submission {
+        ticket: 2,
+        origin: origin("b"),
+        actions: vec![refresh("billing")],
+        policy: policy(0, 5),
+    });
+    assert_eq!(
+        done_within(&mut h, Duration::from_secs(30)).await,
+        Vec::<u32>::new()
+    );
+    assert_eq!(
+        h.rec.calls.lock().unwrap().len(),
+        1,
+        "no attempt after losing the lead"
+    );
+    assert_eq!(
+        h.pipeline
+            .stats()
+            .abandoned
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_global_rate_limit_spreads_executions() {
+    let mut h = harness(PipelineConfig {
+        global: RateLimit {
+            rate: 10.0,
+            burst: 1.0,
+        },
+        per_target: RateLimit {
+            rate: 1e9,
+            burst: 1e9,
+        },
+    });
+    let start = Instant::now();
+    for i in 0..21u32 {
+        h.pipeline.submit(Submission {
+            ticket: i,
+            origin: origin("a"),
+            actions: vec![refresh(&format!("svc-{i}"))],
+            policy: policy(0, 0),
+        });
+    }
+    assert_eq!(done_within(&mut h, Duration::from_secs(10)).await.len(), 21);
+    let calls = h.rec.calls.lock().unwrap();
+    let last = calls.iter().map(|c| c.0).max().unwrap() - start;
+    assert!(
+        last >= Duration::from_millis(1900) && last <= Duration::from_millis(2200),
+        "21 calls at 10/s with a burst of 1 take ~2 s: {last:?}"
+    );
+}
