@@ -1,4 +1,4 @@
-//! The admin HTTP port: `/healthz`, `/readyz` and `/leader`.
+//! The admin HTTP port: `/healthz`, `/readyz`, `/leader` and `/metrics`.
 //!
 //! `/leader` answers `true` or `false` (text, the leader-election sidecar
 //! convention), or `{"leading":..,"holder":..,"term":..}` with
@@ -21,6 +21,8 @@ pub struct AdminState {
     pub leadership: watch::Receiver<Leadership>,
     /// Ready once start-up finished (manifest loaded, plugins compiled).
     pub ready: watch::Receiver<bool>,
+    /// Served on `/metrics` when present.
+    pub metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Response<Full<Bytes>> {
@@ -70,6 +72,14 @@ fn handle(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> 
                 text(StatusCode::OK, format!("{}\n", l.leading), "text/plain")
             }
         }
+        "/metrics" => match &state.metrics {
+            Some(m) => text(
+                StatusCode::OK,
+                m.render(),
+                "text/plain; version=0.0.4; charset=utf-8",
+            ),
+            None => text(StatusCode::NOT_FOUND, "no metrics here\n", "text/plain"),
+        },
         _ => text(StatusCode::NOT_FOUND, "not found\n", "text/plain"),
     }
 }

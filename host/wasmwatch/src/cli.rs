@@ -271,7 +271,11 @@ async fn run_elect(args: ElectArgs) -> anyhow::Result<()> {
     let (_ready_tx, ready) = tokio::sync::watch::channel(true);
     let admin = tokio::spawn(crate::admin::serve(
         listener,
-        crate::admin::AdminState { leadership, ready },
+        crate::admin::AdminState {
+            leadership,
+            ready,
+            metrics: None,
+        },
     ));
     tracing::info!(%identity, "admin port listening on http://{addr}");
     println!("listening on http://{addr}");

@@ -9,3 +9,4 @@ pub mod admin;
 pub mod cli;
 pub mod dryrun;
 pub mod event_file;
+pub mod metrics;
