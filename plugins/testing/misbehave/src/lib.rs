@@ -7,15 +7,17 @@
 //! without bound), `trap` (panics), `recurse` (unbounded recursion), `huge`
 //! (returns far too many actions), `forbidden` (returns actions outside any
 //! sane grant), `error` (returns an error), `spy` (reports what it saw of the
-//! event and of the host lookups), `echo-url` (one HTTP call to `url`).
+//! event and of the host lookups), `echo-url` (one HTTP call to `url`),
+//! `ledger` (POSTs `namespace/name digest change rv` to `url`: the HA tests'
+//! record of what was delivered).
 
 wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
 
 use std::hint::black_box;
 use wasmwatch::plugin::host;
 use wasmwatch::plugin::types::{
-    DataValue, EmitEvent, EventType, HttpCall, HttpMethod, LogLevel, ObjectKind, RestartWorkload,
-    WorkloadKind, WorkloadRef,
+    ChangeType, DataValue, EmitEvent, EventType, HttpCall, HttpMethod, LogLevel, ObjectKind,
+    RestartWorkload, WorkloadKind, WorkloadRef,
 };
 
 #[derive(serde::Deserialize)]
@@ -37,6 +39,7 @@ const MODES: &[&str] = &[
     "error",
     "spy",
     "echo-url",
+    "ledger",
 ];
 
 fn parse(json: &str) -> Result<Config, String> {
@@ -164,6 +167,24 @@ impl Guest for Misbehave {
                 headers: vec![],
                 body: None,
             })]),
+            "ledger" => {
+                let change = match ev.change {
+                    ChangeType::Added => "added",
+                    ChangeType::Modified => "modified",
+                    ChangeType::Deleted => "deleted",
+                    ChangeType::Resynced => "resynced",
+                };
+                let line = format!(
+                    "{}/{} {} {change} {} {}",
+                    ev.namespace, ev.name, ev.digest, ev.resource_version, ev.replay
+                );
+                Ok(vec![Action::Http(HttpCall {
+                    method: HttpMethod::Post,
+                    url: config.url.unwrap_or_default(),
+                    headers: vec![],
+                    body: Some(line.into_bytes()),
+                })])
+            }
             other => Err(format!("unreachable mode {other}")),
         }
     }
