@@ -1,0 +1,1300 @@
+//! deploy/: every kustomize overlay renders with kubectl; every rendered object
+//! is the Kubernetes type it claims, with the security settings operators rely
+//! on; the RBAC is least privilege and covers what the manifest asks for; the
+//! plugin manifest in the ConfigMap is valid (and loads the bundled plugins once
+//! pinned); and the render applies to the project's test API server.
+//!
+//! kubectl: the one on PATH (Debian's 1.20 with kustomize v2.0.3 on a fresh
+//! machine, from tests/prepare), plus every binary listed in
+//! `WASMWATCH_EXTRA_KUBECTL` (':'-separated), so that an old and a new
+//! kustomize can be checked in one run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, Namespace, PodSpec, Probe, Service, ServiceAccount,
+};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use wasmwatch_core::{Manifest, ObjectKind};
+
+const NAMESPACE: &str = "wasmwatch";
+const SERVICE_ACCOUNT: &str = "wasmwatch";
+const PLUGIN_DIR: &str = "/usr/lib/wasmwatch/plugins";
+const MANIFEST_PATH: &str = "/etc/wasmwatch/manifest.yaml";
+const OVERLAYS: [&str; 2] = ["cluster-wide", "single-namespace"];
+const BUNDLED: [&str; 3] = [
+    "http_refresh.wasm",
+    "bus_refresh.wasm",
+    "rollout_restart.wasm",
+];
+const WRITE_VERBS: [&str; 6] = [
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+    "*",
+];
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root")
+}
+
+fn deploy_dir() -> PathBuf {
+    repo_root().join("deploy")
+}
+
+// ---------------------------------------------------------------- kubectl
+
+fn kubectl_on_path() -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("kubectl"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+/// PATH's kubectl, then `WASMWATCH_EXTRA_KUBECTL`; empty (with a loud
+/// message) when there is none.
+fn kubectls() -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = kubectl_on_path().into_iter().collect();
+    if let Some(extra) = std::env::var_os("WASMWATCH_EXTRA_KUBECTL") {
+        for p in std::env::split_paths(&extra) {
+            assert!(
+                p.is_file(),
+                "WASMWATCH_EXTRA_KUBECTL names {}, which does not exist",
+                p.display()
+            );
+            out.push(p);
+        }
+    }
+    if out.is_empty() {
+        eprintln!(
+            "\n!!!!!!!! SKIPPING deploy tests: kubectl is not installed (Debian package kubernetes-client; tests/prepare installs it) !!!!!!!!\n"
+        );
+    }
+    for k in &out {
+        eprintln!("kubectl {}: {}", k.display(), kubectl_version(k));
+    }
+    out
+}
+
+fn kubectl_version(kubectl: &Path) -> String {
+    let out = Command::new(kubectl)
+        .args(["version", "--client"])
+        .output()
+        .expect("run kubectl version");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// `kubectl kustomize <dir>` as JSON objects.
+fn render(kubectl: &Path, dir: &Path) -> Vec<Value> {
+    let out = Command::new(kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run kubectl kustomize");
+    assert!(
+        out.status.success(),
+        "{} kustomize {} failed: {}",
+        kubectl.display(),
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    yaml_documents(&String::from_utf8(out.stdout).expect("utf-8 render"))
+}
+
+fn yaml_documents(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize(doc).expect("a YAML document"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn overlay_dir(name: &str) -> PathBuf {
+    deploy_dir().join("overlays").join(name)
+}
+
+/// Every overlay in deploy/overlays (so that a new one is covered too).
+fn overlays() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(deploy_dir().join("overlays"))
+        .expect("deploy/overlays")
+        .map(|e| e.unwrap())
+        .filter(|e| e.path().join("kustomization.yaml").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for o in OVERLAYS {
+        assert!(names.iter().any(|n| n == o), "no overlay {o}: {names:?}");
+    }
+    names
+}
+
+// ------------------------------------------------------- typed objects
+
+fn typed<T: DeserializeOwned>(v: &Value) -> T {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| {
+        panic!(
+            "{} {} does not parse as its type: {e}\n{v:#}",
+            v["kind"], v["metadata"]["name"]
+        )
+    })
+}
+
+/// A render, every object parsed into its k8s-openapi type.
+#[derive(Default)]
+struct Install {
+    namespaces: Vec<Namespace>,
+    service_accounts: Vec<ServiceAccount>,
+    cluster_roles: Vec<ClusterRole>,
+    cluster_role_bindings: Vec<ClusterRoleBinding>,
+    roles: Vec<Role>,
+    role_bindings: Vec<RoleBinding>,
+    deployments: Vec<Deployment>,
+    config_maps: Vec<ConfigMap>,
+    services: Vec<Service>,
+    pdbs: Vec<PodDisruptionBudget>,
+}
+
+impl Install {
+    fn parse(objects: &[Value]) -> Install {
+        let mut i = Install::default();
+        for o in objects {
+            let kind = (
+                o["apiVersion"].as_str().unwrap_or(""),
+                o["kind"].as_str().unwrap_or(""),
+            );
+            match kind {
+                ("v1", "Namespace") => i.namespaces.push(typed(o)),
+                ("v1", "ServiceAccount") => i.service_accounts.push(typed(o)),
+                ("rbac.authorization.k8s.io/v1", "ClusterRole") => i.cluster_roles.push(typed(o)),
+                ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+                    i.cluster_role_bindings.push(typed(o))
+                }
+                ("rbac.authorization.k8s.io/v1", "Role") => i.roles.push(typed(o)),
+                ("rbac.authorization.k8s.io/v1", "RoleBinding") => i.role_bindings.push(typed(o)),
+                ("apps/v1", "Deployment") => i.deployments.push(typed(o)),
+                ("v1", "ConfigMap") => i.config_maps.push(typed(o)),
+                ("v1", "Service") => i.services.push(typed(o)),
+                ("policy/v1", "PodDisruptionBudget") => i.pdbs.push(typed(o)),
+                other => panic!("unexpected object {other:?} in the render:\n{o:#}"),
+            }
+        }
+        i
+    }
+
+    fn deployment(&self) -> &Deployment {
+        assert_eq!(self.deployments.len(), 1, "one Deployment");
+        &self.deployments[0]
+    }
+
+    fn pod_spec(&self) -> &PodSpec {
+        self.deployment()
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .expect("pod spec")
+    }
+
+    fn pod_labels(&self) -> BTreeMap<String, String> {
+        self.deployment()
+            .spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone())
+            .expect("pod template labels")
+    }
+
+    fn container(&self) -> &Container {
+        let c = &self.pod_spec().containers;
+        assert_eq!(c.len(), 1, "one container");
+        &c[0]
+    }
+
+    /// The ConfigMap the Deployment mounts, and the manifest text in it.
+    fn manifest_text(&self) -> (String, &ConfigMap) {
+        let volume = self
+            .pod_spec()
+            .volumes
+            .as_ref()
+            .and_then(|v| v.iter().find(|v| v.config_map.is_some()))
+            .expect("a ConfigMap volume");
+        let name = volume.config_map.as_ref().unwrap().name.clone();
+        let cm = self
+            .config_maps
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name.as_str()))
+            .unwrap_or_else(|| {
+                panic!("the Deployment mounts ConfigMap {name}, which the render lacks")
+            });
+        assert_eq!(cm.metadata.namespace.as_deref(), Some(NAMESPACE));
+        let text = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get("manifest.yaml"))
+            .expect("key manifest.yaml")
+            .clone();
+        (text, cm)
+    }
+}
+
+// ---------------------------------------------------------------- RBAC
+
+/// The rules bound to the service account, each with where it applies
+/// (`None`: cluster-wide).
+struct Grants {
+    rules: Vec<(Option<String>, PolicyRule)>,
+}
+
+fn is_our_subject(subjects: &Option<Vec<Subject>>) -> bool {
+    let s = subjects.as_deref().unwrap_or_default();
+    assert_eq!(s.len(), 1, "bindings name exactly one subject: {s:?}");
+    assert_eq!(s[0].kind, "ServiceAccount");
+    assert_eq!(s[0].name, SERVICE_ACCOUNT);
+    assert_eq!(s[0].namespace.as_deref(), Some(NAMESPACE));
+    true
+}
+
+impl Grants {
+    fn of(i: &Install) -> Grants {
+        let cluster_role = |r: &RoleRef| -> Vec<PolicyRule> {
+            assert_eq!(r.api_group.as_deref(), Some("rbac.authorization.k8s.io"));
+            assert_eq!(r.kind, "ClusterRole", "{r:?}");
+            i.cluster_roles
+                .iter()
+                .find(|c| c.metadata.name.as_deref() == Some(r.name.as_str()))
+                .unwrap_or_else(|| panic!("binding to ClusterRole {} not in the render", r.name))
+                .rules
+                .clone()
+                .unwrap_or_default()
+        };
+        let mut rules = Vec::new();
+        for b in &i.cluster_role_bindings {
+            assert!(is_our_subject(&b.subjects));
+            for r in cluster_role(&b.role_ref) {
+                rules.push((None, r));
+            }
+        }
+        for b in &i.role_bindings {
+            assert!(is_our_subject(&b.subjects));
+            let ns = b.metadata.namespace.clone().expect("RoleBinding namespace");
+            let bound = if b.role_ref.kind == "Role" {
+                i.roles
+                    .iter()
+                    .find(|r| {
+                        r.metadata.name.as_deref() == Some(b.role_ref.name.as_str())
+                            && r.metadata.namespace.as_deref() == Some(ns.as_str())
+                    })
+                    .unwrap_or_else(|| {
+                        panic!("binding to Role {ns}/{} not in the render", b.role_ref.name)
+                    })
+                    .rules
+                    .clone()
+                    .unwrap_or_default()
+            } else {
+                cluster_role(&b.role_ref)
+            };
+            for r in bound {
+                rules.push((Some(ns.clone()), r));
+            }
+        }
+        for r in &i.roles {
+            let bound = i.role_bindings.iter().any(|b| {
+                b.role_ref.kind == "Role"
+                    && Some(b.role_ref.name.as_str()) == r.metadata.name.as_deref()
+                    && b.metadata.namespace == r.metadata.namespace
+            });
+            assert!(bound, "Role {:?} is bound", r.metadata.name);
+        }
+        Grants { rules }
+    }
+
+    /// Whether `verb` on `group/resource` (named `name`) in `namespace`
+    /// (`None`: across all namespaces) is allowed.
+    fn allows(
+        &self,
+        namespace: Option<&str>,
+        group: &str,
+        resource: &str,
+        verb: &str,
+        name: Option<&str>,
+    ) -> bool {
+        let has = |list: &[String], x: &str| list.iter().any(|l| l == x || l == "*");
+        self.rules.iter().any(|(scope, r)| {
+            let in_scope = match (scope, namespace) {
+                (None, _) => true,
+                (Some(s), Some(n)) => s == n,
+                (Some(_), None) => false,
+            };
+            let names = r.resource_names.as_deref().unwrap_or_default();
+            in_scope
+                && has(r.api_groups.as_deref().unwrap_or_default(), group)
+                && has(r.resources.as_deref().unwrap_or_default(), resource)
+                && has(&r.verbs, verb)
+                && (names.is_empty() || name.is_some_and(|n| names.iter().any(|x| x == n)))
+        })
+    }
+
+    /// Every (group, resource, verb) write the rules grant, with whether it
+    /// is limited by resourceNames.
+    fn writes(&self) -> BTreeSet<(String, String, String, bool)> {
+        let mut out = BTreeSet::new();
+        for (_, r) in &self.rules {
+            for g in r.api_groups.as_deref().unwrap_or_default() {
+                for res in r.resources.as_deref().unwrap_or_default() {
+                    for v in &r.verbs {
+                        if WRITE_VERBS.contains(&v.as_str()) {
+                            let named = !r.resource_names.as_deref().unwrap_or_default().is_empty();
+                            out.insert((g.clone(), res.clone(), v.clone(), named));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+fn all_rules(i: &Install) -> Vec<PolicyRule> {
+    i.cluster_roles
+        .iter()
+        .flat_map(|c| c.rules.clone().unwrap_or_default())
+        .chain(
+            i.roles
+                .iter()
+                .flat_map(|r| r.rules.clone().unwrap_or_default()),
+        )
+        .collect()
+}
+
+fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
+    // No wildcards, no non-resource URLs, no aggregation.
+    for r in all_rules(i) {
+        for list in [
+            r.api_groups.as_deref().unwrap_or_default(),
+            r.resources.as_deref().unwrap_or_default(),
+            &r.verbs[..],
+        ] {
+            assert!(
+                !list.iter().any(|x| x == "*"),
+                "{overlay}: wildcard in {r:?}"
+            );
+        }
+        assert!(r.non_resource_urls.is_none(), "{overlay}: {r:?}");
+        for res in r.resources.as_deref().unwrap_or_default() {
+            assert!(
+                !res.contains('/'),
+                "{overlay}: no subresources needed: {r:?}"
+            );
+        }
+        // Reading ConfigMaps and Secrets only, whatever the rule.
+        if r.api_groups
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .any(|g| g.is_empty())
+        {
+            for res in r.resources.as_deref().unwrap_or_default() {
+                if res == "configmaps" || res == "secrets" {
+                    for v in &r.verbs {
+                        assert!(
+                            ["get", "list", "watch"].contains(&v.as_str()),
+                            "{overlay}: {v} on {res} granted: {r:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    for c in &i.cluster_roles {
+        assert!(c.aggregation_rule.is_none(), "{overlay}: {c:?}");
+    }
+
+    let g = Grants::of(i);
+    // Exactly these writes, nothing else: restarts (patch of the pod template),
+    // Events, and the Leases.
+    let expected: BTreeSet<(String, String, String, bool)> = [
+        ("apps", "daemonsets", "patch", false),
+        ("apps", "deployments", "patch", false),
+        ("apps", "statefulsets", "patch", false),
+        ("", "events", "create", false),
+        ("", "events", "patch", false),
+        ("events.k8s.io", "events", "create", false),
+        ("events.k8s.io", "events", "patch", false),
+        ("coordination.k8s.io", "leases", "create", false),
+        ("coordination.k8s.io", "leases", "update", true),
+    ]
+    .into_iter()
+    .map(|(a, b, c, d)| (a.to_string(), b.to_string(), c.to_string(), d))
+    .collect();
+    assert_eq!(g.writes(), expected, "{overlay}: the write permissions");
+
+    for ns in [None, Some(NAMESPACE), Some("default"), Some("kube-system")] {
+        for res in ["configmaps", "secrets"] {
+            for verb in ["create", "update", "patch", "delete", "deletecollection"] {
+                assert!(
+                    !g.allows(ns, "", res, verb, Some("x")) && !g.allows(ns, "", res, verb, None),
+                    "{overlay}: {verb} {res} in {ns:?}"
+                );
+            }
+        }
+    }
+
+    // Leases: create anywhere in our namespace (RBAC cannot limit create by
+    // name), everything else only on the manifest's Leases, and only there.
+    let ha = &manifest.ha;
+    let lease_ns = ha.namespace.as_deref().unwrap_or(NAMESPACE);
+    let lease = |ns: &str, verb: &str, name: Option<&str>| {
+        g.allows(Some(ns), "coordination.k8s.io", "leases", verb, name)
+    };
+    assert!(lease(lease_ns, "create", None));
+    for name in [ha.lease_name.as_str(), ha.state_lease_name.as_str()] {
+        for verb in ["get", "list", "watch", "update"] {
+            assert!(
+                lease(lease_ns, verb, Some(name)),
+                "{overlay}: {verb} lease {name}"
+            );
+        }
+        assert!(
+            !lease(lease_ns, "delete", Some(name)),
+            "{overlay}: delete lease {name}"
+        );
+        assert!(
+            !lease("default", "update", Some(name)),
+            "{overlay}: lease elsewhere"
+        );
+        assert!(
+            !lease("kube-system", "get", Some(name)),
+            "{overlay}: lease elsewhere"
+        );
+    }
+    for verb in ["get", "list", "watch", "update"] {
+        assert!(
+            !lease(lease_ns, verb, Some("someone-elses-lease")),
+            "{overlay}: {verb}"
+        );
+        assert!(
+            !lease(lease_ns, verb, None),
+            "{overlay}: {verb} leases unnamed"
+        );
+    }
+    assert!(!g.allows(None, "coordination.k8s.io", "leases", "list", None));
+
+    // What the manifest needs is granted: watch and list the watched kinds
+    // (cluster-wide for "*"), the lookups in the same scope, restarts and
+    // refreshes where the capabilities allow them, and Events.
+    let cluster_wide = manifest.watch.namespaces.iter().any(|n| n == "*");
+    let scopes: Vec<Option<&str>> = if cluster_wide {
+        vec![None]
+    } else {
+        manifest
+            .watch
+            .namespaces
+            .iter()
+            .map(|n| Some(n.as_str()))
+            .collect()
+    };
+    let read = ["get", "list", "watch"];
+    for scope in &scopes {
+        for kind in &manifest.watch.kinds {
+            let res = match kind {
+                ObjectKind::ConfigMap => "configmaps",
+                ObjectKind::Secret => "secrets",
+            };
+            for v in read {
+                assert!(
+                    g.allows(*scope, "", res, v, None),
+                    "{overlay}: {v} {res} in {scope:?}"
+                );
+            }
+        }
+        for (group, res) in [
+            ("", "services"),
+            ("", "pods"),
+            ("discovery.k8s.io", "endpointslices"),
+            ("apps", "deployments"),
+            ("apps", "statefulsets"),
+            ("apps", "daemonsets"),
+        ] {
+            for v in read {
+                assert!(
+                    g.allows(*scope, group, res, v, None),
+                    "{overlay}: {v} {group}/{res}"
+                );
+            }
+        }
+    }
+    for p in &manifest.plugins {
+        for n in &p.capabilities.restart {
+            let scope = (n.0 != "*").then_some(n.0.as_str());
+            for res in ["deployments", "statefulsets", "daemonsets"] {
+                for v in ["get", "patch"] {
+                    assert!(
+                        g.allows(scope, "apps", res, v, Some("app")),
+                        "{overlay}: plugin {} may restart in {}, RBAC lacks {v} {res}",
+                        p.name,
+                        n.0
+                    );
+                }
+            }
+        }
+        for n in &p.capabilities.refresh {
+            let scope = (n.0 != "*").then_some(n.0.as_str());
+            assert!(g.allows(scope, "discovery.k8s.io", "endpointslices", "list", None));
+            assert!(g.allows(scope, "", "services", "get", Some("app")));
+        }
+        if p.capabilities.events {
+            for scope in &scopes {
+                assert!(g.allows(*scope, "", "events", "create", None));
+                assert!(g.allows(*scope, "events.k8s.io", "events", "create", None));
+            }
+        }
+    }
+    // Nothing beyond the watched scope.
+    if !cluster_wide {
+        assert!(i.cluster_roles.is_empty() && i.cluster_role_bindings.is_empty());
+        assert!(!g.allows(None, "", "configmaps", "list", None));
+        assert!(!g.allows(Some("kube-system"), "", "secrets", "get", Some("x")));
+        assert!(!g.allows(
+            Some("kube-system"),
+            "apps",
+            "deployments",
+            "patch",
+            Some("x")
+        ));
+    }
+}
+
+// ------------------------------------------------ Deployment and friends
+
+fn probe_path(p: &Option<Probe>, what: &str) -> (String, IntOrString) {
+    let h = p
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .unwrap_or_else(|| panic!("{what}: an httpGet probe"));
+    (h.path.clone().unwrap_or_default(), h.port.clone())
+}
+
+/// The container port a probe or Service port names.
+fn resolve_port(c: &Container, port: &IntOrString) -> i32 {
+    match port {
+        IntOrString::Int(n) => *n,
+        IntOrString::String(name) => {
+            c.ports
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .find(|p| p.name.as_deref() == Some(name.as_str()))
+                .unwrap_or_else(|| panic!("no container port named {name}"))
+                .container_port
+        }
+    }
+}
+
+fn env_value(c: &Container, name: &str) -> Option<k8s_openapi::api::core::v1::EnvVar> {
+    c.env
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|e| e.name == name)
+        .cloned()
+}
+
+fn field_ref(c: &Container, name: &str) -> String {
+    env_value(c, name)
+        .and_then(|e| e.value_from)
+        .and_then(|v| v.field_ref)
+        .map(|f| f.field_path)
+        .unwrap_or_else(|| panic!("env {name} from the downward API"))
+}
+
+fn check_container_security(c: &Container, pod: &PodSpec, what: &str) {
+    let sc = c
+        .security_context
+        .as_ref()
+        .expect("container securityContext");
+    let psc = pod.security_context.as_ref();
+    let either = |container: Option<bool>, pod: Option<bool>| container.or(pod);
+    assert_eq!(
+        either(sc.run_as_non_root, psc.and_then(|p| p.run_as_non_root)),
+        Some(true),
+        "{what}: runAsNonRoot"
+    );
+    assert_eq!(
+        sc.run_as_user.or(psc.and_then(|p| p.run_as_user)),
+        Some(65532),
+        "{what}: runAsUser"
+    );
+    assert_eq!(
+        sc.read_only_root_filesystem,
+        Some(true),
+        "{what}: readOnlyRootFilesystem"
+    );
+    assert_eq!(
+        sc.allow_privilege_escalation,
+        Some(false),
+        "{what}: allowPrivilegeEscalation"
+    );
+    assert_ne!(sc.privileged, Some(true), "{what}: privileged");
+    let caps = sc.capabilities.as_ref().expect("capabilities");
+    assert_eq!(
+        caps.drop.as_deref(),
+        Some(&["ALL".to_string()][..]),
+        "{what}: drop ALL"
+    );
+    assert!(
+        caps.add.as_deref().unwrap_or_default().is_empty(),
+        "{what}: no added caps"
+    );
+    let seccomp = sc
+        .seccomp_profile
+        .as_ref()
+        .or(psc.and_then(|p| p.seccomp_profile.as_ref()))
+        .expect("seccompProfile");
+    assert_eq!(seccomp.type_, "RuntimeDefault", "{what}: seccomp");
+    assert_eq!(
+        field_ref(c, "POD_NAME"),
+        "metadata.name",
+        "{what}: POD_NAME from the downward API"
+    );
+    assert_eq!(
+        field_ref(c, "POD_NAMESPACE"),
+        "metadata.namespace",
+        "{what}"
+    );
+    assert!(
+        pod.host_network != Some(true) && pod.host_pid != Some(true),
+        "{what}"
+    );
+}
+
+fn check_workload(overlay: &str, i: &Install) {
+    assert_eq!(i.namespaces.len(), 1);
+    assert_eq!(i.namespaces[0].metadata.name.as_deref(), Some(NAMESPACE));
+    assert_eq!(i.service_accounts.len(), 1);
+    let sa = &i.service_accounts[0].metadata;
+    assert_eq!(
+        (sa.name.as_deref(), sa.namespace.as_deref()),
+        (Some(SERVICE_ACCOUNT), Some(NAMESPACE))
+    );
+
+    let d = i.deployment();
+    assert_eq!(d.metadata.namespace.as_deref(), Some(NAMESPACE));
+    let spec = &d.spec;
+    assert_eq!(spec.replicas, Some(2), "{overlay}: two replicas");
+    let pod = i.pod_spec();
+    assert_eq!(pod.service_account_name.as_deref(), Some(SERVICE_ACCOUNT));
+    let c = i.container();
+    check_container_security(c, pod, overlay);
+    assert_eq!(
+        c.args.as_deref().unwrap_or_default()[..3],
+        ["run", "--manifest", MANIFEST_PATH],
+        "{overlay}: args"
+    );
+    assert!(c.image.as_deref().is_some_and(|i| i.contains("wasmwatch")));
+
+    // Probes on the admin port.
+    for (probe, path) in [
+        (&c.liveness_probe, "/healthz"),
+        (&c.readiness_probe, "/readyz"),
+        (&c.startup_probe, "/healthz"),
+    ] {
+        let (p, port) = probe_path(probe, path);
+        assert_eq!(p, path, "{overlay}: probe path");
+        assert_eq!(resolve_port(c, &port), 8080, "{overlay}: probe port");
+    }
+
+    // Resources: small requests, a memory limit.
+    let res = c.resources.as_ref().expect("resources");
+    let req = res.requests.as_ref().expect("requests");
+    assert!(
+        req.contains_key("cpu") && req.contains_key("memory"),
+        "{overlay}: {req:?}"
+    );
+    assert!(
+        res.limits
+            .as_ref()
+            .is_some_and(|l| l.contains_key("memory"))
+    );
+
+    // Volumes: the manifest read-only at /etc/wasmwatch, the plugin cache an
+    // emptyDir named by WASMWATCH_CACHE_DIR, every other writable path an emptyDir.
+    let volumes: BTreeMap<&str, &k8s_openapi::api::core::v1::Volume> = pod
+        .volumes
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|v| (v.name.as_str(), v))
+        .collect();
+    let cache = env_value(c, "WASMWATCH_CACHE_DIR")
+        .and_then(|e| e.value)
+        .expect("WASMWATCH_CACHE_DIR");
+    let mut saw_manifest = false;
+    let mut saw_cache = false;
+    for m in c.volume_mounts.as_deref().unwrap_or_default() {
+        let v = volumes[m.name.as_str()];
+        if let Some(cm) = &v.config_map {
+            assert_eq!(
+                Path::new(MANIFEST_PATH).parent(),
+                Some(Path::new(&m.mount_path))
+            );
+            assert_eq!(m.read_only, Some(true));
+            assert!(cm.name.starts_with("wasmwatch-manifest"));
+            saw_manifest = true;
+        } else {
+            assert!(
+                v.empty_dir.is_some(),
+                "{overlay}: {} is an emptyDir",
+                m.name
+            );
+            saw_cache |= m.mount_path == cache;
+        }
+    }
+    assert!(
+        saw_manifest && saw_cache,
+        "{overlay}: manifest and cache mounts"
+    );
+
+    // The Service and the PodDisruptionBudget select the pods.
+    let labels = i.pod_labels();
+    let selects = |sel: &BTreeMap<String, String>| {
+        !sel.is_empty() && sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+    };
+    let dsel = spec.selector.match_labels.clone().unwrap_or_default();
+    assert!(selects(&dsel));
+    assert_eq!(i.services.len(), 1);
+    let svc = i.services[0].spec.as_ref().unwrap();
+    assert!(
+        selects(&svc.selector.clone().unwrap_or_default()),
+        "{overlay}: Service selector"
+    );
+    let ports = svc.ports.as_deref().unwrap_or_default();
+    assert!(
+        ports.iter().any(|p| p.port == 8080
+            && p.target_port
+                .as_ref()
+                .is_some_and(|t| resolve_port(c, t) == 8080)),
+        "{overlay}: the Service exposes the admin port: {ports:?}"
+    );
+    assert_eq!(i.pdbs.len(), 1);
+    let pdb = i.pdbs[0].spec.as_ref().unwrap();
+    assert_eq!(
+        pdb.min_available,
+        Some(IntOrString::Int(1)),
+        "{overlay}: PDB"
+    );
+    let psel = pdb
+        .selector
+        .as_ref()
+        .and_then(|s| s.match_labels.clone())
+        .unwrap_or_default();
+    assert!(selects(&psel), "{overlay}: PDB selector");
+    assert_eq!(i.pdbs[0].metadata.namespace.as_deref(), Some(NAMESPACE));
+}
+
+// ------------------------------------------------------------ manifest
+
+/// Runs deploy/pin-plugins with `args` and the manifest files.
+fn pin_plugins(args: &[&str], manifests: &[&Path]) {
+    let out = Command::new(deploy_dir().join("pin-plugins"))
+        .args(args)
+        .args(manifests)
+        .output()
+        .expect("run deploy/pin-plugins");
+    assert!(
+        out.status.success(),
+        "pin-plugins {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The manifest text as shipped is refused only for its placeholder pins;
+/// pinned (by deploy/pin-plugins from a SHA256SUMS file) it parses.
+fn check_manifest(overlay: &str, text: &str) -> Manifest {
+    let base = Path::new(MANIFEST_PATH).parent().unwrap();
+    match Manifest::parse(text, base) {
+        Ok(_) => {
+            // Already pinned by an operator: fine, as long as it is valid.
+        }
+        Err(e) => {
+            let paths: Vec<&str> = e.problems.iter().map(|p| p.path.as_str()).collect();
+            assert!(
+                !paths.is_empty() && paths.iter().all(|p| p.ends_with(".sha256")),
+                "{overlay}: the shipped manifest has problems beyond its placeholder pins: {e}"
+            );
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sums = dir.path().join("SHA256SUMS");
+    let mut fake = String::new();
+    for (n, name) in BUNDLED.iter().enumerate() {
+        fake.push_str(&format!("{}  {name}\n", format!("{:x}", n + 10).repeat(64)));
+    }
+    std::fs::write(&sums, fake).unwrap();
+    let file = dir.path().join("manifest.yaml");
+    std::fs::write(&file, text).unwrap();
+    pin_plugins(&["--sums", sums.to_str().unwrap()], &[&file]);
+    let pinned = std::fs::read_to_string(&file).unwrap();
+    let m = Manifest::parse(&pinned, base)
+        .unwrap_or_else(|e| panic!("{overlay}: the pinned manifest: {e}"));
+
+    assert!(m.ha.enabled, "{overlay}: HA (two replicas)");
+    let modules: BTreeSet<PathBuf> = m
+        .plugins
+        .iter()
+        .map(|p| p.module_path(&m.base_dir))
+        .collect();
+    let bundled: BTreeSet<PathBuf> = BUNDLED
+        .iter()
+        .map(|b| Path::new(PLUGIN_DIR).join(b))
+        .collect();
+    assert_eq!(
+        modules, bundled,
+        "{overlay}: the three bundled plugins from the image"
+    );
+    for p in &m.plugins {
+        let file = p.module.file_name().unwrap().to_str().unwrap();
+        let n = BUNDLED.iter().position(|b| *b == file).unwrap();
+        assert_eq!(
+            p.sha256,
+            format!("{:x}", n + 10).repeat(64),
+            "{overlay}: {} pinned",
+            p.name
+        );
+        assert!(
+            !p.capabilities.secret_values,
+            "{overlay}: {} gets no Secret values",
+            p.name
+        );
+    }
+    m
+}
+
+fn check_overlay(overlay: &str, objects: &[Value]) {
+    let i = Install::parse(objects);
+    check_workload(overlay, &i);
+    let (text, _) = i.manifest_text();
+    let m = check_manifest(overlay, &text);
+    check_rbac(overlay, &i, &m);
+}
+
+// --------------------------------------------------------------- tests
+
+#[test]
+fn every_overlay_renders_parses_and_is_locked_down() {
+    let kubectls = kubectls();
+    for kubectl in &kubectls {
+        for overlay in overlays() {
+            let objects = render(kubectl, &overlay_dir(&overlay));
+            check_overlay(&overlay, &objects);
+        }
+    }
+}
+
+/// Two kubectl versions (kustomize v2.0.3 and v5) give the same objects, up
+/// to the generated ConfigMap's hash suffix and empty metadata maps.
+#[test]
+fn every_kubectl_renders_the_same_objects() {
+    let kubectls = kubectls();
+    if kubectls.len() < 2 {
+        eprintln!(
+            "only one kubectl: set WASMWATCH_EXTRA_KUBECTL to compare another (e.g. Debian's 1.20)"
+        );
+        return;
+    }
+    for overlay in overlays() {
+        let renders: Vec<BTreeMap<String, Value>> = kubectls
+            .iter()
+            .map(|k| normalised(&render(k, &overlay_dir(&overlay))))
+            .collect();
+        for (k, r) in kubectls.iter().zip(&renders).skip(1) {
+            assert_eq!(
+                r,
+                &renders[0],
+                "{overlay}: {} and {} render differently",
+                k.display(),
+                kubectls[0].display()
+            );
+        }
+    }
+}
+
+fn normalised(objects: &[Value]) -> BTreeMap<String, Value> {
+    fn clean(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                m.retain(|_, x| !matches!(x, Value::Object(o) if o.is_empty()));
+                m.values_mut().for_each(clean);
+            }
+            Value::Array(a) => a.iter_mut().for_each(clean),
+            Value::String(s) if s.starts_with("wasmwatch-manifest-") => {
+                *s = "wasmwatch-manifest-<hash>".into();
+            }
+            _ => {}
+        }
+    }
+    objects
+        .iter()
+        .map(|o| {
+            let mut o = o.clone();
+            clean(&mut o);
+            let key = format!(
+                "{}/{}/{}",
+                o["kind"].as_str().unwrap_or(""),
+                o["metadata"]["namespace"].as_str().unwrap_or(""),
+                o["metadata"]["name"].as_str().unwrap_or("")
+            );
+            (key, o)
+        })
+        .collect()
+}
+
+/// The manifests in deploy/ pinned with the real bundled plugins (built from
+/// plugins/ as the Dockerfile builds them) pass `wasmwatch validate`: pins,
+/// imports, worlds, and each plugin's check of its default config.
+#[test]
+fn default_manifests_validate_with_the_bundled_plugins() {
+    let dir = tempfile::tempdir().unwrap();
+    for b in BUNDLED {
+        let crate_name = b.trim_end_matches(".wasm").replace('_', "-");
+        std::fs::copy(wasmwatch_testkit::plugin(&crate_name), dir.path().join(b)).unwrap();
+    }
+    let mut manifests = vec![deploy_dir().join("base/manifest.yaml")];
+    for o in overlays() {
+        let m = overlay_dir(&o).join("manifest.yaml");
+        if m.is_file() {
+            manifests.push(m);
+        }
+    }
+    for (n, shipped) in manifests.iter().enumerate() {
+        let text = std::fs::read_to_string(shipped).unwrap();
+        assert!(
+            text.contains(PLUGIN_DIR),
+            "{}: modules under {PLUGIN_DIR}",
+            shipped.display()
+        );
+        let local = dir.path().join(format!("manifest-{n}.yaml"));
+        let plugin_dir = format!("{}/", dir.path().display());
+        std::fs::write(&local, text.replace(&format!("{PLUGIN_DIR}/"), &plugin_dir)).unwrap();
+        pin_plugins(&["--dir", dir.path().to_str().unwrap()], &[&local]);
+        let out = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+            .arg("--cache-dir")
+            .arg(dir.path().join("cache"))
+            .arg("validate")
+            .arg(&local)
+            .output()
+            .expect("run wasmwatch validate");
+        assert!(
+            out.status.success(),
+            "{} does not validate with the bundled plugins: {}{}",
+            shipped.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The Dockerfile puts exactly the modules the manifests name where they
+/// name them, with the SHA256SUMS that pin-plugins reads, and runs as 65532.
+#[test]
+fn the_dockerfile_ships_what_the_manifests_name() {
+    let dockerfile = std::fs::read_to_string(deploy_dir().join("Dockerfile")).unwrap();
+    for b in BUNDLED {
+        assert!(dockerfile.contains(b), "Dockerfile copies {b}");
+    }
+    assert!(dockerfile.contains(&format!("{PLUGIN_DIR}/")));
+    assert!(dockerfile.contains("SHA256SUMS"));
+    assert!(dockerfile.contains("wasm32-wasip2"));
+    assert!(dockerfile.lines().any(|l| l.trim() == "USER 65532:65532"));
+    let script = std::fs::read_to_string(deploy_dir().join("pin-plugins")).unwrap();
+    assert!(script.contains(&format!("{PLUGIN_DIR}/SHA256SUMS")));
+}
+
+/// The leader-election sidecar example: parses, is locked down like the
+/// service, and its Role covers exactly the Lease its `elect` uses.
+#[test]
+fn the_sidecar_example_is_consistent() {
+    let text = std::fs::read_to_string(deploy_dir().join("examples/leader-sidecar.yaml")).unwrap();
+    let i = Install::parse(&yaml_documents(&text));
+    let d = i.deployment();
+    let pod = i.pod_spec();
+    let c = pod
+        .containers
+        .iter()
+        .find(|c| {
+            c.args
+                .as_deref()
+                .unwrap_or_default()
+                .first()
+                .map(String::as_str)
+                == Some("elect")
+        })
+        .expect("a container running `wasmwatch elect`");
+    check_container_security(c, pod, "sidecar");
+    let args = c.args.clone().unwrap();
+    let arg = |flag: &str| {
+        let at = args
+            .iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("{flag}"));
+        args[at + 1].clone()
+    };
+    let lease = arg("--lease-name");
+    let port: i32 = arg("--admin-addr")
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    for (probe, path) in [
+        (&c.liveness_probe, "/healthz"),
+        (&c.readiness_probe, "/readyz"),
+    ] {
+        let (p, pport) = probe_path(probe, path);
+        assert_eq!((p.as_str(), resolve_port(c, &pport)), (path, port));
+    }
+    let ns = d.metadata.namespace.clone().unwrap();
+    let sa = pod.service_account_name.clone().unwrap();
+    assert_eq!(i.role_bindings.len(), 1);
+    let b = &i.role_bindings[0];
+    let subjects = b.subjects.clone().unwrap();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(
+        (subjects[0].name.as_str(), subjects[0].namespace.as_deref()),
+        (sa.as_str(), Some(ns.as_str()))
+    );
+    let rules = i.roles[0].rules.clone().unwrap();
+    let allows = |verb: &str, name: Option<&str>| {
+        rules.iter().any(|r| {
+            r.api_groups.as_deref() == Some(&["coordination.k8s.io".to_string()][..])
+                && r.resources.as_deref() == Some(&["leases".to_string()][..])
+                && r.verbs.iter().any(|v| v == verb)
+                && r.resource_names
+                    .as_deref()
+                    .is_none_or(|n| name.is_some_and(|x| n.iter().any(|y| y == x)))
+        })
+    };
+    assert!(allows("create", None));
+    for verb in ["get", "list", "watch", "update"] {
+        assert!(allows(verb, Some(&lease)), "{verb} {lease}");
+        assert!(!allows(verb, Some("other")), "{verb} other");
+    }
+    assert!(!allows("delete", Some(&lease)));
+    assert_eq!(rules.len(), 2, "nothing but the Lease: {rules:?}");
+}
+
+// ------------------------------------------------ apply to the test server
+
+/// The kinds the test API server does not serve; applying the rest must work.
+const KNOWN_SERVER_GAPS: [&str; 6] = [
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "PodDisruptionBudget",
+];
+
+/// Whether the server serves `apiVersion`/`kind`, and the resource's plural
+/// and scope.
+async fn served(client: &kube::Client, api_version: &str, kind: &str) -> Option<(String, bool)> {
+    let list = if api_version.contains('/') {
+        client.list_api_group_resources(api_version).await
+    } else {
+        client.list_core_api_resources(api_version).await
+    };
+    let list = list.ok()?;
+    list.resources
+        .into_iter()
+        .find(|r| r.kind == kind && !r.name.contains('/'))
+        .map(|r| (r.name, r.namespaced))
+}
+
+async fn kubectl_apply(kubectl: &Path, kubeconfig: &Path, objects: &[Value]) -> String {
+    use tokio::io::AsyncWriteExt;
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    let mut child = tokio::process::Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--cache-dir")
+        .arg(kubeconfig.with_file_name("cache"))
+        .args(["apply", "-f", "-"])
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run kubectl apply");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(list.to_string().as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("kubectl apply finished in time")
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{} apply failed: {}{}",
+        kubectl.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Applies what the server serves; returns the kinds it skipped.
+async fn apply_supported(kubectl: &Path, objects: &[Value], label: &str) -> BTreeSet<String> {
+    let server = wasmwatch_apiserver::Server::start(wasmwatch_apiserver::Config::default())
+        .await
+        .expect("start the test API server");
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let client = server.client().unwrap();
+
+    let mut supported = Vec::new();
+    let mut resources = Vec::new();
+    let mut skipped = BTreeSet::new();
+    for o in objects {
+        let (api_version, kind) = (
+            o["apiVersion"].as_str().unwrap(),
+            o["kind"].as_str().unwrap(),
+        );
+        match served(&client, api_version, kind).await {
+            Some(r) => {
+                supported.push(o.clone());
+                resources.push(r);
+            }
+            None => {
+                skipped.insert(kind.to_string());
+            }
+        }
+    }
+    assert!(!supported.is_empty());
+    let first = kubectl_apply(kubectl, &kubeconfig, &supported).await;
+    // Applying again (an upgrade with nothing changed) works too.
+    let second = kubectl_apply(kubectl, &kubeconfig, &supported).await;
+    eprintln!("{label}: applied:\n{first}again:\n{second}skipped (server gaps): {skipped:?}");
+
+    // Every applied object is on the server as rendered.
+    for (o, (plural, namespaced)) in supported.iter().zip(&resources) {
+        let (group, version) = match o["apiVersion"].as_str().unwrap().split_once('/') {
+            Some((g, v)) => (g.to_string(), v.to_string()),
+            None => (String::new(), o["apiVersion"].as_str().unwrap().to_string()),
+        };
+        let ar = kube::discovery::ApiResource {
+            group,
+            version,
+            api_version: o["apiVersion"].as_str().unwrap().into(),
+            kind: o["kind"].as_str().unwrap().into(),
+            plural: plural.clone(),
+        };
+        let name = o["metadata"]["name"].as_str().unwrap();
+        let api: kube::Api<kube::api::DynamicObject> = if *namespaced {
+            let ns = o["metadata"]["namespace"].as_str().unwrap_or("default");
+            kube::Api::namespaced_with(client.clone(), ns, &ar)
+        } else {
+            kube::Api::all_with(client.clone(), &ar)
+        };
+        let stored = serde_json::to_value(api.get(name).await.unwrap_or_else(|e| {
+            panic!(
+                "{label}: {} {name} not on the server after apply: {e}",
+                o["kind"]
+            )
+        }))
+        .unwrap();
+        for field in ["data", "spec"] {
+            if let (Some(want), Some(got)) = (o.get(field), stored.get(field)) {
+                assert_subset(want, got, &format!("{label}: {} {name}.{field}", o["kind"]));
+            }
+        }
+    }
+    server.shutdown().await;
+    skipped
+}
+
+/// Every field of `want` is in `got` with the same value (the server may add
+/// defaults).
+fn assert_subset(want: &Value, got: &Value, at: &str) {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            for (k, v) in w {
+                let g = g
+                    .get(k)
+                    .unwrap_or_else(|| panic!("{at}.{k} missing on the server"));
+                assert_subset(v, g, &format!("{at}.{k}"));
+            }
+        }
+        (Value::Array(w), Value::Array(g)) => {
+            assert_eq!(w.len(), g.len(), "{at}");
+            for (n, (w, g)) in w.iter().zip(g).enumerate() {
+                assert_subset(w, g, &format!("{at}[{n}]"));
+            }
+        }
+        _ => assert_eq!(want, got, "{at}"),
+    }
+}
+
+#[tokio::test]
+async fn every_overlay_applies_to_the_test_api_server() {
+    for kubectl in kubectls() {
+        for overlay in overlays() {
+            let objects = render(&kubectl, &overlay_dir(&overlay));
+            let label = format!("{overlay} ({})", kubectl.display());
+            let skipped = apply_supported(&kubectl, &objects, &label).await;
+            for kind in &skipped {
+                assert!(
+                    KNOWN_SERVER_GAPS.contains(&kind.as_str()),
+                    "{label}: the test server does not serve {kind}, which is not a known gap"
+                );
+            }
+            let kinds: BTreeSet<&str> = objects
+                .iter()
+                .map(|o| o["kind"].as_str().unwrap())
+                .collect();
+            for kind in ["Namespace", "ConfigMap", "Service", "Deployment"] {
+                assert!(
+                    kinds.contains(kind) && !skipped.contains(kind),
+                    "{label}: {kind} applied"
+                );
+            }
+        }
+        let sidecar =
+            std::fs::read_to_string(deploy_dir().join("examples/leader-sidecar.yaml")).unwrap();
+        let label = format!("examples/leader-sidecar.yaml ({})", kubectl.display());
+        let skipped = apply_supported(&kubectl, &yaml_documents(&sidecar), &label).await;
+        assert!(!skipped.contains("Deployment"));
+        assert!(
+            skipped
+                .iter()
+                .all(|k| KNOWN_SERVER_GAPS.contains(&k.as_str())),
+            "{skipped:?}"
+        );
+    }
+}
