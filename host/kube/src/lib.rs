@@ -7,9 +7,13 @@
 //!   every action.
 //! - [`checkpoint`]: per-namespace resourceVersion checkpoints in the state
 //!   Lease, fenced by the leadership term.
+//! - [`lookups`]: the plugins' lookups (workloads, Services, ready endpoints)
+//!   answered from compact caches fed by watches; [`references`]: what a pod
+//!   template references.
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
 pub mod elector;
 pub mod lookups;
+pub mod references;
 pub mod watchloop;

@@ -1,1 +1,984 @@
-//! (being written)
+//! [`KubeLookups`]: the plugins' read-only lookups answered from in-memory
+//! caches fed by watches, never by an API call per lookup.
+//!
+//! Data flow: one `kube::runtime::watcher` per kind (Deployments,
+//! StatefulSets, DaemonSets, Services, EndpointSlices) × namespace (or one
+//! cluster-wide), with the watcher's default backoff, feeds a [`Cache`] behind
+//! a `RwLock`. The [`Lookups`] methods are synchronous (they run inside a wasm
+//! call on a blocking thread) and only take the read lock.
+//!
+//! The cache keeps only what the lookups return, in compact form: per
+//! workload its labels, annotations, pod-template annotations and the
+//! ConfigMaps/Secrets its pod template references (see [`crate::references`]);
+//! per Service its labels, annotations and ports; per EndpointSlice its ports
+//! and its ready endpoints (address and Pod name). Whole objects are parsed
+//! and dropped. The annotation `kubectl.kubernetes.io/last-applied-configuration`
+//! (a copy of the whole object, often the largest thing in it) is not kept.
+//!
+//! A relist (after an error or a 410) applies the listed objects as they come
+//! and, when the list is complete, removes the objects of that stream that
+//! were not listed: between the two, a deleted object may still be answered.
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt::Debug;
+use std::pin::pin;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use futures_util::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{PodTemplateSpec, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+use wasmwatch_core::ObjectKind;
+use wasmwatch_core::action::{WorkloadKind, WorkloadRef};
+use wasmwatch_core::lookups::{
+    Endpoint, Lookups, ObjectRef, ServiceInfo, ServicePort, WorkloadInfo,
+};
+
+use crate::references::pod_spec_references;
+
+/// Annotations not kept in the cache (nor returned by the lookups).
+pub const DROPPED_ANNOTATIONS: &[&str] = &["kubectl.kubernetes.io/last-applied-configuration"];
+
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Watches feeding a [`Cache`]; the watch tasks stop when this is dropped.
+pub struct KubeLookups {
+    cache: Arc<RwLock<Cache>>,
+    /// Streams whose initial list has not been applied yet.
+    pending: watch::Receiver<usize>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Debug for KubeLookups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeLookups")
+            .field("pending", &*self.pending.borrow())
+            .field("tasks", &self.tasks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeLookups {
+    /// Starts the watches: cluster-wide when `namespaces` is `None`, else one
+    /// per kind and namespace. Must be called inside a tokio runtime.
+    pub fn start(client: Client, namespaces: Option<Vec<String>>) -> Arc<KubeLookups> {
+        let scopes: Vec<Option<String>> = match namespaces {
+            None => vec![None],
+            Some(list) => {
+                let unique: BTreeSet<String> = list.into_iter().collect();
+                unique.into_iter().map(Some).collect()
+            }
+        };
+        let cache = Arc::new(RwLock::new(Cache::default()));
+        let (pending_tx, pending) = watch::channel(scopes.len() * 5);
+        let pending_tx = Arc::new(pending_tx);
+        let mut tasks = Vec::new();
+        for scope in &scopes {
+            let ctx = StreamCtx {
+                client: &client,
+                scope,
+                cache: &cache,
+                pending: &pending_tx,
+            };
+            tasks.push(ctx.spawn::<Deployment>());
+            tasks.push(ctx.spawn::<StatefulSet>());
+            tasks.push(ctx.spawn::<DaemonSet>());
+            tasks.push(ctx.spawn::<Service>());
+            tasks.push(ctx.spawn::<EndpointSlice>());
+        }
+        Arc::new(KubeLookups {
+            cache,
+            pending,
+            tasks,
+        })
+    }
+
+    /// Resolves once every watch has applied its initial list.
+    pub async fn ready(&self) {
+        let mut pending = self.pending.clone();
+        // Err only if every task is gone, which happens only after drop.
+        let _ = pending.wait_for(|n| *n == 0).await;
+    }
+
+    /// Whether every watch has applied its initial list.
+    pub fn is_ready(&self) -> bool {
+        *self.pending.borrow() == 0
+    }
+
+    /// One workload as cached (for the restart executor).
+    pub fn workload(&self, r: &WorkloadRef) -> Option<WorkloadInfo> {
+        self.read().workload(r)
+    }
+
+    /// How many objects the cache holds.
+    pub fn stats(&self) -> CacheStats {
+        self.read().stats()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Cache> {
+        self.cache.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for KubeLookups {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl Lookups for KubeLookups {
+    fn workloads_referencing(
+        &self,
+        kind: ObjectKind,
+        namespace: &str,
+        name: &str,
+    ) -> Vec<WorkloadInfo> {
+        self.read().workloads_referencing(kind, namespace, name)
+    }
+
+    fn service(&self, namespace: &str, name: &str) -> Option<ServiceInfo> {
+        self.read().service(namespace, name)
+    }
+
+    fn services_with_labels(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Vec<ServiceInfo> {
+        self.read().services_with_labels(namespace, labels)
+    }
+}
+
+struct StreamCtx<'a> {
+    client: &'a Client,
+    scope: &'a Option<String>,
+    cache: &'a Arc<RwLock<Cache>>,
+    pending: &'a Arc<watch::Sender<usize>>,
+}
+
+impl StreamCtx<'_> {
+    fn spawn<K: Cached>(&self) -> JoinHandle<()> {
+        let api: Api<K> = match self.scope {
+            None => Api::all(self.client.clone()),
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+        };
+        let span = tracing::info_span!(
+            "lookups-watch",
+            kind = K::KIND,
+            namespace = self.scope.as_deref().unwrap_or("*")
+        );
+        tokio::spawn(
+            run_stream(
+                api,
+                self.scope.clone(),
+                self.cache.clone(),
+                self.pending.clone(),
+            )
+            .instrument(span),
+        )
+    }
+}
+
+/// Applies one watch stream to the cache, forever (errors are logged and
+/// retried with the watcher's default backoff).
+async fn run_stream<K: Cached>(
+    api: Api<K>,
+    scope: Option<String>,
+    cache: Arc<RwLock<Cache>>,
+    pending: Arc<watch::Sender<usize>>,
+) {
+    let mut stream = pin!(watcher(api, watcher::Config::default()).default_backoff());
+    let mut state = StreamState::new(scope);
+    while let Some(item) = stream.next().await {
+        let event = match item {
+            Ok(event) => event,
+            Err(error) => {
+                tracing::warn!(%error, "lookups watch failed; retrying with backoff");
+                continue;
+            }
+        };
+        let first_list_done = {
+            let mut cache = cache.write().unwrap_or_else(PoisonError::into_inner);
+            state.handle(event, &mut cache)
+        };
+        if first_list_done {
+            pending.send_modify(|n| *n = n.saturating_sub(1));
+        }
+    }
+}
+
+/// What one stream needs to apply its events: which namespace it covers
+/// and, during a (re)list, which objects were listed.
+#[derive(Debug)]
+struct StreamState {
+    scope: Option<String>,
+    listed: HashSet<(String, String)>,
+    listed_once: bool,
+}
+
+impl StreamState {
+    fn new(scope: Option<String>) -> Self {
+        StreamState {
+            scope,
+            listed: HashSet::new(),
+            listed_once: false,
+        }
+    }
+
+    /// Applies one event; true when it completed the stream's first list.
+    fn handle<K: Cached>(&mut self, event: Event<K>, cache: &mut Cache) -> bool {
+        match event {
+            Event::Init => self.listed.clear(),
+            Event::InitApply(obj) => {
+                if let Some(key) = key_of(obj.meta()) {
+                    self.listed.insert(key);
+                }
+                obj.apply_to(cache);
+            }
+            Event::InitDone => {
+                // Whatever this stream had but the list did not have is gone.
+                let mut removed = 0usize;
+                for (ns, name) in cache.names::<K>(self.scope.as_deref()) {
+                    if !self.listed.contains(&(ns.clone(), name.clone())) {
+                        K::delete_from(cache, &ns, &name);
+                        removed += 1;
+                    }
+                }
+                self.listed = HashSet::new();
+                tracing::debug!(removed, "lookups list applied");
+                let first = !self.listed_once;
+                self.listed_once = true;
+                return first;
+            }
+            Event::Apply(obj) => obj.apply_to(cache),
+            Event::Delete(obj) => {
+                if let Some((ns, name)) = key_of(obj.meta()) {
+                    K::delete_from(cache, &ns, &name);
+                }
+            }
+        }
+        false
+    }
+}
+
+fn watcher<K: Cached>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl futures_util::Stream<Item = watcher::Result<Event<K>>> + Send {
+    watcher::watcher(api, config)
+}
+
+fn key_of(meta: &ObjectMeta) -> Option<(String, String)> {
+    Some((meta.namespace.clone()?, meta.name.clone()?))
+}
+
+/// Counts of cached objects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub namespaces: usize,
+    pub workloads: usize,
+    pub services: usize,
+    pub endpoint_slices: usize,
+}
+
+/// A kind the cache is fed with.
+pub trait Cached:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// For logs.
+    const KIND: &'static str;
+    /// Stores (or replaces) the compact form of this object.
+    fn apply_to(&self, cache: &mut Cache);
+    /// Forgets the object of this kind with this namespace and name.
+    fn delete_from(cache: &mut Cache, namespace: &str, name: &str);
+    /// The names of the objects of this kind in one namespace.
+    fn names_in(ns: &Namespace) -> Vec<String>;
+}
+
+/// Sorted key-value pairs; an empty one does not allocate.
+type Pairs = Box<[(Box<str>, Box<str>)]>;
+
+fn pairs(map: Option<&BTreeMap<String, String>>, drop_keys: &[&str]) -> Pairs {
+    map.into_iter()
+        .flatten()
+        .filter(|(k, _)| !drop_keys.contains(&k.as_str()))
+        .map(|(k, v)| (Box::from(k.as_str()), Box::from(v.as_str())))
+        .collect()
+}
+
+fn to_map(pairs: &Pairs) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+const WORKLOAD_KINDS: [WorkloadKind; 3] = [
+    WorkloadKind::Deployment,
+    WorkloadKind::StatefulSet,
+    WorkloadKind::DaemonSet,
+];
+
+fn rank(kind: WorkloadKind) -> u8 {
+    match kind {
+        WorkloadKind::Deployment => 0,
+        WorkloadKind::StatefulSet => 1,
+        WorkloadKind::DaemonSet => 2,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct WorkloadEntry {
+    labels: Pairs,
+    annotations: Pairs,
+    template_annotations: Pairs,
+    references: Box<[(ObjectKind, Box<str>)]>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ServiceEntry {
+    labels: Pairs,
+    annotations: Pairs,
+    ports: Box<[ServicePort]>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SliceEntry {
+    service: Box<str>,
+    ports: Box<[ServicePort]>,
+    ready: Box<[ReadyEndpoint]>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ReadyEndpoint {
+    address: Box<str>,
+    pod: Option<Box<str>>,
+}
+
+/// The cached objects of one namespace.
+#[derive(Debug, Default)]
+pub struct Namespace {
+    /// Per workload kind (by [`rank`]), by name.
+    workloads: [BTreeMap<Box<str>, WorkloadEntry>; 3],
+    /// (referenced kind, referenced name, workload kind rank, workload name).
+    referencing: BTreeSet<(ObjectKind, Box<str>, u8, Box<str>)>,
+    services: BTreeMap<Box<str>, ServiceEntry>,
+    slices: BTreeMap<Box<str>, SliceEntry>,
+    /// (service name, slice name).
+    slices_by_service: BTreeSet<(Box<str>, Box<str>)>,
+}
+
+impl Namespace {
+    fn is_empty(&self) -> bool {
+        self.workloads.iter().all(BTreeMap::is_empty)
+            && self.services.is_empty()
+            && self.slices.is_empty()
+    }
+}
+
+/// The lookups' state: no I/O; fed by [`Cached::apply_to`] and
+/// [`Cached::delete_from`] (the watches, or tests directly).
+#[derive(Debug, Default)]
+pub struct Cache {
+    namespaces: HashMap<Box<str>, Namespace>,
+}
+
+impl Cache {
+    /// Stores (or replaces) the compact form of `obj`.
+    pub fn apply<K: Cached>(&mut self, obj: &K) {
+        obj.apply_to(self);
+    }
+
+    /// Forgets an object.
+    pub fn delete<K: Cached>(&mut self, namespace: &str, name: &str) {
+        K::delete_from(self, namespace, name);
+    }
+
+    fn ns_mut(&mut self, ns: &str) -> &mut Namespace {
+        if !self.namespaces.contains_key(ns) {
+            self.namespaces.insert(Box::from(ns), Namespace::default());
+        }
+        self.namespaces.get_mut(ns).expect("just inserted")
+    }
+
+    /// Runs `f` on an existing namespace and drops the namespace if it ends up empty.
+    fn with_existing_ns(&mut self, ns: &str, f: impl FnOnce(&mut Namespace)) {
+        if let Some(n) = self.namespaces.get_mut(ns) {
+            f(n);
+            if n.is_empty() {
+                self.namespaces.remove(ns);
+            }
+        }
+    }
+
+    /// (namespace, name) of every object of kind `K` in `scope` (a namespace,
+    /// or all when `None`).
+    fn names<K: Cached>(&self, scope: Option<&str>) -> Vec<(String, String)> {
+        self.namespaces
+            .iter()
+            .filter(|(ns, _)| scope.is_none_or(|s| s == &***ns))
+            .flat_map(|(ns, n)| {
+                K::names_in(n)
+                    .into_iter()
+                    .map(move |name| (ns.to_string(), name))
+            })
+            .collect()
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let mut stats = CacheStats {
+            namespaces: self.namespaces.len(),
+            ..CacheStats::default()
+        };
+        for n in self.namespaces.values() {
+            stats.workloads += n.workloads.iter().map(BTreeMap::len).sum::<usize>();
+            stats.services += n.services.len();
+            stats.endpoint_slices += n.slices.len();
+        }
+        stats
+    }
+
+    fn apply_workload(
+        &mut self,
+        kind: WorkloadKind,
+        meta: &ObjectMeta,
+        template: Option<&PodTemplateSpec>,
+    ) {
+        let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+            return;
+        };
+        let references = template
+            .and_then(|t| t.spec.as_ref())
+            .map(pod_spec_references)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| (r.kind, Box::from(r.name)))
+            .collect();
+        let entry = WorkloadEntry {
+            labels: pairs(meta.labels.as_ref(), &[]),
+            annotations: pairs(meta.annotations.as_ref(), DROPPED_ANNOTATIONS),
+            template_annotations: pairs(
+                template
+                    .and_then(|t| t.metadata.as_ref())
+                    .and_then(|m| m.annotations.as_ref()),
+                DROPPED_ANNOTATIONS,
+            ),
+            references,
+        };
+        let n = self.ns_mut(ns);
+        let r = rank(kind);
+        let old = n.workloads[r as usize].get(name.as_str());
+        if old == Some(&entry) {
+            return;
+        }
+        if let Some(old) = old {
+            for (k, obj) in old.references.iter() {
+                n.referencing
+                    .remove(&(*k, obj.clone(), r, Box::from(name.as_str())));
+            }
+        }
+        for (k, obj) in entry.references.iter() {
+            n.referencing
+                .insert((*k, obj.clone(), r, Box::from(name.as_str())));
+        }
+        n.workloads[r as usize].insert(Box::from(name.as_str()), entry);
+    }
+
+    fn delete_workload(&mut self, kind: WorkloadKind, ns: &str, name: &str) {
+        let r = rank(kind);
+        self.with_existing_ns(ns, |n| {
+            if let Some(old) = n.workloads[r as usize].remove(name) {
+                for (k, obj) in old.references.iter() {
+                    n.referencing.remove(&(*k, obj.clone(), r, Box::from(name)));
+                }
+            }
+        });
+    }
+
+    fn apply_service(&mut self, svc: &Service) {
+        let meta = &svc.metadata;
+        let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+            return;
+        };
+        let ports = svc
+            .spec
+            .iter()
+            .flat_map(|s| s.ports.iter().flatten())
+            .filter_map(|p| {
+                Some(ServicePort {
+                    name: p.name.clone().filter(|n| !n.is_empty()),
+                    port: u16::try_from(p.port).ok()?,
+                })
+            })
+            .collect();
+        let entry = ServiceEntry {
+            labels: pairs(meta.labels.as_ref(), &[]),
+            annotations: pairs(meta.annotations.as_ref(), DROPPED_ANNOTATIONS),
+            ports,
+        };
+        self.ns_mut(ns)
+            .services
+            .insert(Box::from(name.as_str()), entry);
+    }
+
+    fn apply_slice(&mut self, slice: &EndpointSlice) {
+        let meta = &slice.metadata;
+        let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+            return;
+        };
+        let service = meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+            .filter(|s| !s.is_empty());
+        let Some(service) = service else {
+            // Not (or no longer) a Service's slice.
+            self.delete_slice(ns, name);
+            return;
+        };
+        let ports = slice
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| {
+                Some(ServicePort {
+                    name: p.name.clone().filter(|n| !n.is_empty()),
+                    port: u16::try_from(p.port?).ok()?,
+                })
+            })
+            .collect();
+        let ready = slice
+            .endpoints
+            .iter()
+            .flatten()
+            // nil `ready` means ready (API docs: "should be interpreted as true").
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+            .filter_map(|e| {
+                let address = e.addresses.first()?;
+                let pod = e
+                    .target_ref
+                    .as_ref()
+                    .filter(|t| t.kind.as_deref() == Some("Pod"))
+                    .and_then(|t| t.name.as_deref())
+                    .map(Box::from);
+                Some(ReadyEndpoint {
+                    address: Box::from(address.as_str()),
+                    pod,
+                })
+            })
+            .collect();
+        let entry = SliceEntry {
+            service: Box::from(service.as_str()),
+            ports,
+            ready,
+        };
+        let n = self.ns_mut(ns);
+        if let Some(old) = n.slices.get(name.as_str()) {
+            if old == &entry {
+                return;
+            }
+            let key = (old.service.clone(), Box::from(name.as_str()));
+            n.slices_by_service.remove(&key);
+        }
+        n.slices_by_service
+            .insert((entry.service.clone(), Box::from(name.as_str())));
+        n.slices.insert(Box::from(name.as_str()), entry);
+    }
+
+    fn delete_slice(&mut self, ns: &str, name: &str) {
+        self.with_existing_ns(ns, |n| {
+            if let Some(old) = n.slices.remove(name) {
+                n.slices_by_service.remove(&(old.service, Box::from(name)));
+            }
+        });
+    }
+
+    /// One workload as cached.
+    pub fn workload(&self, r: &WorkloadRef) -> Option<WorkloadInfo> {
+        let n = self.namespaces.get(r.namespace.as_str())?;
+        let entry = n.workloads[rank(r.kind) as usize].get(r.name.as_str())?;
+        Some(workload_info(r.clone(), entry))
+    }
+
+    pub fn workloads_referencing(
+        &self,
+        kind: ObjectKind,
+        namespace: &str,
+        name: &str,
+    ) -> Vec<WorkloadInfo> {
+        let Some(n) = self.namespaces.get(namespace) else {
+            return Vec::new();
+        };
+        let from = (kind, Box::from(name), 0u8, Box::from(""));
+        n.referencing
+            .range(from..)
+            .take_while(|(k, obj, _, _)| *k == kind && &**obj == name)
+            .filter_map(|(_, _, r, wname)| {
+                let entry = n.workloads[*r as usize].get(wname)?;
+                let workload = WorkloadRef {
+                    kind: WORKLOAD_KINDS[*r as usize],
+                    namespace: namespace.to_string(),
+                    name: wname.to_string(),
+                };
+                Some(workload_info(workload, entry))
+            })
+            .collect()
+    }
+
+    pub fn service(&self, namespace: &str, name: &str) -> Option<ServiceInfo> {
+        let n = self.namespaces.get(namespace)?;
+        let entry = n.services.get(name)?;
+        Some(service_info(n, namespace, name, entry))
+    }
+
+    pub fn services_with_labels(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Vec<ServiceInfo> {
+        let Some(n) = self.namespaces.get(namespace) else {
+            return Vec::new();
+        };
+        n.services
+            .iter()
+            .filter(|(_, s)| {
+                labels
+                    .iter()
+                    .all(|(k, v)| s.labels.iter().any(|(sk, sv)| **sk == **k && **sv == **v))
+            })
+            .map(|(name, s)| service_info(n, namespace, name, s))
+            .collect()
+    }
+}
+
+fn workload_info(workload: WorkloadRef, e: &WorkloadEntry) -> WorkloadInfo {
+    WorkloadInfo {
+        workload,
+        labels: to_map(&e.labels),
+        annotations: to_map(&e.annotations),
+        template_annotations: to_map(&e.template_annotations),
+        references: e
+            .references
+            .iter()
+            .map(|(kind, name)| ObjectRef {
+                kind: *kind,
+                name: name.to_string(),
+            })
+            .collect(),
+    }
+}
+
+fn service_info(n: &Namespace, namespace: &str, name: &str, s: &ServiceEntry) -> ServiceInfo {
+    let mut ready_endpoints: Vec<Endpoint> = Vec::new();
+    let from = (Box::from(name), Box::from(""));
+    let slices = n
+        .slices_by_service
+        .range(from..)
+        .take_while(|(svc, _)| &**svc == name)
+        .filter_map(|(_, slice)| n.slices.get(slice));
+    for slice in slices {
+        for ready in slice.ready.iter() {
+            let endpoint = Endpoint {
+                address: ready.address.to_string(),
+                pod: ready.pod.as_deref().map(str::to_string),
+                ports: slice.ports.to_vec(),
+            };
+            // The same endpoint may briefly be in two slices.
+            if !ready_endpoints.contains(&endpoint) {
+                ready_endpoints.push(endpoint);
+            }
+        }
+    }
+    ServiceInfo {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        labels: to_map(&s.labels),
+        annotations: to_map(&s.annotations),
+        ports: s.ports.to_vec(),
+        ready_endpoints,
+    }
+}
+
+macro_rules! workload_kind {
+    ($ty:ty, $kind:expr) => {
+        impl Cached for $ty {
+            const KIND: &'static str = stringify!($ty);
+
+            fn apply_to(&self, cache: &mut Cache) {
+                let template = Some(&self.spec.template);
+                cache.apply_workload($kind, &self.metadata, template);
+            }
+
+            fn delete_from(cache: &mut Cache, namespace: &str, name: &str) {
+                cache.delete_workload($kind, namespace, name);
+            }
+
+            fn names_in(ns: &Namespace) -> Vec<String> {
+                ns.workloads[rank($kind) as usize]
+                    .keys()
+                    .map(|k| k.to_string())
+                    .collect()
+            }
+        }
+    };
+}
+
+workload_kind!(Deployment, WorkloadKind::Deployment);
+workload_kind!(StatefulSet, WorkloadKind::StatefulSet);
+workload_kind!(DaemonSet, WorkloadKind::DaemonSet);
+
+impl Cached for Service {
+    const KIND: &'static str = "Service";
+
+    fn apply_to(&self, cache: &mut Cache) {
+        cache.apply_service(self);
+    }
+
+    fn delete_from(cache: &mut Cache, namespace: &str, name: &str) {
+        cache.with_existing_ns(namespace, |n| {
+            n.services.remove(name);
+        });
+    }
+
+    fn names_in(ns: &Namespace) -> Vec<String> {
+        ns.services.keys().map(|k| k.to_string()).collect()
+    }
+}
+
+impl Cached for EndpointSlice {
+    const KIND: &'static str = "EndpointSlice";
+
+    fn apply_to(&self, cache: &mut Cache) {
+        cache.apply_slice(self);
+    }
+
+    fn delete_from(cache: &mut Cache, namespace: &str, name: &str) {
+        cache.delete_slice(namespace, name);
+    }
+
+    fn names_in(ns: &Namespace) -> Vec<String> {
+        ns.slices.keys().map(|k| k.to_string()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj<K: DeserializeOwned>(v: serde_json::Value) -> K {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn deployment(name: &str, cm: &str) -> Deployment {
+        obj(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": name, "labels": {"app": name},
+                "annotations": {"reloader.stakater.com/auto": "true",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{...}"}},
+            "spec": {"selector": {}, "template": {
+                "metadata": {"annotations": {"t": "1"}},
+                "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": cm}}]}]}
+            }}
+        }))
+    }
+
+    fn slice(name: &str, svc: Option<&str>, endpoints: serde_json::Value) -> EndpointSlice {
+        obj(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": name,
+                "labels": svc.map(|s| serde_json::json!({SERVICE_NAME_LABEL: s})).unwrap_or_default()},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": endpoints
+        }))
+    }
+
+    fn names(ws: &[WorkloadInfo]) -> Vec<&str> {
+        ws.iter().map(|w| w.workload.name.as_str()).collect()
+    }
+
+    #[test]
+    fn the_reference_index_follows_updates_and_deletes() {
+        let mut cache = Cache::default();
+        cache.apply(&deployment("a", "one"));
+        cache.apply(&deployment("b", "one"));
+        let found = cache.workloads_referencing(ObjectKind::ConfigMap, "ns", "one");
+        assert_eq!(names(&found), ["a", "b"]);
+        let a = &found[0];
+        assert_eq!(a.annotations.len(), 1, "last-applied is dropped");
+        assert_eq!(a.template_annotations["t"], "1");
+        assert_eq!(a.labels["app"], "a");
+
+        cache.apply(&deployment("a", "two"));
+        let one = cache.workloads_referencing(ObjectKind::ConfigMap, "ns", "one");
+        assert_eq!(names(&one), ["b"]);
+        let two = cache.workloads_referencing(ObjectKind::ConfigMap, "ns", "two");
+        assert_eq!(names(&two), ["a"]);
+        assert!(
+            cache
+                .workloads_referencing(ObjectKind::Secret, "ns", "one")
+                .is_empty()
+        );
+        assert!(
+            cache
+                .workloads_referencing(ObjectKind::ConfigMap, "other", "one")
+                .is_empty()
+        );
+        // A prefix of a name is another name.
+        assert!(
+            cache
+                .workloads_referencing(ObjectKind::ConfigMap, "ns", "on")
+                .is_empty()
+        );
+
+        cache.delete::<Deployment>("ns", "b");
+        assert!(
+            cache
+                .workloads_referencing(ObjectKind::ConfigMap, "ns", "one")
+                .is_empty()
+        );
+        cache.delete::<Deployment>("ns", "a");
+        assert_eq!(
+            cache.stats(),
+            CacheStats::default(),
+            "empty namespaces are dropped"
+        );
+    }
+
+    #[test]
+    fn slices_merge_skip_not_ready_endpoints_and_follow_their_label() {
+        let mut cache = Cache::default();
+        cache.apply::<Service>(&obj(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": "web"},
+            "spec": {"ports": [{"name": "http", "port": 80}]}
+        })));
+        cache.apply(&slice("web-1", Some("web"), serde_json::json!([
+            {"addresses": ["10.0.0.1"], "targetRef": {"kind": "Pod", "name": "p1"}},
+            {"addresses": ["10.0.0.2"], "conditions": {"ready": false}},
+            {"addresses": ["10.0.0.3"], "conditions": {"ready": true}, "targetRef": {"kind": "Node", "name": "n"}},
+            {"addresses": []}
+        ])));
+        cache.apply(&slice(
+            "web-2",
+            Some("web"),
+            serde_json::json!([
+                {"addresses": ["10.0.0.4", "10.0.0.5"], "conditions": {}}
+            ]),
+        ));
+        cache.apply(&slice(
+            "webx-1",
+            Some("webx"),
+            serde_json::json!([{"addresses": ["10.9.9.9"]}]),
+        ));
+        let svc = cache.service("ns", "web").unwrap();
+        let eps: Vec<(&str, Option<&str>)> = svc
+            .ready_endpoints
+            .iter()
+            .map(|e| (e.address.as_str(), e.pod.as_deref()))
+            .collect();
+        assert_eq!(
+            eps,
+            [
+                ("10.0.0.1", Some("p1")),
+                ("10.0.0.3", None),
+                ("10.0.0.4", None)
+            ]
+        );
+        assert_eq!(
+            svc.ports,
+            [ServicePort {
+                name: Some("http".into()),
+                port: 80
+            }]
+        );
+        assert_eq!(
+            svc.ready_endpoints[0].ports,
+            [ServicePort {
+                name: Some("http".into()),
+                port: 8080
+            }]
+        );
+
+        // The label moves the slice to another service.
+        cache.apply(&slice(
+            "web-2",
+            Some("webx"),
+            serde_json::json!([{"addresses": ["10.0.0.4"]}]),
+        ));
+        assert_eq!(cache.service("ns", "web").unwrap().ready_endpoints.len(), 2);
+        // Losing the label removes it.
+        cache.apply(&slice(
+            "web-1",
+            None,
+            serde_json::json!([{"addresses": ["10.0.0.1"]}]),
+        ));
+        assert!(
+            cache
+                .service("ns", "web")
+                .unwrap()
+                .ready_endpoints
+                .is_empty()
+        );
+        cache.delete::<Service>("ns", "web");
+        assert!(cache.service("ns", "web").is_none());
+    }
+
+    #[test]
+    fn a_relist_removes_what_it_did_not_list_within_its_scope() {
+        let mut cache = Cache::default();
+        let other: Deployment = obj(serde_json::json!({
+            "metadata": {"namespace": "elsewhere", "name": "x"},
+            "spec": {"selector": {}, "template": {}}
+        }));
+        cache.apply(&other);
+        let mut state = StreamState::new(Some("ns".into()));
+        assert!(!state.handle::<Deployment>(Event::Init, &mut cache));
+        assert!(!state.handle(Event::InitApply(deployment("a", "one")), &mut cache));
+        assert!(!state.handle(Event::InitApply(deployment("b", "one")), &mut cache));
+        assert!(
+            state.handle::<Deployment>(Event::InitDone, &mut cache),
+            "first list done"
+        );
+        assert!(!state.handle(Event::Apply(deployment("c", "one")), &mut cache));
+        assert_eq!(cache.stats().workloads, 4);
+
+        // After an error the watcher lists again: b was deleted meanwhile.
+        assert!(!state.handle::<Deployment>(Event::Init, &mut cache));
+        assert!(!state.handle(Event::InitApply(deployment("a", "one")), &mut cache));
+        assert!(!state.handle(Event::InitApply(deployment("c", "one")), &mut cache));
+        assert!(
+            !state.handle::<Deployment>(Event::InitDone, &mut cache),
+            "not the first"
+        );
+        let found = cache.workloads_referencing(ObjectKind::ConfigMap, "ns", "one");
+        assert_eq!(names(&found), ["a", "c"]);
+        assert!(cache.service("ns", "a").is_none(), "kinds are apart");
+        let kept = WorkloadRef {
+            kind: WorkloadKind::Deployment,
+            namespace: "elsewhere".into(),
+            name: "x".into(),
+        };
+        assert!(
+            cache.workload(&kept).is_some(),
+            "another stream's namespace is kept"
+        );
+
+        assert!(!state.handle(Event::Delete(deployment("a", "one")), &mut cache));
+        assert_eq!(cache.stats().workloads, 2);
+    }
+}
