@@ -31,8 +31,8 @@
 //! - **Tickets** complete (sent on the `done` channel) when every action of
 //!   the submission finished or dead-lettered; never on abandonment or when
 //!   the pipeline is dropped.
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -143,8 +143,13 @@ pub struct Report {
 pub enum Outcome {
     Done,
     /// Failed, will be retried after the delay.
-    Retrying { error: ExecError, delay: Duration },
-    DeadLettered { error: ExecError },
+    Retrying {
+        error: ExecError,
+        delay: Duration,
+    },
+    DeadLettered {
+        error: ExecError,
+    },
     /// Not leading any more: given up without completing its tickets.
     Abandoned,
 }
@@ -247,7 +252,10 @@ impl TargetKey {
                 content_hash,
                 ..
             } => TargetKey::Restart {
-                workload: format!("{:?}/{}/{}", workload.kind, workload.namespace, workload.name),
+                workload: format!(
+                    "{:?}/{}/{}",
+                    workload.kind, workload.namespace, workload.name
+                ),
                 object: content_hash
                     .rsplit_once(':')
                     .map_or(content_hash.as_str(), |(object, _)| object)
@@ -520,7 +528,11 @@ async fn run<T: Send + 'static>(
                 if let Some(slot) = slots.get_mut(&key) {
                     slot.running = false;
                     // A window that closed while the job ran starts now.
-                    if slot.pending.as_ref().is_some_and(|p| p.due <= Instant::now()) {
+                    if slot
+                        .pending
+                        .as_ref()
+                        .is_some_and(|p| p.due <= Instant::now())
+                    {
                         seq += 1;
                         timers.push(Reverse((Instant::now(), seq, key.clone())));
                     }

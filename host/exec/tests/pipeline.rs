@@ -114,7 +114,9 @@ fn harness(config: PipelineConfig) -> Harness {
         rec.clone(),
         config,
         Arc::new(move || l.load(std::sync::atomic::Ordering::SeqCst)),
-        Some(Arc::new(move |rep: &Report| r.lock().unwrap().push(rep.clone()))),
+        Some(Arc::new(move |rep: &Report| {
+            r.lock().unwrap().push(rep.clone())
+        })),
         tx,
     );
     Harness {
@@ -303,7 +305,10 @@ async fn a_change_during_a_running_refresh_is_refreshed_again_after_it() {
             policy: policy(0, 0),
         });
     }
-    assert_eq!(done_within(&mut h, Duration::from_secs(5)).await, vec![1, 2, 3]);
+    assert_eq!(
+        done_within(&mut h, Duration::from_secs(5)).await,
+        vec![1, 2, 3]
+    );
     let calls = h.rec.calls.lock().unwrap();
     assert_eq!(calls.len(), 2);
     assert!(
