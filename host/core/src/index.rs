@@ -12,7 +12,6 @@
 //! (sharded across Leases when large) so that a new leader can resynchronise
 //! against what its predecessor handled.
 use std::collections::BTreeMap;
-use std::hash::{Hash, Hasher};
 
 use sha2::{Digest, Sha256};
 
@@ -33,11 +32,21 @@ fn short_hash(bytes: &[u8]) -> u64 {
     u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
 }
 
+/// A stable hash of labels and annotations: it is persisted with the index
+/// (a new leader compares against it), so it must not depend on the Rust
+/// version or the process, as `DefaultHasher` may.
 fn metadata_hash(o: &ObjectSnapshot) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    o.labels.hash(&mut h);
-    o.annotations.hash(&mut h);
-    h.finish()
+    let mut h = Sha256::new();
+    for map in [&o.labels, &o.annotations] {
+        for (k, v) in map {
+            h.update((k.len() as u64).to_le_bytes());
+            h.update(k.as_bytes());
+            h.update((v.len() as u64).to_le_bytes());
+            h.update(v.as_bytes());
+        }
+        h.update(u64::MAX.to_le_bytes());
+    }
+    u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
 }
 
 impl Handled {
@@ -102,6 +111,38 @@ impl ObjectIndex {
 
     pub fn is_empty(&self) -> bool {
         self.objects.is_empty()
+    }
+
+    pub fn kind(&self) -> ObjectKind {
+        self.kind
+    }
+
+    /// The part of the index for one namespace (`*`: all of it), for a
+    /// watch stream of that namespace.
+    pub fn namespace(&self, namespace: &str) -> ObjectIndex {
+        if namespace == "*" {
+            return self.clone();
+        }
+        ObjectIndex {
+            kind: self.kind,
+            objects: self
+                .objects
+                .iter()
+                .filter(|((ns, _), _)| ns == namespace)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// Keeps only the objects of the namespaces `keep` accepts.
+    pub fn retain_namespaces(&mut self, keep: impl Fn(&str) -> bool) {
+        self.objects.retain(|(ns, _), _| keep(ns));
+    }
+
+    /// Adds `other`'s objects (another stream's part), replacing equal keys.
+    pub fn extend(&mut self, other: &ObjectIndex) {
+        self.objects
+            .extend(other.objects.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
 
     /// Turns one watch event into the change to deliver, if any, and

@@ -16,6 +16,26 @@
 //! leader's next write fails with 409 and it must stop ([`CheckpointError::Fenced`]).
 //! The store never re-reads to "fix" a 409: a conflict means someone else owns
 //! the state now.
+//!
+//! ## The object index
+//!
+//! Next to the checkpoints the store keeps, per kind, the [`ObjectIndex`] of
+//! handled objects (digests, no payloads), so that a new leader meeting a 410
+//! can resynchronise against what its predecessor handled instead of
+//! refreshing everything. Its text ([`ObjectIndex::encode`]) is split into
+//! shards under [`SHARD_BYTES`], each in the annotation `wasmwatch.io/index`
+//! of a Lease `<state>-index-<kind>-<n>`; the state Lease records the shard
+//! count per kind (`wasmwatch.io/configmap-index-shards`).
+//!
+//! Why the write order does not matter: an index is only ever saved when it
+//! is *safe*, that is when every change it has seen was handled (see
+//! [`Progress::index`]). A safe index can be combined with any checkpoint: an
+//! index behind the checkpoint makes a resync re-deliver some handled changes
+//! (at least once allows that), and an index ahead of the stored checkpoint
+//! (a crash between the shard writes and the state write) only makes the
+//! replay skip changes that were in fact handled. A torn set of shards mixes
+//! entries of two safe indexes, which is again safe. So shards are written
+//! first and the state Lease last, and a failed round is simply retried.
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -23,10 +43,60 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use wasmwatch_core::ObjectKind;
+use wasmwatch_core::index::ObjectIndex;
 
 use crate::elector::Term;
 
 pub const TERM_ANNOTATION: &str = "wasmwatch.io/term";
+/// On an index shard Lease: that shard's part of the encoded index.
+pub const INDEX_ANNOTATION: &str = "wasmwatch.io/index";
+/// Largest shard text; Kubernetes allows 256 KiB of annotations per object.
+pub const SHARD_BYTES: usize = 200 * 1024;
+
+/// The state Lease's annotation with the number of index shards of a kind.
+pub fn shards_key(kind: ObjectKind) -> &'static str {
+    match kind {
+        ObjectKind::ConfigMap => "wasmwatch.io/configmap-index-shards",
+        ObjectKind::Secret => "wasmwatch.io/secret-index-shards",
+    }
+}
+
+/// The name of one index shard Lease.
+pub fn shard_name(state: &str, kind: ObjectKind, n: usize) -> String {
+    format!("{state}-index-{}-{n}", kind.as_str().to_ascii_lowercase())
+}
+
+/// Splits an encoded index (one object per line) into shards under `max`
+/// bytes, at line boundaries.
+pub fn split_shards(text: &str, max: usize) -> Vec<String> {
+    let mut shards = vec![String::new()];
+    for line in text.split_inclusive('\n') {
+        let last = shards.last_mut().expect("one shard");
+        if !last.is_empty() && last.len() + line.len() > max {
+            shards.push(String::new());
+        }
+        shards.last_mut().expect("one shard").push_str(line);
+    }
+    shards
+}
+
+/// One watch stream's index that became safe to store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamIndex {
+    pub kind: ObjectKind,
+    /// The stream's namespace, `*` for cluster-wide.
+    pub namespace: String,
+    pub index: ObjectIndex,
+}
+
+/// What a new leader starts from.
+#[derive(Debug, Clone, Default)]
+pub struct Claimed {
+    pub checkpoints: Checkpoints,
+    /// Per kind, the stored index of handled objects (all namespaces); split
+    /// it per stream with [`ObjectIndex::namespace`].
+    pub indexes: BTreeMap<ObjectKind, ObjectIndex>,
+}
 
 /// The annotation holding one kind's checkpoints.
 pub fn annotation_key(kind: ObjectKind) -> &'static str {
@@ -118,6 +188,12 @@ pub struct CheckpointStore {
     term: Term,
     /// The state Lease as this leader last wrote it.
     lease: Option<Lease>,
+    /// Per kind, the index stored by an earlier term: it stands for every
+    /// namespace that has no newer index of its own in `indexes`.
+    claimed: BTreeMap<ObjectKind, ObjectIndex>,
+    /// Per kind and stream namespace (`*`: cluster-wide): the newest safe
+    /// index of this term.
+    indexes: BTreeMap<ObjectKind, BTreeMap<String, ObjectIndex>>,
 }
 
 impl CheckpointStore {
@@ -127,13 +203,15 @@ impl CheckpointStore {
             name: name.to_string(),
             term,
             lease: None,
+            claimed: BTreeMap::new(),
+            indexes: BTreeMap::new(),
         }
     }
 
     /// Claims the state for this term (creating the Lease on first use) and
     /// returns the stored checkpoints. Fails with `Fenced` if the state
     /// already belongs to a newer term.
-    pub async fn claim(&mut self) -> Result<Checkpoints, CheckpointError> {
+    pub async fn claim(&mut self) -> Result<Claimed, CheckpointError> {
         let mut lease = match self.api.get_opt(&self.name).await? {
             Some(l) => l,
             None => {
@@ -182,23 +260,148 @@ impl CheckpointStore {
                     })?;
             }
         }
+        let mut shard_counts = BTreeMap::new();
+        for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+            if let Some(v) = annotations.get(shards_key(kind)) {
+                let n: usize = v.parse().map_err(|_| CheckpointError::Corrupt {
+                    lease: self.name.clone(),
+                    message: format!("{}: {v:?} is not a shard count", shards_key(kind)),
+                })?;
+                shard_counts.insert(kind, n);
+            }
+        }
         annotations.insert(TERM_ANNOTATION.to_string(), self.term.to_string());
         self.lease = Some(self.replace(&lease).await?);
-        Ok(checkpoints)
+        // The indexes are read after the claim, so no older leader writes
+        // them any more (it would be fenced at its next state write; a shard
+        // it still wrote is safe anyway, see the module docs).
+        let mut indexes = BTreeMap::new();
+        for (kind, n) in shard_counts {
+            let index = self.read_index(kind, n).await?;
+            self.claimed.insert(kind, index.clone());
+            indexes.insert(kind, index);
+        }
+        Ok(Claimed {
+            checkpoints,
+            indexes,
+        })
+    }
+
+    async fn read_index(
+        &self,
+        kind: ObjectKind,
+        shards: usize,
+    ) -> Result<ObjectIndex, CheckpointError> {
+        let mut text = String::new();
+        for n in 0..shards {
+            let name = shard_name(&self.name, kind, n);
+            let shard = self
+                .api
+                .get_opt(&name)
+                .await?
+                .and_then(|l| l.metadata.annotations?.remove(INDEX_ANNOTATION));
+            match shard {
+                Some(t) => text.push_str(&t),
+                // A missing shard loses those objects' entries: they count
+                // as new at a resync (delivered again), never as handled.
+                None => {
+                    tracing::warn!(lease = %name, "index shard missing; its objects will be delivered again at a resync")
+                }
+            }
+        }
+        ObjectIndex::decode(kind, &text).map_err(|message| CheckpointError::Corrupt {
+            lease: shard_name(&self.name, kind, 0),
+            message,
+        })
+    }
+
+    /// Writes the index shards of one kind: the newest safe index of each of
+    /// its streams, merged. Returns the shard count.
+    async fn write_index(&mut self, kind: ObjectKind) -> Result<usize, CheckpointError> {
+        let streams = self.indexes.get(&kind).cloned().unwrap_or_default();
+        let mut merged = ObjectIndex::new(kind);
+        if !streams.contains_key("*")
+            && let Some(claimed) = self.claimed.get(&kind)
+        {
+            merged = claimed.clone();
+            merged.retain_namespaces(|ns| !streams.contains_key(ns));
+        }
+        for index in streams.values() {
+            merged.extend(index);
+        }
+        let shards = split_shards(&merged.encode(), SHARD_BYTES);
+        for (n, text) in shards.iter().enumerate() {
+            let name = shard_name(&self.name, kind, n);
+            let mut lease = match self.api.get_opt(&name).await? {
+                Some(l) => l,
+                None => {
+                    let fresh = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(name.clone()),
+                            ..Default::default()
+                        },
+                        spec: None,
+                    };
+                    match self.api.create(&PostParams::default(), &fresh).await {
+                        Ok(l) => l,
+                        Err(kube::Error::Api(s)) if s.code == 409 => self.api.get(&name).await?,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            };
+            let annotations = lease
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            if annotations.get(INDEX_ANNOTATION) == Some(text) {
+                continue;
+            }
+            annotations.insert(INDEX_ANNOTATION.into(), text.clone());
+            annotations.insert(TERM_ANNOTATION.into(), self.term.to_string());
+            // RV-guarded: a conflict is retried in the next round.
+            self.api
+                .replace(&name, &PostParams::default(), &lease)
+                .await?;
+        }
+        Ok(shards.len())
     }
 
     /// Writes the checkpoints. A 409 means another leader claimed the state:
     /// `Fenced`, and the caller must stop.
-    pub async fn save(&mut self, checkpoints: &Checkpoints) -> Result<(), CheckpointError> {
+    ///
+    /// `indexes` are streams' indexes that became safe since the last
+    /// successful save; the shards of their kinds are rewritten first.
+    pub async fn save(
+        &mut self,
+        checkpoints: &Checkpoints,
+        indexes: &[StreamIndex],
+    ) -> Result<(), CheckpointError> {
         let Some(mut lease) = self.lease.clone() else {
             return Err(CheckpointError::Fenced(
                 "this store has not claimed the state".into(),
             ));
         };
+        let mut kinds = Vec::new();
+        for ix in indexes {
+            self.indexes
+                .entry(ix.kind)
+                .or_default()
+                .insert(ix.namespace.clone(), ix.index.clone());
+            if !kinds.contains(&ix.kind) {
+                kinds.push(ix.kind);
+            }
+        }
+        let mut counts = Vec::new();
+        for kind in kinds {
+            counts.push((kind, self.write_index(kind).await?));
+        }
         let annotations = lease
             .metadata
             .annotations
             .get_or_insert_with(Default::default);
+        for (kind, n) in counts {
+            annotations.insert(shards_key(kind).to_string(), n.to_string());
+        }
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
             match checkpoints.format(kind) {
                 Some(v) => annotations.insert(annotation_key(kind).to_string(), v),
@@ -270,24 +473,39 @@ pub struct Ticket {
     seq: u64,
 }
 
+/// One entry of a stream's queue, in stream order.
+#[derive(Debug)]
+struct Entry {
+    seq: u64,
+    /// The version the checkpoint may pass once this entry and all before
+    /// it are done (`None` for an index marker).
+    version: Option<String>,
+    done: bool,
+    /// An index marker: the loop's index after everything before it.
+    index: Option<ObjectIndex>,
+}
+
 #[derive(Debug, Default)]
 struct Stream {
     kind: Option<ObjectKind>,
     namespace: String,
     next_seq: u64,
-    /// In stream order: (seq, resourceVersion, done).
-    pending: std::collections::VecDeque<(u64, String, bool)>,
+    pending: std::collections::VecDeque<Entry>,
 }
 
 /// Decides how far each watch stream's checkpoint may advance: only past
 /// versions whose changes, and all changes before them, are handled. The
 /// caller writes [`Progress::checkpoints`] with [`CheckpointStore::save`]
 /// when [`Progress::take_dirty`] says so, at most every so often (batching).
+///
+/// It also decides when a watch loop's [`ObjectIndex`] is safe to store:
+/// once every change the loop had seen when it took the index is handled.
 #[derive(Debug, Default)]
 pub struct Progress {
     streams: Vec<Stream>,
     checkpoints: Checkpoints,
     dirty: bool,
+    safe: Vec<StreamIndex>,
 }
 
 impl Progress {
@@ -297,6 +515,7 @@ impl Progress {
             streams: Vec::new(),
             checkpoints,
             dirty: false,
+            safe: Vec::new(),
         }
     }
 
@@ -310,23 +529,42 @@ impl Progress {
         self.streams.len() - 1
     }
 
-    /// A change at `resource_version` was handed out.
-    pub fn change(&mut self, stream: usize, resource_version: &str) -> Ticket {
+    fn push(
+        &mut self,
+        stream: usize,
+        version: Option<String>,
+        done: bool,
+        index: Option<ObjectIndex>,
+    ) -> u64 {
         let s = &mut self.streams[stream];
         let seq = s.next_seq;
         s.next_seq += 1;
-        s.pending
-            .push_back((seq, resource_version.to_string(), false));
+        s.pending.push_back(Entry {
+            seq,
+            version,
+            done,
+            index,
+        });
+        seq
+    }
+
+    /// A change at `resource_version` was handed out.
+    pub fn change(&mut self, stream: usize, resource_version: &str) -> Ticket {
+        let seq = self.push(stream, Some(resource_version.to_string()), false, None);
         Ticket { stream, seq }
     }
 
     /// Nothing to handle up to `resource_version`.
     pub fn progress(&mut self, stream: usize, resource_version: &str) {
-        let s = &mut self.streams[stream];
-        let seq = s.next_seq;
-        s.next_seq += 1;
-        s.pending
-            .push_back((seq, resource_version.to_string(), true));
+        self.push(stream, Some(resource_version.to_string()), true, None);
+        self.advance(stream);
+    }
+
+    /// The stream's loop took this index after everything it reported so
+    /// far: it becomes safe to store (see [`Progress::take_indexes`]) once
+    /// all those changes are handled.
+    pub fn index(&mut self, stream: usize, index: ObjectIndex) {
+        self.push(stream, None, true, Some(index));
         self.advance(stream);
     }
 
@@ -335,9 +573,9 @@ impl Progress {
         if let Some(entry) = self.streams[ticket.stream]
             .pending
             .iter_mut()
-            .find(|e| e.0 == ticket.seq)
+            .find(|e| e.seq == ticket.seq)
         {
-            entry.2 = true;
+            entry.done = true;
         }
         self.advance(ticket.stream);
     }
@@ -345,8 +583,20 @@ impl Progress {
     fn advance(&mut self, stream: usize) {
         let s = &mut self.streams[stream];
         let mut last = None;
-        while s.pending.front().is_some_and(|e| e.2) {
-            last = s.pending.pop_front().map(|e| e.1);
+        while s.pending.front().is_some_and(|e| e.done) {
+            let e = s.pending.pop_front().expect("front");
+            if let Some(v) = e.version {
+                last = Some(v);
+            }
+            if let (Some(index), Some(kind)) = (e.index, s.kind) {
+                self.safe
+                    .retain(|o| !(o.kind == kind && o.namespace == s.namespace));
+                self.safe.push(StreamIndex {
+                    kind,
+                    namespace: s.namespace.clone(),
+                    index,
+                });
+            }
         }
         if let (Some(rv), Some(kind)) = (last, s.kind)
             && self.checkpoints.get(kind, &s.namespace) != Some(rv.as_str())
@@ -360,7 +610,7 @@ impl Progress {
     pub fn in_flight(&self) -> usize {
         self.streams
             .iter()
-            .map(|s| s.pending.iter().filter(|e| !e.2).count())
+            .map(|s| s.pending.iter().filter(|e| !e.done).count())
             .sum()
     }
 
@@ -371,6 +621,11 @@ impl Progress {
     /// Whether the checkpoints moved since the last call.
     pub fn take_dirty(&mut self) -> bool {
         std::mem::take(&mut self.dirty)
+    }
+
+    /// The indexes that became safe since the last call (the newest per stream).
+    pub fn take_indexes(&mut self) -> Vec<StreamIndex> {
+        std::mem::take(&mut self.safe)
     }
 }
 
@@ -421,5 +676,50 @@ mod progress_tests {
         }
         assert!(p.take_dirty());
         assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "a"), Some("199"));
+    }
+
+    #[test]
+    fn an_index_is_safe_only_once_everything_it_has_seen_is_handled() {
+        let mut p = Progress::new(Checkpoints::default());
+        let s = p.stream(ObjectKind::ConfigMap, "prod");
+        let a = p.change(s, "10");
+        let mut ix = ObjectIndex::new(ObjectKind::ConfigMap);
+        ix.extend(
+            &ObjectIndex::decode(
+                ObjectKind::ConfigMap,
+                &format!("prod/a {:032x} {:016x} \n", 1, 2),
+            )
+            .unwrap(),
+        );
+        p.index(s, ix.clone());
+        let b = p.change(s, "11");
+        assert!(p.take_indexes().is_empty(), "change 10 is in flight");
+        p.complete(b);
+        assert!(p.take_indexes().is_empty(), "still in flight");
+        p.complete(a);
+        let safe = p.take_indexes();
+        assert_eq!(safe.len(), 1);
+        assert_eq!(
+            (safe[0].kind, safe[0].namespace.as_str()),
+            (ObjectKind::ConfigMap, "prod")
+        );
+        assert_eq!(safe[0].index, ix);
+        assert_eq!(
+            p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
+            Some("11")
+        );
+        assert!(p.take_indexes().is_empty());
+    }
+
+    #[test]
+    fn shards_split_at_lines_under_the_limit() {
+        let text = "a 1\nbb 2\nccc 3\n";
+        assert_eq!(split_shards(text, 10), vec!["a 1\nbb 2\n", "ccc 3\n"]);
+        assert_eq!(split_shards(text, 1000), vec![text]);
+        assert_eq!(split_shards("", 10), vec![""]);
+        assert_eq!(
+            shard_name("wasmwatch-state", ObjectKind::Secret, 3),
+            "wasmwatch-state-index-secret-3"
+        );
     }
 }

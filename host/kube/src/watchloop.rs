@@ -48,6 +48,11 @@ pub enum Output {
     /// Nothing to handle up to this version (a bookmark, a baseline list, a
     /// resync's list version): the checkpoint may advance to it.
     Progress { resource_version: String },
+    /// The loop's index of handled objects after everything reported
+    /// before it; it may be stored once those changes are handled
+    /// ([`crate::checkpoint::Progress::index`]). Sent after a list and at
+    /// most every `index_interval` while changes come.
+    Index(ObjectIndex),
 }
 
 /// The loop's state.
@@ -73,6 +78,11 @@ pub struct WatchLoop {
     pub watch_timeout: Duration,
     /// Client-side: a watch silent this long is abandoned and resumed.
     pub idle_timeout: Duration,
+    /// How often, at most, the index is sent while it changes.
+    pub index_interval: Duration,
+    /// The index changed since it was last sent.
+    index_dirty: bool,
+    index_sent: tokio::time::Instant,
 }
 
 /// Why one step failed. All are retried with backoff.
@@ -110,7 +120,26 @@ impl WatchLoop {
             failures: 0,
             watch_timeout: Duration::from_secs(290),
             idle_timeout: Duration::from_secs(320),
+            index_interval: Duration::from_secs(5),
+            index_dirty: false,
+            index_sent: tokio::time::Instant::now(),
         }
+    }
+
+    /// Starts from the index of objects handled before (stored by an
+    /// earlier leader) instead of an empty one, so that a resync after a
+    /// 410 delivers only what differs from it.
+    pub fn with_index(mut self, index: ObjectIndex) -> WatchLoop {
+        self.index = index;
+        self
+    }
+
+    async fn send_index(&mut self, out: &mpsc::Sender<Output>) -> Result<(), WatchError> {
+        self.index_dirty = false;
+        self.index_sent = tokio::time::Instant::now();
+        out.send(Output::Index(self.index.clone()))
+            .await
+            .map_err(|_| WatchError::Closed)
     }
 
     pub fn state(&self) -> &State {
@@ -161,6 +190,7 @@ impl WatchLoop {
                     resource_version: rv.clone(),
                 })
                 .await?;
+                self.send_index(out).await?;
                 self.state = State::Resume { from: rv };
             }
             State::Relist => {
@@ -176,6 +206,7 @@ impl WatchLoop {
                     resource_version: rv.clone(),
                 })
                 .await?;
+                self.send_index(out).await?;
                 self.state = State::Resume { from: rv };
             }
             State::Resume { from } => {
@@ -191,16 +222,30 @@ impl WatchLoop {
                 // server sends bookmarks and ends streams at its timeout):
                 // resume rather than wait forever.
                 let idle = self.idle_timeout;
-                while let Some(event) = match tokio::time::timeout(idle, stream.try_next()).await {
-                    Ok(next) => next?,
-                    Err(_) => {
-                        tracing::warn!(
-                            kind = self.target.kind.as_str(),
-                            "watch idle for {idle:?}; resuming"
-                        );
-                        None
+                let mut last_event = tokio::time::Instant::now();
+                while let Some(event) = loop {
+                    let idle_at = last_event + idle;
+                    let wake = if self.index_dirty {
+                        idle_at.min(self.index_sent + self.index_interval)
+                    } else {
+                        idle_at
+                    };
+                    match tokio::time::timeout_at(wake, stream.try_next()).await {
+                        Ok(next) => break next?,
+                        Err(_) if tokio::time::Instant::now() < idle_at => {
+                            // The index is due: send it while the watch waits.
+                            self.send_index(out).await?;
+                        }
+                        Err(_) => {
+                            tracing::warn!(
+                                kind = self.target.kind.as_str(),
+                                "watch idle for {idle:?}; resuming"
+                            );
+                            break None;
+                        }
                     }
                 } {
+                    last_event = tokio::time::Instant::now();
                     self.failures = 0;
                     let (seen, obj) = match event {
                         WatchEvent::Added(o) => (Seen::Added, o),
@@ -232,11 +277,15 @@ impl WatchLoop {
                         .apply(seen, snapshot, self.target.metadata_changes)
                     {
                         Some(event) => {
+                            self.index_dirty = true;
                             send(Output::Change {
                                 event: Box::new(event),
                                 resource_version: rv,
                             })
-                            .await?
+                            .await?;
+                            if self.index_sent.elapsed() >= self.index_interval {
+                                self.send_index(out).await?;
+                            }
                         }
                         None => {
                             send(Output::Progress {

@@ -1,7 +1,8 @@
 //! The state Lease: checkpoints round-trip, and a stale leader is fenced.
 use wasmwatch_apiserver::{Config, Server, ServerHandle};
 use wasmwatch_core::ObjectKind;
-use wasmwatch_kube::checkpoint::{CheckpointError, CheckpointStore};
+use wasmwatch_core::index::ObjectIndex;
+use wasmwatch_kube::checkpoint::{CheckpointError, CheckpointStore, StreamIndex};
 use wasmwatch_kube::elector::Term;
 
 fn term(holder: &str, transitions: i32) -> Term {
@@ -26,12 +27,14 @@ fn annotation(server: &ServerHandle, key: &str) -> serde_json::Value {
 async fn checkpoints_round_trip_through_the_state_lease() {
     let server = Server::start(Config::default()).await.unwrap();
     let mut a = store(&server, term("pod-a", 0));
-    let mut cps = a.claim().await.unwrap();
+    let claimed = a.claim().await.unwrap();
+    assert!(claimed.indexes.is_empty());
+    let mut cps = claimed.checkpoints;
     assert_eq!(cps, Default::default(), "first use creates an empty state");
     cps.set(ObjectKind::ConfigMap, "prod", "456");
     cps.set(ObjectKind::ConfigMap, "default", "123");
     cps.set(ObjectKind::Secret, "default", "120");
-    a.save(&cps).await.unwrap();
+    a.save(&cps, &[]).await.unwrap();
     assert_eq!(
         annotation(&server, "wasmwatch.io/configmap-resource-version"),
         "default=123,prod=456"
@@ -43,10 +46,10 @@ async fn checkpoints_round_trip_through_the_state_lease() {
     assert_eq!(annotation(&server, "wasmwatch.io/term"), "pod-a/0");
     // Batched writes: saving again advances in place.
     cps.set(ObjectKind::ConfigMap, "prod", "500");
-    a.save(&cps).await.unwrap();
+    a.save(&cps, &[]).await.unwrap();
     // The next leader reads exactly that back.
     let mut b = store(&server, term("pod-b", 1));
-    let read = b.claim().await.unwrap();
+    let read = b.claim().await.unwrap().checkpoints;
     assert_eq!(read.get(ObjectKind::ConfigMap, "prod"), Some("500"));
     assert_eq!(read.get(ObjectKind::ConfigMap, "default"), Some("123"));
     assert_eq!(read.get(ObjectKind::Secret, "default"), Some("120"));
@@ -57,16 +60,16 @@ async fn checkpoints_round_trip_through_the_state_lease() {
 async fn a_stale_leader_cannot_write_after_a_successor_claimed() {
     let server = Server::start(Config::default()).await.unwrap();
     let mut old = store(&server, term("pod-a", 3));
-    let mut cps = old.claim().await.unwrap();
+    let mut cps = old.claim().await.unwrap().checkpoints;
     cps.set(ObjectKind::ConfigMap, "default", "10");
-    old.save(&cps).await.unwrap();
+    old.save(&cps, &[]).await.unwrap();
 
     let mut new = store(&server, term("pod-b", 4));
     new.claim().await.unwrap();
 
     // The old leader wakes up and tries to checkpoint further.
     cps.set(ObjectKind::ConfigMap, "default", "99");
-    let err = old.save(&cps).await.unwrap_err();
+    let err = old.save(&cps, &[]).await.unwrap_err();
     assert!(matches!(err, CheckpointError::Fenced(_)), "{err}");
     assert_eq!(
         annotation(&server, "wasmwatch.io/configmap-resource-version"),
@@ -99,4 +102,101 @@ async fn an_unreadable_state_is_reported_not_overwritten() {
         annotation(&server, "wasmwatch.io/configmap-resource-version"),
         "default"
     );
+}
+
+fn index(lines: &[(&str, u128)]) -> ObjectIndex {
+    let text: String = lines
+        .iter()
+        .map(|(id, digest)| format!("{id} {digest:032x} {:016x} k={:016x}\n", 7, 9))
+        .collect();
+    ObjectIndex::decode(ObjectKind::ConfigMap, &text).unwrap()
+}
+
+#[tokio::test]
+async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let mut a = store(&server, term("pod-a", 1));
+    let cps = a.claim().await.unwrap().checkpoints;
+    // Two streams (namespaces) of ConfigMaps, 3,000 objects each: several shards.
+    let shop: Vec<(String, u128)> = (0..3000).map(|i| (format!("shop/cm-{i}"), i)).collect();
+    let prod: Vec<(String, u128)> = (0..3000).map(|i| (format!("prod/cm-{i}"), i + 1)).collect();
+    let as_ref =
+        |v: &[(String, u128)]| index(&v.iter().map(|(a, b)| (a.as_str(), *b)).collect::<Vec<_>>());
+    let (shop_ix, prod_ix) = (as_ref(&shop), as_ref(&prod));
+    a.save(
+        &cps,
+        &[
+            StreamIndex {
+                kind: ObjectKind::ConfigMap,
+                namespace: "shop".into(),
+                index: shop_ix.clone(),
+            },
+            StreamIndex {
+                kind: ObjectKind::ConfigMap,
+                namespace: "prod".into(),
+                index: prod_ix.clone(),
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    let shards: usize = annotation(&server, "wasmwatch.io/configmap-index-shards")
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(shards >= 2, "{shards} shards for 6,000 objects");
+    for n in 0..shards {
+        let lease = server
+            .get(
+                "leases.coordination.k8s.io",
+                "default",
+                &format!("wasmwatch-state-index-configmap-{n}"),
+            )
+            .unwrap();
+        let text = lease["metadata"]["annotations"]["wasmwatch.io/index"]
+            .as_str()
+            .unwrap()
+            .len();
+        assert!(text <= 200 * 1024, "shard {n}: {text} bytes");
+    }
+
+    // Only one stream's index moves on: the other namespace's part stays.
+    let mut shop2 = shop_ix.clone();
+    shop2.extend(&index(&[("shop/new", 42)]));
+    a.save(
+        &cps,
+        &[StreamIndex {
+            kind: ObjectKind::ConfigMap,
+            namespace: "shop".into(),
+            index: shop2.clone(),
+        }],
+    )
+    .await
+    .unwrap();
+
+    let mut b = store(&server, term("pod-b", 2));
+    let claimed = b.claim().await.unwrap();
+    let got = &claimed.indexes[&ObjectKind::ConfigMap];
+    assert_eq!(got.len(), 6001);
+    assert_eq!(got.namespace("shop"), shop2);
+    assert_eq!(got.namespace("prod"), prod_ix);
+
+    // The next leader stores only one stream: the claimed part of the other stays.
+    let mut prod2 = prod_ix.clone();
+    prod2.retain_namespaces(|_| false);
+    b.save(
+        &claimed.checkpoints,
+        &[StreamIndex {
+            kind: ObjectKind::ConfigMap,
+            namespace: "prod".into(),
+            index: prod2,
+        }],
+    )
+    .await
+    .unwrap();
+    let claimed = store(&server, term("pod-c", 3)).claim().await.unwrap();
+    let got = &claimed.indexes[&ObjectKind::ConfigMap];
+    assert_eq!(got.namespace("shop"), shop2);
+    assert!(got.namespace("prod").is_empty());
 }

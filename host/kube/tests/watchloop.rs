@@ -57,7 +57,7 @@ fn changes(outputs: &[Output]) -> Vec<(ChangeType, String)> {
         .iter()
         .filter_map(|o| match o {
             Output::Change { event, .. } => Some((event.change, event.object.name.clone())),
-            Output::Progress { .. } => None,
+            Output::Progress { .. } | Output::Index(_) => None,
         })
         .collect()
 }
@@ -121,7 +121,7 @@ async fn a_baseline_delivers_nothing_and_then_only_content_changes() {
     lp.step(&tx).await.unwrap();
     let out = drain(&mut rx);
     assert_eq!(changes(&out), vec![], "the first list is a baseline");
-    assert!(matches!(&out[..], [Output::Progress { .. }]));
+    assert!(matches!(&out[..], [Output::Progress { .. }, Output::Index(ix)] if ix.len() == 5));
 
     let watching = tokio::spawn(async move {
         lp.step(&tx).await.unwrap();
@@ -190,8 +190,76 @@ async fn after_410_only_objects_changed_in_the_gap_are_delivered() {
     assert!(got.contains(&(ChangeType::Resynced, "o5".to_string())));
     assert!(got.contains(&(ChangeType::Deleted, "o7".to_string())));
     assert!(got.contains(&(ChangeType::Added, "o1000".to_string())));
-    assert!(matches!(out.last(), Some(Output::Progress { .. })));
+    assert!(matches!(out[out.len() - 2], Output::Progress { .. }));
+    assert!(matches!(out.last(), Some(Output::Index(ix)) if ix.len() == 1000));
     assert!(matches!(lp.state(), State::Resume { .. }));
+}
+
+#[tokio::test]
+async fn a_loop_started_from_a_stored_index_resyncs_against_it() {
+    // A predecessor's loop handled 50 objects and its index was stored.
+    let (server, api) = setup(50).await;
+    let mut first = WatchLoop::new(server.client().unwrap(), target(Some("default")), None);
+    let (tx, mut rx) = mpsc::channel(1000);
+    first.step(&tx).await.unwrap();
+    let Some(Output::Index(index)) = drain(&mut rx).pop() else {
+        panic!("no index after the baseline")
+    };
+    let checkpoint = server.resource_version().to_string();
+    let stored =
+        wasmwatch_core::index::ObjectIndex::decode(ObjectKind::ConfigMap, &index.encode()).unwrap();
+    drop(first);
+
+    // The gap outlives the history.
+    put(&api, "o9", "changed").await;
+    server.faults().compact_history();
+
+    let mut next = WatchLoop::new(
+        server.client().unwrap(),
+        target(Some("default")),
+        Some(checkpoint),
+    )
+    .with_index(stored);
+    next.step(&tx).await.unwrap(); // 410
+    next.step(&tx).await.unwrap(); // relist against the stored index
+    assert_eq!(
+        changes(&drain(&mut rx)),
+        vec![(ChangeType::Resynced, "o9".to_string())],
+        "one change, not 50 additions"
+    );
+}
+
+#[tokio::test]
+async fn the_index_is_sent_while_changes_come_at_most_every_interval() {
+    let (server, api) = setup(3).await;
+    let mut lp = WatchLoop::new(server.client().unwrap(), target(Some("default")), None);
+    lp.index_interval = std::time::Duration::from_millis(300);
+    let (tx, mut rx) = mpsc::channel(1000);
+    lp.step(&tx).await.unwrap();
+    drain(&mut rx);
+    let watching = tokio::spawn(async move {
+        lp.step(&tx).await.unwrap();
+    });
+    server.wait_for_watches(1).await;
+    for i in 0..5 {
+        put(&api, "o1", &format!("v{i}")).await;
+    }
+    // After the burst, the index is sent once the interval passed, with no
+    // further event needed.
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    server.faults().close_watches();
+    watching.await.unwrap();
+    let out = drain(&mut rx);
+    assert_eq!(changes(&out).len(), 5);
+    let indexes = out.iter().filter(|o| matches!(o, Output::Index(_))).count();
+    assert!(
+        (1..=2).contains(&indexes),
+        "{indexes} indexes for 5 changes in a burst: {out:?}"
+    );
+    assert!(
+        matches!(out.last(), Some(Output::Index(_))),
+        "the last state is sent"
+    );
 }
 
 #[tokio::test]
