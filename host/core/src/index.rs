@@ -25,6 +25,38 @@ struct Handled {
     metadata: u64,
     /// Data keys with a short hash of each value, sorted by key.
     keys: Vec<(String, u64)>,
+    /// Labels and annotations (see [`remembered`]), so that a deletion
+    /// found by a resync still reaches the plugins whose selectors and
+    /// annotation rules chose the object.
+    meta: Box<Meta>,
+}
+
+/// The labels and annotations remembered of a handled object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Meta {
+    #[serde(rename = "l", default, skip_serializing_if = "BTreeMap::is_empty")]
+    labels: BTreeMap<String, String>,
+    #[serde(rename = "a", default, skip_serializing_if = "BTreeMap::is_empty")]
+    annotations: BTreeMap<String, String>,
+}
+
+/// Annotation values longer than this are not remembered (they are payloads,
+/// like `kubectl.kubernetes.io/last-applied-configuration`, not routing).
+const MAX_REMEMBERED_VALUE: usize = 512;
+
+fn remembered(o: &ObjectSnapshot) -> Meta {
+    Meta {
+        labels: o.labels.clone(),
+        annotations: o
+            .annotations
+            .iter()
+            .filter(|(k, v)| {
+                v.len() <= MAX_REMEMBERED_VALUE
+                    && k.as_str() != "kubectl.kubernetes.io/last-applied-configuration"
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    }
 }
 
 fn short_hash(bytes: &[u8]) -> u64 {
@@ -60,6 +92,7 @@ impl Handled {
                 .iter()
                 .map(|(k, v)| (k.clone(), short_hash(v.as_bytes())))
                 .collect(),
+            meta: Box::new(remembered(o)),
         }
     }
 
@@ -209,15 +242,15 @@ impl ObjectIndex {
             }
             fresh.insert(key, now);
         }
-        for ((namespace, name), _) in self.objects.iter().filter(|(k, _)| !fresh.contains_key(*k)) {
+        for ((namespace, name), h) in self.objects.iter().filter(|(k, _)| !fresh.contains_key(*k)) {
             let gone = ObjectSnapshot {
                 kind: self.kind,
                 namespace: namespace.clone(),
                 name: name.clone(),
                 uid: String::new(),
                 resource_version: String::new(),
-                labels: Default::default(),
-                annotations: Default::default(),
+                labels: h.meta.labels.clone(),
+                annotations: h.meta.annotations.clone(),
                 data: Default::default(),
             };
             out.push(ChangeEvent::new(ChangeType::Deleted, gone, None));
@@ -228,8 +261,10 @@ impl ObjectIndex {
 }
 
 impl ObjectIndex {
-    /// One line per object, sorted: `ns/name digest metadata k=h;k=h`
-    /// (hex; an object without data ends after `metadata`).
+    /// One line per object, sorted: `ns/name digest metadata k=h;k=h {meta}`
+    /// (hex hashes; the keys field is empty for an object without data;
+    /// `{meta}`, remembered labels and annotations as compact JSON, only
+    /// when there are any).
     pub fn encode(&self) -> String {
         let mut out = String::new();
         for ((ns, name), h) in &self.objects {
@@ -239,11 +274,16 @@ impl ObjectIndex {
                 .map(|(k, v)| format!("{k}={v:016x}"))
                 .collect();
             out.push_str(&format!(
-                "{ns}/{name} {:032x} {:016x} {}\n",
+                "{ns}/{name} {:032x} {:016x} {}",
                 h.digest,
                 h.metadata,
                 keys.join(";")
             ));
+            if *h.meta != Meta::default() {
+                out.push(' ');
+                out.push_str(&serde_json::to_string(&*h.meta).expect("string maps serialize"));
+            }
+            out.push('\n');
         }
         out
     }
@@ -257,7 +297,7 @@ impl ObjectIndex {
             .filter(|(_, l)| !l.trim().is_empty())
         {
             let bad = |why: &str| format!("object index line {}: {why}: {line:?}", i + 1);
-            let mut parts = line.splitn(4, ' ');
+            let mut parts = line.splitn(5, ' ');
             let (Some(id), Some(digest), Some(meta)) = (parts.next(), parts.next(), parts.next())
             else {
                 return Err(bad("expected `ns/name digest metadata keys`"));
@@ -276,12 +316,19 @@ impl ObjectIndex {
                     Ok((k.to_string(), h))
                 })
                 .collect::<Result<Vec<_>, String>>()?;
+            let meta = match parts.next() {
+                Some(json) => {
+                    serde_json::from_str(json).map_err(|_| bad("bad labels/annotations"))?
+                }
+                None => Meta::default(),
+            };
             index.objects.insert(
                 (ns.to_string(), name.to_string()),
                 Handled {
                     digest,
                     metadata,
                     keys,
+                    meta: Box::new(meta),
                 },
             );
         }
@@ -427,5 +474,40 @@ mod tests {
         assert_eq!(idx.len(), 1000);
         // A second resync of the same state delivers nothing.
         assert!(idx.resync(after_gap(), false).is_empty());
+    }
+
+    #[test]
+    fn a_deletion_found_by_a_resync_carries_the_remembered_labels_and_annotations() {
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap);
+        let mut o = cm(
+            "gone",
+            json!({"v": "1"}),
+            json!({"spring.cloud.kubernetes.config": "true"}),
+        );
+        o.annotations = [
+            (
+                "spring.cloud.kubernetes.configmap.apps".to_string(),
+                "orders, billing".to_string(),
+            ),
+            (
+                "kubectl.kubernetes.io/last-applied-configuration".to_string(),
+                "{}".to_string(),
+            ),
+            ("big".to_string(), "x".repeat(MAX_REMEMBERED_VALUE + 1)),
+        ]
+        .into();
+        idx.apply(Seen::Added, o, false);
+        // Through the stored form, as a new leader gets it.
+        let mut idx = ObjectIndex::decode(ObjectKind::ConfigMap, &idx.encode()).unwrap();
+        let events = idx.resync(Vec::new(), false);
+        assert_eq!(events.len(), 1);
+        let gone = &events[0].object;
+        assert_eq!(events[0].change, ChangeType::Deleted);
+        assert_eq!(gone.labels["spring.cloud.kubernetes.config"], "true");
+        assert_eq!(
+            gone.annotations.keys().collect::<Vec<_>>(),
+            vec!["spring.cloud.kubernetes.configmap.apps"],
+            "payload-sized annotations are not remembered"
+        );
     }
 }

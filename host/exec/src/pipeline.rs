@@ -120,6 +120,9 @@ impl Default for PipelineConfig {
     }
 }
 
+/// Called with every job's report (logs, metrics, the local run's output).
+pub type OnReport = Arc<dyn Fn(&Report) + Send + Sync>;
+
 /// One decision to deliver.
 pub struct Submission<T> {
     pub ticket: T,
@@ -375,7 +378,7 @@ impl Bucket {
 struct Shared {
     executor: Arc<dyn Execute>,
     may_act: Arc<dyn Fn() -> bool + Send + Sync>,
-    on_report: Option<Arc<dyn Fn(&Report) + Send + Sync>>,
+    on_report: Option<OnReport>,
     stats: Arc<Stats>,
     global: Mutex<Bucket>,
     per_target: Mutex<HashMap<TargetKey, Bucket>>,
@@ -425,7 +428,7 @@ impl<T: Send + 'static> Pipeline<T> {
         executor: Arc<dyn Execute>,
         config: PipelineConfig,
         may_act: Arc<dyn Fn() -> bool + Send + Sync>,
-        on_report: Option<Arc<dyn Fn(&Report) + Send + Sync>>,
+        on_report: Option<OnReport>,
         done: mpsc::UnboundedSender<T>,
     ) -> Pipeline<T> {
         let (tx, rx) = mpsc::unbounded_channel();

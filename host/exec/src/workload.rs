@@ -1,1 +1,692 @@
-//! (being written)
+//! Kubernetes executors: rollout restarts
+//! ([`Action::Restart`](wasmwatch_core::Action::Restart)) and Events
+//! ([`Action::Event`](wasmwatch_core::Action::Event), and the host's own
+//! Events about restarts and dead letters).
+//!
+//! ```text
+//! restart(workload, hash) ─▶ GET the workload ─▶ template annotation == hash? ─▶ AlreadyAtContent
+//!                                                   │ no
+//!                                                   ▼
+//!     merge PATCH {metadata.resourceVersion (precondition),
+//!                  spec.template.metadata.annotations: {<key>: hash, restartedAt: now}} ─▶ Restarted
+//!
+//! event(origin, ..) ─▶ POST core/v1 Event in the object's namespace
+//! ```
+//!
+//! ## Restarts are recorded on the workload
+//!
+//! A restart sets two annotations on the pod template (Deployment,
+//! StatefulSet, DaemonSet, apps/v1): `kubectl.kubernetes.io/restartedAt`
+//! (RFC 3339, as `kubectl rollout restart` does) and one annotation per
+//! referenced object holding the action's full content hash (for example
+//! `config-hash.wasmwatch.io/configmap.orders: configmap/orders:3f2a…`).
+//! Changing the template makes the workload's controller roll its pods.
+//! Before patching, the executor reads the workload: when the template
+//! already holds the same content hash under that key, the restart is
+//! [`RestartOutcome::AlreadyAtContent`] and nothing is written. The state
+//! lives on the workload itself, so the same content never restarts a
+//! workload twice, whichever replica acts, after a failover, a resync or a
+//! redelivered change; a content that changes back (A → B → A) restarts
+//! each time, since the annotation then holds B.
+//!
+//! The patch carries the resourceVersion the executor read, so a workload
+//! changed in between is not patched on stale knowledge: the API server
+//! answers 409 and the action is retried (read again, compare again).
+//!
+//! ## Annotation keys
+//!
+//! The content hash is `<object>:<content>` (the rollout-restart plugin
+//! sends `configmap/<name>:<digest>`, `secret/<name>:<digest>`); the object
+//! is what precedes the last `:`. An annotation key is `prefix/name` where
+//! the name part is at most 63 characters of `[A-Za-z0-9._-]`, starting and
+//! ending alphanumeric, while object names may have 253 characters. So the
+//! key is [`HASH_ANNOTATION_PREFIX`]`/` followed by:
+//!
+//! - `<kind>.<name>` for an object `<kind>/<name>` (kind `[a-z0-9]+`, name a
+//!   lowercase DNS subdomain as ConfigMap and Secret names are) when that
+//!   fits in 63 characters: readable, e.g. `configmap.orders`;
+//! - otherwise `<slug>_<sha256>`: a readable slug (the object lowercased,
+//!   `/` as `.`, other characters as `-`, cut to 42 characters) then `_` and
+//!   the first 20 hex digits (80 bits) of the SHA-256 of the object. The
+//!   `_` never occurs in the first form (it is not allowed in Kubernetes
+//!   object names), so the two forms never collide;
+//! - `content` for a hash without an object (no `:`, or nothing before it):
+//!   one key, so such hashes restart on every change of hash without adding
+//!   an annotation per content.
+//!
+//! The mapping is deterministic: every replica and every version computes
+//! the same key for the same object ([`hash_annotation_key`]).
+//!
+//! ## Events
+//!
+//! core/v1 Events, created directly (`Api<Event>`) in the object's
+//! namespace, in the shape client-go's recorder gives them and with the
+//! fields events.k8s.io/v1 requires of new Events: `involvedObject` (with
+//! uid and resourceVersion when known), reason (cut to 128 bytes), message
+//! (cut to 1024 bytes on a character boundary), type, `source.component`,
+//! `reportingComponent`, `reportingInstance`, `action` (the reason),
+//! `firstTimestamp` = `lastTimestamp`, `eventTime`, count 1, and a unique
+//! name `<object>.<hex>` like client-go's. Not kube's
+//! `kube::runtime::events::Recorder`: it writes events.k8s.io/v1 Events,
+//! which our test API server stores apart from core/v1 ones (it does not
+//! convert between the two), so `kubectl get events` would not list them
+//! there; and its series cache (repeats within 6 minutes become a patch of
+//! the first Event) is per process, which buys little for a service whose
+//! Events are rare.
+//!
+//! ## Failures
+//!
+//! Every message names the workload (`Deployment shop/orders`) or the object.
+//!
+//! - [`ExecError::Retryable`]: 409 Conflict (the workload changed since it
+//!   was read; an Event name taken), 408, 429, 5xx, connection failures, and
+//!   no answer within the executor's timeout (30 s by default).
+//! - [`ExecError::Permanent`]: 404 (the workload, or the namespace, does
+//!   not exist), 403 (the message says to check wasmwatch's RBAC rules),
+//!   422 and other 4xx, invalid arguments (empty names, empty reasons).
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tracing::{debug, info};
+use wasmwatch_core::action::{EventType, WorkloadKind, WorkloadRef};
+
+use crate::{ExecError, Origin};
+
+/// The prefix of the pod-template annotations that record content hashes.
+pub const HASH_ANNOTATION_PREFIX: &str = "config-hash.wasmwatch.io";
+/// The annotation `kubectl rollout restart` sets on the pod template.
+pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";
+
+/// Default bound on each API request.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest name part of an annotation key.
+const MAX_KEY_NAME: usize = 63;
+/// Hex digits of SHA-256 in a hashed key name.
+const KEY_HASH_HEX: usize = 20;
+/// Limits kube-apiserver enforces on new Events.
+const MAX_EVENT_MESSAGE: usize = 1024;
+const MAX_EVENT_REASON: usize = 128;
+const MAX_REPORTING_INSTANCE: usize = 128;
+/// Longest object name (DNS subdomain).
+const MAX_NAME: usize = 253;
+/// Workload uids remembered for Events (cleared when full).
+const MAX_REMEMBERED_UIDS: usize = 4096;
+
+/// What [`KubeExecutor::restart`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartOutcome {
+    /// The pod template was patched: the workload rolls its pods.
+    Restarted,
+    /// The template already records this content: nothing was written.
+    AlreadyAtContent,
+}
+
+/// Restarts workloads and records Events through the Kubernetes API.
+pub struct KubeExecutor {
+    client: kube::Client,
+    /// `source.component`, `reportingComponent` and the field manager.
+    component: String,
+    /// `reportingInstance`: this replica.
+    instance: String,
+    timeout: Duration,
+    /// Workload uids seen by `restart`, for the `involvedObject` of
+    /// workload Events (`kubectl describe` matches Events by uid).
+    uids: Mutex<HashMap<WorkloadRef, String>>,
+}
+
+impl KubeExecutor {
+    /// `component` names the reporter of Events (`wasmwatch`), `instance`
+    /// this replica (its identity, e.g. the Pod name).
+    pub fn new(client: kube::Client, component: &str, instance: &str) -> KubeExecutor {
+        KubeExecutor {
+            client,
+            component: component.to_string(),
+            instance: truncate(instance, MAX_REPORTING_INSTANCE).to_string(),
+            timeout: DEFAULT_TIMEOUT,
+            uids: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Bounds each API request (default 30 s); a request without an answer
+    /// by then is a retryable failure.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Restarts `workload` for `content_hash` unless its pod template
+    /// already records that content (see the module docs). `reason` is
+    /// logged.
+    pub async fn restart(
+        &self,
+        workload: &WorkloadRef,
+        content_hash: &str,
+        reason: &str,
+    ) -> Result<RestartOutcome, ExecError> {
+        let what = format!("restart of {}", describe(workload));
+        if workload.namespace.is_empty() || workload.name.is_empty() {
+            return Err(ExecError::Permanent(format!(
+                "{what}: the workload needs a namespace and a name"
+            )));
+        }
+        if content_hash.is_empty() {
+            return Err(ExecError::Permanent(format!(
+                "{what}: the content hash is empty"
+            )));
+        }
+        let key = hash_annotation_key(content_hash);
+        let api = self.workload_api(workload);
+        let current = self
+            .request(&what, "reading the workload", api.get(&workload.name))
+            .await?;
+        if let Some(uid) = &current.metadata.uid {
+            self.remember_uid(workload, uid);
+        }
+        let recorded = current
+            .data
+            .pointer("/spec/template/metadata/annotations")
+            .and_then(|a| a.get(&key))
+            .and_then(Value::as_str);
+        if recorded == Some(content_hash) {
+            debug!(
+                kind = ?workload.kind,
+                namespace = %workload.namespace,
+                name = %workload.name,
+                %key,
+                content_hash,
+                "restart: the workload already runs this content"
+            );
+            return Ok(RestartOutcome::AlreadyAtContent);
+        }
+        let now = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let mut metadata = json!({});
+        if let Some(rv) = &current.metadata.resource_version {
+            // A precondition: 409 if the workload changed since the GET.
+            metadata["resourceVersion"] = json!(rv);
+        }
+        let patch = json!({
+            "metadata": metadata,
+            "spec": {"template": {"metadata": {"annotations": {
+                key.as_str(): content_hash,
+                RESTARTED_AT_ANNOTATION: now,
+            }}}},
+        });
+        let params = PatchParams {
+            field_manager: Some(self.component.clone()),
+            ..Default::default()
+        };
+        self.request(
+            &what,
+            "patching the pod template",
+            api.patch(&workload.name, &params, &Patch::Merge(&patch)),
+        )
+        .await?;
+        info!(
+            kind = ?workload.kind,
+            namespace = %workload.namespace,
+            name = %workload.name,
+            %key,
+            content_hash,
+            reason,
+            previous = recorded.unwrap_or(""),
+            "restart: pod template patched"
+        );
+        Ok(RestartOutcome::Restarted)
+    }
+
+    /// A Kubernetes Event on the changed object.
+    pub async fn event(
+        &self,
+        origin: &Origin,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ExecError> {
+        let object = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some(origin.kind.as_str().into()),
+            name: Some(origin.name.clone()),
+            namespace: Some(origin.namespace.clone()),
+            uid: non_empty(&origin.uid),
+            resource_version: non_empty(&origin.resource_version),
+            field_path: None,
+        };
+        let what = format!(
+            "event {reason:?} on {} {}/{}",
+            origin.kind.as_str(),
+            origin.namespace,
+            origin.name
+        );
+        self.emit(
+            &what,
+            object,
+            Some(&origin.plugin),
+            event_type,
+            reason,
+            message,
+        )
+        .await
+    }
+
+    /// A Kubernetes Event on a workload (its uid when `restart` saw it).
+    pub async fn workload_event(
+        &self,
+        workload: &WorkloadRef,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ExecError> {
+        let uid = self
+            .uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(workload)
+            .cloned();
+        let object = ObjectReference {
+            api_version: Some("apps/v1".into()),
+            kind: Some(kind_name(workload.kind).into()),
+            name: Some(workload.name.clone()),
+            namespace: Some(workload.namespace.clone()),
+            uid,
+            resource_version: None,
+            field_path: None,
+        };
+        let what = format!("event {reason:?} on {}", describe(workload));
+        self.emit(&what, object, None, event_type, reason, message)
+            .await
+    }
+
+    async fn emit(
+        &self,
+        what: &str,
+        object: ObjectReference,
+        plugin: Option<&str>,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ExecError> {
+        let namespace = object.namespace.clone().unwrap_or_default();
+        let name = object.name.clone().unwrap_or_default();
+        if namespace.is_empty() || name.is_empty() {
+            return Err(ExecError::Permanent(format!(
+                "{what}: the object needs a namespace and a name"
+            )));
+        }
+        if reason.is_empty() {
+            return Err(ExecError::Permanent(format!(
+                "{what}: an Event needs a reason"
+            )));
+        }
+        let reason = truncate(reason, MAX_EVENT_REASON);
+        let now = Timestamp::now();
+        let annotations = plugin.filter(|p| !p.is_empty()).map(|p| {
+            [("wasmwatch.io/plugin".to_string(), p.to_string())]
+                .into_iter()
+                .collect()
+        });
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(event_name(&name)),
+                namespace: Some(namespace.clone()),
+                annotations,
+                ..Default::default()
+            },
+            involved_object: object,
+            reason: Some(reason.to_string()),
+            message: Some(truncate_message(message)),
+            type_: Some(
+                match event_type {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .into(),
+            ),
+            source: Some(EventSource {
+                component: Some(self.component.clone()),
+                host: None,
+            }),
+            reporting_component: Some(self.component.clone()),
+            reporting_instance: Some(self.instance.clone()),
+            // Required (with eventTime) by kube-apiserver for new-style Events.
+            action: Some(reason.to_string()),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            event_time: Some(MicroTime(now)),
+            count: Some(1),
+            ..Default::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let params = PostParams {
+            field_manager: Some(self.component.clone()),
+            ..Default::default()
+        };
+        self.request(what, "creating the Event", api.create(&params, &event))
+            .await?;
+        debug!(%what, "event recorded");
+        Ok(())
+    }
+
+    fn workload_api(&self, workload: &WorkloadRef) -> Api<DynamicObject> {
+        let resource = match workload.kind {
+            WorkloadKind::Deployment => ApiResource::erase::<Deployment>(&()),
+            WorkloadKind::StatefulSet => ApiResource::erase::<StatefulSet>(&()),
+            WorkloadKind::DaemonSet => ApiResource::erase::<DaemonSet>(&()),
+        };
+        Api::namespaced_with(self.client.clone(), &workload.namespace, &resource)
+    }
+
+    fn remember_uid(&self, workload: &WorkloadRef, uid: &str) {
+        let mut uids = self.uids.lock().unwrap_or_else(|e| e.into_inner());
+        if uids.get(workload).is_some_and(|u| u == uid) {
+            return;
+        }
+        if uids.len() >= MAX_REMEMBERED_UIDS {
+            uids.clear();
+        }
+        uids.insert(workload.clone(), uid.to_string());
+    }
+
+    /// Runs one API request within the executor's timeout and classifies
+    /// its failure.
+    async fn request<T>(
+        &self,
+        what: &str,
+        doing: &str,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ExecError> {
+        match tokio::time::timeout(self.timeout, request).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(classify_error(what, doing, &e)),
+            Err(_) => Err(ExecError::Retryable(format!(
+                "{what}: no answer from the API server within {:?} when {doing}",
+                self.timeout
+            ))),
+        }
+    }
+}
+
+/// The failure class of a kube error (see the module docs).
+fn classify_error(what: &str, doing: &str, e: &kube::Error) -> ExecError {
+    match e {
+        kube::Error::Api(status) => {
+            let code = status.code;
+            let detail = if status.message.is_empty() {
+                status.reason.clone()
+            } else {
+                status.message.clone()
+            };
+            match code {
+                404 => {
+                    ExecError::Permanent(format!("{what}: not found (404) when {doing}: {detail}"))
+                }
+                403 => ExecError::Permanent(format!(
+                    "{what}: forbidden (403) when {doing}: {detail}; check the RBAC rules of wasmwatch's ServiceAccount"
+                )),
+                409 => {
+                    ExecError::Retryable(format!("{what}: conflict (409) when {doing}: {detail}"))
+                }
+                408 | 429 | 500..=599 => ExecError::Retryable(format!(
+                    "{what}: API server answered {code} when {doing}: {detail}"
+                )),
+                _ => ExecError::Permanent(format!(
+                    "{what}: API server answered {code} when {doing}: {detail}"
+                )),
+            }
+        }
+        kube::Error::BuildRequest(_) | kube::Error::HttpError(_) => {
+            ExecError::Permanent(format!("{what}: invalid request when {doing}: {e}"))
+        }
+        _ => ExecError::Retryable(format!("{what}: {doing} failed: {}", error_chain(e))),
+    }
+}
+
+/// `outer: cause: root cause`, skipping repeats.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.last().is_some_and(|last| last.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
+}
+
+/// The annotation key recording content hashes of the object `content_hash`
+/// is about (see the module docs).
+pub fn hash_annotation_key(content_hash: &str) -> String {
+    let object = content_hash
+        .rsplit_once(':')
+        .map_or("", |(object, _)| object);
+    format!("{HASH_ANNOTATION_PREFIX}/{}", key_name(object))
+}
+
+fn key_name(object: &str) -> String {
+    if object.is_empty() {
+        return "content".to_string();
+    }
+    if let Some((kind, name)) = object.split_once('/')
+        && !kind.is_empty()
+        && kind
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && is_lower_dns_subdomain(name)
+        && kind.len() + 1 + name.len() <= MAX_KEY_NAME
+    {
+        return format!("{kind}.{name}");
+    }
+    let digest = hex::encode(Sha256::digest(object.as_bytes()));
+    let slug: String = object
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '.' | '-') => c,
+            '/' => '.',
+            _ => '-',
+        })
+        .take(MAX_KEY_NAME - 1 - KEY_HASH_HEX)
+        .collect();
+    let slug = slug.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    let slug = if slug.is_empty() { "object" } else { slug };
+    format!("{slug}_{}", &digest[..KEY_HASH_HEX])
+}
+
+/// `[a-z0-9]([-a-z0-9.]*[a-z0-9])?` (length is checked by the caller).
+fn is_lower_dns_subdomain(s: &str) -> bool {
+    let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = s.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(&first), Some(&last)) => {
+            ok(first) && ok(last) && bytes.iter().all(|&b| ok(b) || b == b'-' || b == b'.')
+        }
+        _ => false,
+    }
+}
+
+/// `<object>.<hex>` as client-go names Events: unique per process (a
+/// strictly increasing nanosecond clock), cut to a valid name length.
+fn event_name(object: &str) -> String {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = u64::try_from(Timestamp::now().as_nanosecond()).unwrap_or(0);
+    let previous = LAST
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+            Some(now.max(last + 1))
+        })
+        .unwrap_or(0);
+    let stamp = now.max(previous + 1);
+    let suffix = format!(".{stamp:x}");
+    let base = truncate(object, MAX_NAME - suffix.len())
+        .trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{base}{suffix}")
+}
+
+/// At most `max` bytes of `s`, cut on a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// The message within kube-apiserver's 1024 bytes; a cut one ends in `…`.
+fn truncate_message(message: &str) -> String {
+    if message.len() <= MAX_EVENT_MESSAGE {
+        return message.to_string();
+    }
+    let mark = "…";
+    format!(
+        "{}{mark}",
+        truncate(message, MAX_EVENT_MESSAGE - mark.len())
+    )
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+fn kind_name(kind: WorkloadKind) -> &'static str {
+    match kind {
+        WorkloadKind::Deployment => "Deployment",
+        WorkloadKind::StatefulSet => "StatefulSet",
+        WorkloadKind::DaemonSet => "DaemonSet",
+    }
+}
+
+/// `Deployment shop/orders`.
+fn describe(w: &WorkloadRef) -> String {
+    format!("{} {}/{}", kind_name(w.kind), w.namespace, w.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// kube-apiserver's rule for an annotation key's name part.
+    fn valid_name_part(s: &str) -> bool {
+        let b = s.as_bytes();
+        !b.is_empty()
+            && b.len() <= MAX_KEY_NAME
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && b.iter()
+                .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    }
+
+    fn name_part(hash: &str) -> String {
+        let key = hash_annotation_key(hash);
+        let (prefix, name) = key.split_once('/').unwrap();
+        assert_eq!(prefix, HASH_ANNOTATION_PREFIX);
+        assert!(valid_name_part(name), "{key:?} from {hash:?} is not valid");
+        name.to_string()
+    }
+
+    #[test]
+    fn annotation_keys_are_valid_readable_and_deterministic() {
+        assert_eq!(name_part("configmap/orders:abc"), "configmap.orders");
+        assert_eq!(name_part("secret/db-creds:deleted"), "secret.db-creds");
+        // The object is what precedes the last ':'.
+        assert_eq!(name_part("configmap/a:b:c"), name_part("configmap/a:b:d"));
+        assert_ne!(name_part("configmap/a:x"), name_part("secret/a:x"));
+        assert_eq!(name_part("digest-only"), "content");
+        assert_eq!(name_part(":digest"), "content");
+        // 63 characters still fit as they are.
+        let fits = format!("configmap/{}", "a".repeat(53));
+        assert_eq!(
+            name_part(&format!("{fits}:d")),
+            format!("configmap.{}", "a".repeat(53))
+        );
+        let odd = [
+            format!("configmap/{}:d", "a".repeat(54)),
+            format!("configmap/{}:d", "x.".repeat(126) + "y"),
+            "ConfigMap/Orders:d".to_string(),
+            "configmap/-bad-:d".to_string(),
+            "a/b/c:d".to_string(),
+            "///:d".to_string(),
+            "ünïcödé/名前:d".to_string(),
+            "configmap/:d".to_string(),
+            "/x:d".to_string(),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for hash in &odd {
+            let name = name_part(hash);
+            assert!(name.contains('_'), "{name}");
+            assert_eq!(name, name_part(hash), "deterministic");
+            assert!(seen.insert(name), "distinct objects, distinct keys");
+        }
+        let long = name_part(&format!("configmap/{}:d", "a".repeat(54)));
+        assert!(long.starts_with("configmap.aaaa"), "{long}");
+        // Two long names differing only after the slug still differ.
+        let a = name_part(&format!("configmap/{}-1:d", "a".repeat(60)));
+        let b = name_part(&format!("configmap/{}-2:d", "a".repeat(60)));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn truncation_keeps_characters_whole() {
+        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(truncate("héllo", 3), "hé");
+        assert_eq!(truncate("abc", 10), "abc");
+        let m = truncate_message(&"é".repeat(1000));
+        assert!(
+            m.len() <= MAX_EVENT_MESSAGE && m.ends_with('…'),
+            "{}",
+            m.len()
+        );
+        assert_eq!(truncate_message("short"), "short");
+        let exact = "a".repeat(MAX_EVENT_MESSAGE);
+        assert_eq!(truncate_message(&exact), exact);
+    }
+
+    #[test]
+    fn event_names_are_unique_and_valid() {
+        let a = event_name("orders");
+        let b = event_name("orders");
+        assert_ne!(a, b);
+        assert!(a.starts_with("orders."), "{a}");
+        let long = event_name(&format!("{}-x", "a.".repeat(125)));
+        assert!(long.len() <= MAX_NAME, "{}", long.len());
+        let (base, _) = long.rsplit_once('.').unwrap();
+        assert!(
+            base.ends_with(|c: char| c.is_ascii_alphanumeric()),
+            "{long}"
+        );
+    }
+
+    #[test]
+    fn failure_classes() {
+        let api = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure("deployments.apps \"web\" ...", "Reason")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let class = |code| classify_error("restart of Deployment ns/web", "doing", &api(code));
+        for code in [409, 408, 429, 500, 503, 504] {
+            assert!(class(code).is_retryable(), "{code}");
+        }
+        for code in [400, 401, 403, 404, 410, 422] {
+            assert!(!class(code).is_retryable(), "{code}");
+        }
+        let forbidden = class(403).to_string();
+        assert!(
+            forbidden.contains("RBAC") && forbidden.contains("Deployment ns/web"),
+            "{forbidden}"
+        );
+        assert!(class(404).to_string().contains("not found"));
+    }
+}

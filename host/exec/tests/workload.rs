@@ -1,0 +1,685 @@
+//! The Kubernetes executor against the in-memory API server over real HTTP:
+//! rollout restarts recorded on the workloads, failure classes, Events (read
+//! back with kube and with kubectl).
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::{Value, json};
+use wasmwatch_apiserver::{Config, Failure, Server, ServerHandle};
+use wasmwatch_core::ObjectKind;
+use wasmwatch_core::action::{EventType, WorkloadKind, WorkloadRef};
+use wasmwatch_exec::workload::{
+    KubeExecutor, RESTARTED_AT_ANNOTATION, RestartOutcome, hash_annotation_key,
+};
+use wasmwatch_exec::{ExecError, Origin};
+
+const NS: &str = "shop";
+
+async fn start() -> (ServerHandle, Client) {
+    let server = Server::start(Config::default())
+        .await
+        .expect("server starts");
+    let client = server.client().expect("client");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    (server, client)
+}
+
+fn executor(client: &Client) -> KubeExecutor {
+    KubeExecutor::new(client.clone(), "wasmwatch", "wasmwatch-7d9f-abcde")
+}
+
+fn workload(kind: WorkloadKind, name: &str) -> WorkloadRef {
+    WorkloadRef {
+        kind,
+        namespace: NS.into(),
+        name: name.into(),
+    }
+}
+
+fn plural(kind: WorkloadKind) -> &'static str {
+    match kind {
+        WorkloadKind::Deployment => "deployments",
+        WorkloadKind::StatefulSet => "statefulsets",
+        WorkloadKind::DaemonSet => "daemonsets",
+    }
+}
+
+/// Creates a minimal workload of `kind` and returns its JSON.
+async fn create(client: &Client, w: &WorkloadRef) -> Value {
+    let kind = format!("{:?}", w.kind);
+    let mut spec = json!({
+        "selector": {"matchLabels": {"app": w.name}},
+        "template": {
+            "metadata": {"labels": {"app": w.name}, "annotations": {"team": "shop"}},
+            "spec": {"containers": [{"name": "app", "image": "example/app:1"}]},
+        },
+    });
+    if w.kind != WorkloadKind::DaemonSet {
+        spec["replicas"] = json!(2);
+    }
+    if w.kind == WorkloadKind::StatefulSet {
+        spec["serviceName"] = json!(w.name);
+    }
+    let obj = json!({
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": w.name, "namespace": w.namespace},
+        "spec": spec,
+    });
+    let pp = PostParams::default();
+    let created = match w.kind {
+        WorkloadKind::Deployment => serde_json::to_value(
+            Api::<Deployment>::namespaced(client.clone(), NS)
+                .create(&pp, &serde_json::from_value(obj).unwrap())
+                .await
+                .unwrap(),
+        ),
+        WorkloadKind::StatefulSet => serde_json::to_value(
+            Api::<StatefulSet>::namespaced(client.clone(), NS)
+                .create(&pp, &serde_json::from_value(obj).unwrap())
+                .await
+                .unwrap(),
+        ),
+        WorkloadKind::DaemonSet => serde_json::to_value(
+            Api::<DaemonSet>::namespaced(client.clone(), NS)
+                .create(&pp, &serde_json::from_value(obj).unwrap())
+                .await
+                .unwrap(),
+        ),
+    };
+    created.unwrap()
+}
+
+/// The workload as stored now.
+fn stored(server: &ServerHandle, w: &WorkloadRef) -> Value {
+    server
+        .get(&format!("{}.apps", plural(w.kind)), &w.namespace, &w.name)
+        .expect("workload exists")
+}
+
+fn template_annotation(obj: &Value, key: &str) -> Option<String> {
+    obj.pointer("/spec/template/metadata/annotations")
+        .and_then(|a| a.get(key))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+fn rv(obj: &Value) -> String {
+    obj["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn generation(obj: &Value) -> i64 {
+    obj["metadata"]["generation"].as_i64().unwrap()
+}
+
+/// Restarted for h1, not again for h1, restarted for h2: the record lives
+/// on the workload, the API server bumps its generation on each restart.
+async fn restarts_once_per_content(server: &ServerHandle, exec: &KubeExecutor, w: &WorkloadRef) {
+    let h1 = format!("configmap/app-config:{}", "1".repeat(64));
+    let h2 = format!("configmap/app-config:{}", "2".repeat(64));
+    let key = hash_annotation_key(&h1);
+    assert_eq!(key, "config-hash.wasmwatch.io/configmap.app-config");
+    let before = stored(server, w);
+    assert_eq!(generation(&before), 1);
+
+    let started = Timestamp::now();
+    let outcome = exec
+        .restart(w, &h1, "ConfigMap shop/app-config changed")
+        .await;
+    assert_eq!(outcome, Ok(RestartOutcome::Restarted), "{w:?}");
+    let after1 = stored(server, w);
+    assert_eq!(
+        template_annotation(&after1, &key).as_deref(),
+        Some(h1.as_str())
+    );
+    assert_eq!(generation(&after1), 2, "a template change is a spec change");
+    let restarted_at = template_annotation(&after1, RESTARTED_AT_ANNOTATION).expect("restartedAt");
+    let at: Timestamp = restarted_at.parse().expect("RFC 3339");
+    assert!(
+        at.as_second() >= started.as_second() && at.as_second() <= Timestamp::now().as_second(),
+        "{restarted_at}"
+    );
+    assert_eq!(
+        template_annotation(&after1, "team").as_deref(),
+        Some("shop"),
+        "other annotations are kept"
+    );
+
+    let outcome = exec.restart(w, &h1, "resync").await;
+    assert_eq!(outcome, Ok(RestartOutcome::AlreadyAtContent));
+    let again = stored(server, w);
+    assert_eq!(rv(&again), rv(&after1), "nothing written");
+    assert_eq!(generation(&again), 2);
+
+    // Another executor (another replica, after a failover) agrees.
+    let other = KubeExecutor::new(server.client().unwrap(), "wasmwatch", "other-replica");
+    assert_eq!(
+        other.restart(w, &h1, "redelivered").await,
+        Ok(RestartOutcome::AlreadyAtContent)
+    );
+
+    let outcome = exec.restart(w, &h2, "changed again").await;
+    assert_eq!(outcome, Ok(RestartOutcome::Restarted));
+    let after2 = stored(server, w);
+    assert_eq!(
+        template_annotation(&after2, &key).as_deref(),
+        Some(h2.as_str())
+    );
+    assert_eq!(generation(&after2), 3);
+    // Content changing back restarts again.
+    assert_eq!(
+        exec.restart(w, &h1, "back").await,
+        Ok(RestartOutcome::Restarted)
+    );
+    assert_eq!(generation(&stored(server, w)), 4);
+}
+
+#[tokio::test]
+async fn deployment_restarts_once_per_content() {
+    let (server, client) = start().await;
+    let w = workload(WorkloadKind::Deployment, "web");
+    create(&client, &w).await;
+    restarts_once_per_content(&server, &executor(&client), &w).await;
+}
+
+#[tokio::test]
+async fn statefulset_and_daemonset_restart_once_per_content() {
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    for w in [
+        workload(WorkloadKind::StatefulSet, "db"),
+        workload(WorkloadKind::DaemonSet, "agent"),
+    ] {
+        create(&client, &w).await;
+        restarts_once_per_content(&server, &exec, &w).await;
+    }
+}
+
+#[tokio::test]
+async fn each_referenced_object_keeps_its_own_annotation() {
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    let w = workload(WorkloadKind::Deployment, "web");
+    create(&client, &w).await;
+    let a = "configmap/app-config:aaaa";
+    let b = "configmap/feature-flags:bbbb";
+    let s = "secret/app-config:aaaa";
+    let long = format!("configmap/{}:cccc", "very-long-name.".repeat(16) + "end");
+    for hash in [a, b, s, long.as_str()] {
+        assert_eq!(
+            exec.restart(&w, hash, "changed").await,
+            Ok(RestartOutcome::Restarted),
+            "{hash}"
+        );
+    }
+    let obj = stored(&server, &w);
+    for hash in [a, b, s, long.as_str()] {
+        assert_eq!(
+            template_annotation(&obj, &hash_annotation_key(hash)).as_deref(),
+            Some(hash)
+        );
+    }
+    let annotations = obj["spec"]["template"]["metadata"]["annotations"]
+        .as_object()
+        .unwrap();
+    // team, restartedAt and four hashes.
+    assert_eq!(annotations.len(), 6, "{annotations:?}");
+    assert!(hash_annotation_key(&long).len() <= "config-hash.wasmwatch.io/".len() + 63);
+    for hash in [a, b, s, long.as_str()] {
+        assert_eq!(
+            exec.restart(&w, hash, "resync").await,
+            Ok(RestartOutcome::AlreadyAtContent),
+            "{hash}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_missing_workload_is_permanent_and_named() {
+    let (_server, client) = start().await;
+    let exec = executor(&client);
+    for (kind, name) in [
+        (WorkloadKind::Deployment, "Deployment shop/ghost"),
+        (WorkloadKind::StatefulSet, "StatefulSet shop/ghost"),
+        (WorkloadKind::DaemonSet, "DaemonSet shop/ghost"),
+    ] {
+        let err = exec
+            .restart(&workload(kind, "ghost"), "configmap/c:1", "changed")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ExecError::Permanent(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains(name) && text.contains("not found"), "{text}");
+    }
+    let elsewhere = WorkloadRef {
+        kind: WorkloadKind::Deployment,
+        namespace: "nowhere".into(),
+        name: "web".into(),
+    };
+    let err = exec
+        .restart(&elsewhere, "configmap/c:1", "changed")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ExecError::Permanent(_)), "{err:?}");
+    assert!(err.to_string().contains("Deployment nowhere/web"), "{err}");
+}
+
+#[tokio::test]
+async fn api_server_faults_are_retryable() {
+    let (server, client) = start().await;
+    let exec = executor(&client).with_timeout(Duration::from_millis(300));
+    let w = workload(WorkloadKind::Deployment, "web");
+    create(&client, &w).await;
+    let key = hash_annotation_key("configmap/c:1");
+
+    // 500 on the read.
+    server.faults().fail_next(1, Failure::Internal);
+    let err = exec.restart(&w, "configmap/c:1", "x").await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(err.to_string().contains("Deployment shop/web"), "{err}");
+    assert!(err.to_string().contains("500"), "{err}");
+
+    // 409 on the write: nothing recorded, the retry restarts.
+    server
+        .faults()
+        .conflict_next_write("deployments", NS, "web");
+    let err = exec.restart(&w, "configmap/c:1", "x").await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(err.to_string().contains("Deployment shop/web"), "{err}");
+    assert_eq!(template_annotation(&stored(&server, &w), &key), None);
+    assert_eq!(
+        exec.restart(&w, "configmap/c:1", "x").await,
+        Ok(RestartOutcome::Restarted)
+    );
+
+    // No answer within the timeout.
+    server.faults().set_latency(Duration::from_secs(2));
+    let t = std::time::Instant::now();
+    let err = exec.restart(&w, "configmap/c:2", "x").await.unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(err.to_string().contains("Deployment shop/web"), "{err}");
+    server.faults().reset();
+
+    // The API server is down (connection refused).
+    server
+        .faults()
+        .refuse_connections(Duration::from_millis(1500))
+        .await;
+    let err = exec.restart(&w, "configmap/c:2", "x").await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(err.to_string().contains("Deployment shop/web"), "{err}");
+}
+
+/// Two restarts racing on one workload: both read the same version, the
+/// resourceVersion in the patch lets only one write; the other is told to
+/// retry, and its retry sees the winner's write.
+#[tokio::test]
+async fn a_concurrent_change_is_not_overwritten() {
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    let w = workload(WorkloadKind::Deployment, "web");
+    create(&client, &w).await;
+    // Both GETs are answered before either PATCH is.
+    server.faults().set_latency(Duration::from_millis(150));
+    let (a, b) = tokio::join!(
+        exec.restart(&w, "configmap/c:1", "x"),
+        exec.restart(&w, "configmap/c:2", "x"),
+    );
+    server.faults().reset();
+    let results = [a, b];
+    let restarted = results
+        .iter()
+        .filter(|r| **r == Ok(RestartOutcome::Restarted))
+        .count();
+    let conflicts: Vec<&ExecError> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert_eq!(restarted, 1, "{results:?}");
+    assert_eq!(conflicts.len(), 1, "{results:?}");
+    assert!(conflicts[0].is_retryable(), "{results:?}");
+    assert!(conflicts[0].to_string().contains("409"), "{results:?}");
+    assert_eq!(generation(&stored(&server, &w)), 2);
+}
+
+fn origin(cm: &ConfigMap) -> Origin {
+    Origin {
+        kind: ObjectKind::ConfigMap,
+        namespace: NS.into(),
+        name: cm.metadata.name.clone().unwrap(),
+        uid: cm.metadata.uid.clone().unwrap(),
+        resource_version: cm.metadata.resource_version.clone().unwrap(),
+        plugin: "http-refresh".into(),
+    }
+}
+
+async fn config_map(client: &Client, name: &str) -> ConfigMap {
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "data": {"k": "v"},
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap()
+}
+
+async fn events_about(client: &Client, name: &str) -> Vec<Event> {
+    let lp = ListParams::default().fields(&format!("involvedObject.name={name}"));
+    Api::<Event>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+}
+
+#[tokio::test]
+async fn events_on_the_changed_object() {
+    let (_server, client) = start().await;
+    let exec = executor(&client);
+    let cm = config_map(&client, "app-config").await;
+    let origin = origin(&cm);
+    let before = Timestamp::now().as_second();
+    exec.event(
+        &origin,
+        EventType::Warning,
+        "RefreshFailed",
+        "POST http://10.0.0.1:8080/actuator/refresh: 500",
+    )
+    .await
+    .unwrap();
+    exec.event(&origin, EventType::Normal, "Refreshed", "3 pods refreshed")
+        .await
+        .unwrap();
+
+    let events = events_about(&client, "app-config").await;
+    assert_eq!(events.len(), 2, "{events:#?}");
+    let warning = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("RefreshFailed"))
+        .expect("the warning");
+    let o = &warning.involved_object;
+    assert_eq!(o.api_version.as_deref(), Some("v1"));
+    assert_eq!(o.kind.as_deref(), Some("ConfigMap"));
+    assert_eq!(o.name.as_deref(), Some("app-config"));
+    assert_eq!(o.namespace.as_deref(), Some(NS));
+    assert_eq!(o.uid, cm.metadata.uid);
+    assert_eq!(o.resource_version, cm.metadata.resource_version);
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        warning.message.as_deref(),
+        Some("POST http://10.0.0.1:8080/actuator/refresh: 500")
+    );
+    assert_eq!(warning.metadata.namespace.as_deref(), Some(NS));
+    let name = warning.metadata.name.as_deref().unwrap();
+    assert!(name.starts_with("app-config."), "{name}");
+    assert_eq!(
+        warning.source.as_ref().and_then(|s| s.component.as_deref()),
+        Some("wasmwatch")
+    );
+    assert_eq!(warning.reporting_component.as_deref(), Some("wasmwatch"));
+    assert_eq!(
+        warning.reporting_instance.as_deref(),
+        Some("wasmwatch-7d9f-abcde")
+    );
+    assert_eq!(warning.action.as_deref(), Some("RefreshFailed"));
+    assert_eq!(warning.count, Some(1));
+    let first = warning.first_timestamp.as_ref().unwrap().0.as_second();
+    assert!(first >= before && first <= Timestamp::now().as_second());
+    assert_eq!(warning.first_timestamp, warning.last_timestamp);
+    assert!(warning.event_time.is_some());
+    assert_eq!(
+        warning
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("wasmwatch.io/plugin"))
+            .map(String::as_str),
+        Some("http-refresh")
+    );
+    let normal = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("Refreshed"))
+        .expect("the normal event");
+    assert_eq!(normal.type_.as_deref(), Some("Normal"));
+    assert_ne!(normal.metadata.name, warning.metadata.name);
+}
+
+#[tokio::test]
+async fn long_event_messages_are_cut_on_a_character_boundary() {
+    let (_server, client) = start().await;
+    let exec = executor(&client);
+    let cm = config_map(&client, "app-config").await;
+    let message = "é".repeat(3000);
+    exec.event(&origin(&cm), EventType::Warning, "Failed", &message)
+        .await
+        .unwrap();
+    let events = events_about(&client, "app-config").await;
+    let stored = events[0].message.as_deref().unwrap();
+    assert!(stored.len() <= 1024, "{}", stored.len());
+    assert!(stored.len() >= 1000, "{}", stored.len());
+    let body = stored.strip_suffix('…').expect("marked as cut");
+    assert!(message.starts_with(body));
+}
+
+#[tokio::test]
+async fn an_event_in_a_missing_namespace_is_permanent() {
+    let (_server, client) = start().await;
+    let exec = executor(&client);
+    let origin = Origin {
+        kind: ObjectKind::Secret,
+        namespace: "nowhere".into(),
+        name: "db".into(),
+        uid: String::new(),
+        resource_version: String::new(),
+        plugin: "p".into(),
+    };
+    let err = exec
+        .event(&origin, EventType::Normal, "Seen", "m")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ExecError::Permanent(_)), "{err:?}");
+    assert!(err.to_string().contains("Secret nowhere/db"), "{err}");
+}
+
+#[tokio::test]
+async fn workload_events_carry_the_workload_and_its_uid() {
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    let w = workload(WorkloadKind::Deployment, "web");
+    let created = create(&client, &w).await;
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+
+    // Without a restart first, the uid is not known: left out.
+    exec.workload_event(&w, EventType::Normal, "Noticed", "before")
+        .await
+        .unwrap();
+    assert_eq!(
+        exec.restart(&w, "configmap/c:1", "x").await,
+        Ok(RestartOutcome::Restarted)
+    );
+    exec.workload_event(
+        &w,
+        EventType::Normal,
+        "Reloaded",
+        "ConfigMap shop/c changed (plugin rollout-restart)",
+    )
+    .await
+    .unwrap();
+
+    let events = events_about(&client, "web").await;
+    assert_eq!(events.len(), 2);
+    let before = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("Noticed"))
+        .unwrap();
+    assert_eq!(before.involved_object.uid, None);
+    let reloaded = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("Reloaded"))
+        .unwrap();
+    let o = &reloaded.involved_object;
+    assert_eq!(o.api_version.as_deref(), Some("apps/v1"));
+    assert_eq!(o.kind.as_deref(), Some("Deployment"));
+    assert_eq!(o.name.as_deref(), Some("web"));
+    assert_eq!(o.namespace.as_deref(), Some(NS));
+    assert_eq!(o.uid.as_deref(), Some(uid.as_str()));
+    assert_eq!(reloaded.type_.as_deref(), Some("Normal"));
+    assert_eq!(
+        reloaded.message.as_deref(),
+        Some("ConfigMap shop/c changed (plugin rollout-restart)")
+    );
+    assert!(reloaded.metadata.annotations.is_none());
+
+    // Found the way `kubectl describe` finds a workload's Events.
+    let lp = ListParams::default().fields(&format!(
+        "involvedObject.kind=Deployment,involvedObject.name=web,involvedObject.uid={uid}"
+    ));
+    let found = Api::<Event>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await
+        .unwrap();
+    assert_eq!(found.items.len(), 1);
+    drop(server);
+}
+
+fn kubectl_path() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("kubectl"))
+        .find(|p| p.is_file())
+}
+
+#[tokio::test]
+async fn kubectl_lists_the_events() {
+    let Some(kubectl) = kubectl_path() else {
+        eprintln!(
+            "\n!!!!!!!! SKIPPING kubectl_lists_the_events: kubectl is not installed (tests/prepare installs it) !!!!!!!!\n"
+        );
+        return;
+    };
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    let cm = config_map(&client, "app-config").await;
+    exec.event(
+        &origin(&cm),
+        EventType::Warning,
+        "RefreshFailed",
+        "pod down",
+    )
+    .await
+    .unwrap();
+    let w = workload(WorkloadKind::Deployment, "web");
+    create(&client, &w).await;
+    exec.restart(&w, "configmap/app-config:1", "x")
+        .await
+        .unwrap();
+    exec.workload_event(&w, EventType::Normal, "Reloaded", "restarted")
+        .await
+        .unwrap();
+
+    let dir = std::env::temp_dir().join(format!(
+        "wasmwatch-exec-kubectl-{}-{}",
+        std::process::id(),
+        server.addr().port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let run = |args: Vec<String>| {
+        let kubectl = kubectl.clone();
+        let kubeconfig = kubeconfig.clone();
+        let cache = dir.join("cache");
+        async move {
+            let out = tokio::time::timeout(
+                Duration::from_secs(30),
+                tokio::process::Command::new(&kubectl)
+                    .arg("--kubeconfig")
+                    .arg(&kubeconfig)
+                    .arg("--cache-dir")
+                    .arg(&cache)
+                    .args(&args)
+                    .env_remove("KUBECONFIG")
+                    .kill_on_drop(true)
+                    .output(),
+            )
+            .await
+            .expect("kubectl finished in time")
+            .expect("kubectl runs");
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(
+                out.status.success(),
+                "kubectl {args:?}: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            stdout
+        }
+    };
+    let names = run(vec!["get".into(), "events".into(), "-n".into(), NS.into()]).await;
+    let columns = run(vec![
+        "get".into(),
+        "events".into(),
+        "-n".into(),
+        NS.into(),
+        "-o".into(),
+        "custom-columns=KIND:.involvedObject.kind,OBJECT:.involvedObject.name,TYPE:.type,REASON:.reason,FROM:.source.component,MESSAGE:.message".into(),
+    ])
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(names.contains("app-config."), "{names}");
+    assert!(names.contains("web."), "{names}");
+    let rows: Vec<Vec<&str>> = columns
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(
+        rows.iter().any(|r| r[..5]
+            == [
+                "ConfigMap",
+                "app-config",
+                "Warning",
+                "RefreshFailed",
+                "wasmwatch"
+            ]),
+        "{columns}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r[..5] == ["Deployment", "web", "Normal", "Reloaded", "wasmwatch"]),
+        "{columns}"
+    );
+}
+
+/// A typed client reads the restarted workload back with both annotations.
+#[tokio::test]
+async fn restart_is_visible_to_other_clients() {
+    let (_server, client) = start().await;
+    let exec = executor(&client);
+    let w = workload(WorkloadKind::StatefulSet, "db");
+    create(&client, &w).await;
+    exec.restart(&w, "secret/db-creds:abc", "x").await.unwrap();
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), NS)
+        .get("db")
+        .await
+        .unwrap();
+    let annotations = sts.spec.template.metadata.unwrap().annotations.unwrap();
+    assert_eq!(
+        annotations
+            .get("config-hash.wasmwatch.io/secret.db-creds")
+            .map(String::as_str),
+        Some("secret/db-creds:abc")
+    );
+    assert!(annotations.contains_key(RESTARTED_AT_ANNOTATION));
+}
