@@ -48,16 +48,53 @@ enum Command {
     /// `/readyz`): a leader-election sidecar for another app. SIGTERM releases
     /// the lease so that another replica takes over at once.
     Elect(ElectArgs),
-    /// Run the service. For now only `--dry-run` exists: watch, ask the
-    /// plugins, and print each decision as a JSON line, executing nothing.
-    Run {
+    /// Run the service: watch ConfigMaps and Secrets, ask the plugins, and
+    /// execute what they decide (with `ha.enabled`, only while this replica
+    /// leads, replaying what changed while nobody led).
+    Run(RunArgs),
+    /// The whole main job on an embedded local cluster: a local API server
+    /// (kubectl works against the kubeconfig it writes), a sample app and
+    /// two replicas electing a leader, with the plugins of the manifest.
+    Local {
         #[arg(long)]
         manifest: PathBuf,
-        /// Print decisions instead of executing them (required until the
-        /// executors exist).
+        /// Where the kubeconfig is written.
+        #[arg(long, default_value = ".wasmwatch-local")]
+        dir: PathBuf,
+        /// Make one change, wait for its refresh and rollout, exit 0 (1 if
+        /// they do not come within --timeout).
         #[arg(long)]
-        dry_run: bool,
+        scripted: bool,
+        #[arg(long, default_value = "60s")]
+        timeout: HumanDuration,
+        /// Port of the local API server (0: any free port).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    #[arg(long)]
+    manifest: PathBuf,
+    /// Print decisions as JSON lines instead of executing them.
+    #[arg(long)]
+    dry_run: bool,
+    /// This replica's identity (default: POD_NAME, else the host name).
+    #[arg(long)]
+    identity: Option<String>,
+    /// Namespace of the Leases when the manifest's `ha.namespace` is unset.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    namespace: String,
+    /// Address of the admin HTTP port (/healthz, /readyz, /leader, /metrics).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    admin_addr: std::net::SocketAddr,
+    /// Print every executed, retried or dead-lettered action as a JSON line.
+    #[arg(long)]
+    print_actions: bool,
+    /// How often the leader writes its checkpoints when they moved.
+    #[arg(long, default_value = "2s")]
+    checkpoint_interval: HumanDuration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -205,19 +242,58 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&decision)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { manifest, dry_run } => {
-            if !dry_run {
-                anyhow::bail!(
-                    "executing actions is not implemented yet; use `wasmwatch run --dry-run` to see what would be done"
-                );
-            }
+        Command::Run(run) => {
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(crate::dryrun::run(
-                &manifest,
-                args.cache_dir,
+            if run.dry_run {
+                rt.block_on(crate::dryrun::run(
+                    &run.manifest,
+                    args.cache_dir,
+                    shutdown_signal(),
+                ))?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let options = crate::run::RunOptions {
+                manifest: run.manifest,
+                cache_dir: args.cache_dir,
+                admin_addr: run.admin_addr,
+                identity: run.identity.unwrap_or_else(default_identity),
+                namespace: run.namespace,
+                reports: if run.print_actions {
+                    crate::run::Reports::Json
+                } else {
+                    crate::run::Reports::Quiet
+                },
+                announce: true,
+                kube_config: None,
+                checkpoint_interval: run.checkpoint_interval.0,
+            };
+            rt.block_on(crate::run::run(options, shutdown_signal()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Local {
+            manifest,
+            dir,
+            scripted,
+            timeout,
+            port,
+        } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            let ok = rt.block_on(crate::local::run(
+                crate::local::LocalOptions {
+                    manifest,
+                    dir,
+                    cache_dir: args.cache_dir,
+                    scripted,
+                    timeout: timeout.0,
+                    port,
+                },
                 shutdown_signal(),
             ))?;
-            Ok(ExitCode::SUCCESS)
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Elect(elect) => {
             let rt = tokio::runtime::Runtime::new()?;

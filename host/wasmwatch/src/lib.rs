@@ -9,4 +9,6 @@ pub mod admin;
 pub mod cli;
 pub mod dryrun;
 pub mod event_file;
+pub mod local;
 pub mod metrics;
+pub mod run;

@@ -239,9 +239,9 @@ impl Default for Metrics {
             ),
             checkpoint_lag_versions: Family::new(
                 "wasmwatch_checkpoint_lag_versions",
-                "Changes received but not yet passed by the checkpoint, per kind and namespace (* = cluster-wide).",
+                "Changes received but not yet passed by the checkpoint.",
                 Gauge,
-                &["kind", "namespace"],
+                &[],
             ),
             checkpoint_lag_seconds: Family::new(
                 "wasmwatch_checkpoint_lag_seconds",
@@ -326,14 +326,14 @@ mod tests {
         m.queue_depth.set(&[], 3.0);
         m.plugin_duration.observe(&["http-refresh", "ok"], 0.000_07);
         m.actions.inc(&["refreshService", "done"]);
-        m.checkpoint_lag_versions.set(&["ConfigMap", "a\"b"], 1.0);
+        m.events_handled.inc(&["a\"b"]);
         let text = m.render();
         assert!(text.contains("# TYPE wasmwatch_events_received_total counter\nwasmwatch_events_received_total{kind=\"ConfigMap\"} 2\n"), "{text}");
         assert!(text.contains("wasmwatch_queue_depth 3\n"), "{text}");
         assert!(text.contains("wasmwatch_plugin_duration_seconds_bucket{plugin=\"http-refresh\",outcome=\"ok\",le=\"0.00005\"} 0\n"), "{text}");
         assert!(text.contains("wasmwatch_plugin_duration_seconds_bucket{plugin=\"http-refresh\",outcome=\"ok\",le=\"0.0001\"} 1\n"), "{text}");
         assert!(text.contains("wasmwatch_plugin_duration_seconds_count{plugin=\"http-refresh\",outcome=\"ok\"} 1\n"), "{text}");
-        assert!(text.contains("namespace=\"a\\\"b\""), "{text}");
+        assert!(text.contains("kind=\"a\\\"b\""), "{text}");
         assert_eq!(m.events_received.get(&["ConfigMap"]), 2.0);
     }
 }

@@ -1,0 +1,825 @@
+//! `wasmwatch run`: the service.
+//!
+//! ```text
+//! start: manifest → plugins (compiled, checked) → caches (workloads, Services)
+//!        → admin port (/healthz, /readyz, /leader)
+//! HA on:  elector ──leading──▶ lead(term) ──not leading / fenced──▶ wait again
+//! HA off: lead() at once, no checkpoints (each start takes a baseline)
+//!
+//! lead(term):
+//!   claim the state Lease (checkpoints + object indexes of the last term)
+//!   one WatchLoop per kind × namespace, resuming from its checkpoint
+//!   Change ─▶ plugins whose filter selects it ─▶ pipeline (debounce, retry)
+//!          ─▶ executors (fenced) ─▶ done ─▶ Progress ─▶ batched save
+//! ```
+//!
+//! A change's ticket completes when every plugin's actions for it finished
+//! or dead-lettered (a plugin that fails, after its retries, dead-letters
+//! too); only then can the checkpoint pass it. On SIGTERM the leader stops
+//! its watches, saves what is complete, and only then releases the lease.
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use anyhow::Context;
+use tokio::sync::{mpsc, watch};
+use wasmwatch_core::action::EventType;
+use wasmwatch_core::{Action, ChangeEvent, Lookups, Manifest, ObjectKind};
+use wasmwatch_exec::pipeline::{
+    BoxFuture, Execute, Outcome, Pipeline, PipelineConfig, Policy, Report, Submission,
+};
+use wasmwatch_exec::{ExecError, Origin};
+use wasmwatch_kube::checkpoint::{CheckpointError, CheckpointStore, Progress, Ticket};
+use wasmwatch_kube::elector::{Elector, ElectorConfig, Fence, Leadership, Term};
+use wasmwatch_kube::lookups::KubeLookups;
+use wasmwatch_kube::watchloop::{Output, WatchLoop, WatchTarget};
+use wasmwatch_runtime::{Plugin, Runtime, RuntimeConfig};
+
+use crate::metrics::Metrics;
+
+/// How `wasmwatch run` was asked to run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub manifest: PathBuf,
+    pub cache_dir: Option<PathBuf>,
+    pub admin_addr: std::net::SocketAddr,
+    /// This replica's identity (POD_NAME, else the host name).
+    pub identity: String,
+    /// Namespace of the Leases when the manifest does not say (POD_NAMESPACE).
+    pub namespace: String,
+    /// How to print every executed, retried or dead-lettered action on stdout.
+    pub reports: Reports,
+    /// Print one JSON line when ready (admin address, identity).
+    pub announce: bool,
+    /// The cluster to talk to; `None`: KUBECONFIG or the in-cluster config.
+    pub kube_config: Option<kube::Config>,
+    /// How often the leader writes its checkpoints (when they moved).
+    pub checkpoint_interval: Duration,
+}
+
+/// How action reports are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reports {
+    Quiet,
+    /// One JSON object per line.
+    Json,
+    /// One sentence per line, prefixed with the replica's identity.
+    Human,
+}
+
+/// The executors behind the pipeline.
+pub struct Executors {
+    pub http: wasmwatch_exec::http::HttpExecutor,
+    pub buses: wasmwatch_bus::Buses,
+    pub kube: wasmwatch_exec::workload::KubeExecutor,
+}
+
+impl Execute for Executors {
+    fn execute<'a>(
+        &'a self,
+        origin: &'a Origin,
+        action: &'a Action,
+    ) -> BoxFuture<'a, Result<(), ExecError>> {
+        Box::pin(async move {
+            match action {
+                Action::Http {
+                    method,
+                    url,
+                    headers,
+                    body,
+                } => self
+                    .http
+                    .call(*method, url, headers, body.as_deref())
+                    .await
+                    .map(|_| ()),
+                Action::RefreshService {
+                    namespace,
+                    service,
+                    method,
+                    port,
+                    path,
+                    tls,
+                } => self
+                    .http
+                    .refresh_service(namespace, service, *method, *port, path, *tls)
+                    .await
+                    .map(|_| ()),
+                Action::Publish {
+                    connection,
+                    destination,
+                    routing_key,
+                    headers,
+                    payload,
+                } => self
+                    .buses
+                    .publish(connection, destination, routing_key, headers, payload)
+                    .await
+                    .map_err(|e| {
+                        if e.retryable() {
+                            ExecError::Retryable(e.to_string())
+                        } else {
+                            ExecError::Permanent(e.to_string())
+                        }
+                    }),
+                Action::Restart {
+                    workload,
+                    reason,
+                    content_hash,
+                } => {
+                    let outcome = self.kube.restart(workload, content_hash, reason).await?;
+                    if outcome == wasmwatch_exec::workload::RestartOutcome::Restarted {
+                        let message = format!("{reason} (plugin {})", origin.plugin);
+                        if let Err(e) = self
+                            .kube
+                            .workload_event(workload, EventType::Normal, "Reloaded", &message)
+                            .await
+                        {
+                            tracing::warn!("cannot record the restart Event: {e}");
+                        }
+                    }
+                    Ok(())
+                }
+                Action::Event {
+                    event_type,
+                    reason,
+                    message,
+                } => self.kube.event(origin, *event_type, reason, message).await,
+            }
+        })
+    }
+
+    fn dead_letter<'a>(
+        &'a self,
+        origin: &'a Origin,
+        action: &'a Action,
+        error: &'a ExecError,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let message = format!(
+                "{} by plugin {} failed for good: {error}",
+                action.type_name(),
+                origin.plugin
+            );
+            if let Err(e) = self
+                .kube
+                .event(origin, EventType::Warning, "RefreshFailed", &message)
+                .await
+            {
+                tracing::warn!("cannot record the dead-letter Event: {e}");
+            }
+        })
+    }
+}
+
+/// A loaded plugin and its delivery policy.
+struct Loaded {
+    plugin: Arc<Plugin>,
+    policy: Policy,
+}
+
+/// What every term of leadership shares.
+struct Service {
+    client: kube::Client,
+    manifest: Manifest,
+    plugins: Vec<Loaded>,
+    executors: Arc<Executors>,
+    options: RunOptions,
+    lease_namespace: String,
+    metrics: Arc<Metrics>,
+}
+
+/// Runs the service until `shutdown`.
+pub async fn run(
+    options: RunOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let manifest = Manifest::from_file(&options.manifest)?;
+    let client = match options.kube_config.clone() {
+        Some(config) => kube::Client::try_from(config)?,
+        None => kube::Client::try_default()
+            .await
+            .context("cannot configure the Kubernetes client")?,
+    };
+    let namespaces = watched_namespaces(&manifest);
+    let lookups = KubeLookups::start(client.clone(), namespaces.clone());
+    let runtime = Runtime::new(
+        RuntimeConfig {
+            cache_dir: options.cache_dir.clone(),
+            ..Default::default()
+        },
+        lookups.clone() as Arc<dyn Lookups>,
+    )
+    .map_err(|e| anyhow::anyhow!("cannot start the plugin runtime: {e:#}"))?;
+    let plugins: Vec<Loaded> = manifest
+        .plugins
+        .iter()
+        .map(|entry| {
+            runtime.load(entry, &manifest.base_dir).map(|p| Loaded {
+                plugin: Arc::new(p),
+                policy: Policy::from(&entry.delivery),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let buses = wasmwatch_bus::Buses::new(&manifest.buses)?;
+    let executors = Arc::new(Executors {
+        http: wasmwatch_exec::http::HttpExecutor::new(
+            lookups.clone() as Arc<dyn Lookups>,
+            Duration::from_secs(10),
+        ),
+        buses,
+        kube: wasmwatch_exec::workload::KubeExecutor::new(
+            client.clone(),
+            "wasmwatch",
+            &options.identity,
+        ),
+    });
+
+    let ha = manifest.ha.clone();
+    let lease_namespace = ha
+        .namespace
+        .clone()
+        .unwrap_or_else(|| options.namespace.clone());
+    let metrics = Arc::new(Metrics::default());
+    let (ready_tx, ready) = watch::channel(false);
+    let (leadership_tx, leadership) = watch::channel(Leadership::default());
+    let mut elector_parts = None;
+    let leadership = if ha.enabled {
+        let config = ElectorConfig {
+            namespace: lease_namespace.clone(),
+            lease_name: ha.lease_name.clone(),
+            identity: options.identity.clone(),
+            lease_duration: ha.lease_duration.0,
+            renew_deadline: ha.renew_deadline.0,
+            retry_period: ha.retry_period.0,
+        };
+        let (elector, rx) =
+            Elector::new(client.clone(), config).map_err(|e| anyhow::anyhow!("ha: {e}"))?;
+        elector_parts = Some(elector);
+        rx
+    } else {
+        leadership_tx.send_replace(Leadership {
+            leading: true,
+            term: None,
+            holder: Some(options.identity.clone()),
+        });
+        leadership
+    };
+
+    let listener = crate::admin::bind(options.admin_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", options.admin_addr))?;
+    let admin_addr = listener.local_addr()?;
+    let admin = tokio::spawn(crate::admin::serve(
+        listener,
+        crate::admin::AdminState {
+            leadership: leadership.clone(),
+            ready,
+            metrics: Some(metrics.clone()),
+        },
+    ));
+    tokio::spawn(track_leadership(leadership.clone(), metrics.clone()));
+    tracing::info!(identity = %options.identity, "admin port listening on http://{admin_addr}");
+    lookups.ready().await;
+    ready_tx.send_replace(true);
+    if options.announce {
+        println!(
+            "{}",
+            serde_json::json!({
+                "ready": true,
+                "identity": options.identity,
+                "admin": format!("http://{admin_addr}"),
+                "plugins": plugins.len(),
+                "ha": ha.enabled,
+            })
+        );
+    }
+
+    let service = Arc::new(Service {
+        client,
+        manifest,
+        plugins,
+        executors,
+        options,
+        lease_namespace,
+        metrics,
+    });
+    tokio::pin!(shutdown);
+    match elector_parts {
+        None => {
+            service.lead(None, None, leadership, &mut shutdown).await;
+        }
+        Some(elector) => {
+            let fence = elector.fence();
+            let (stop_elector, stopped) = tokio::sync::oneshot::channel::<()>();
+            let elector_task = tokio::spawn(elector.run(async {
+                let _ = stopped.await;
+            }));
+            let mut leadership = leadership;
+            loop {
+                let term = tokio::select! {
+                    t = wait_leading(&mut leadership) => t,
+                    _ = &mut shutdown => break,
+                };
+                let Some(term) = term else { break };
+                tracing::info!(term = %term, "leading");
+                let stop = service
+                    .lead(
+                        Some(term),
+                        Some(fence.clone()),
+                        leadership.clone(),
+                        &mut shutdown,
+                    )
+                    .await;
+                if stop {
+                    break;
+                }
+            }
+            // Leader work has stopped and its checkpoint is saved: now release.
+            let _ = stop_elector.send(());
+            let _ = elector_task.await;
+        }
+    }
+    admin.abort();
+    Ok(())
+}
+
+fn watched_namespaces(manifest: &Manifest) -> Option<Vec<String>> {
+    if manifest.watch.namespaces.iter().any(|n| n == "*") {
+        None
+    } else {
+        Some(manifest.watch.namespaces.clone())
+    }
+}
+
+/// Keeps the leader gauge and transition counter up to date.
+async fn track_leadership(mut leadership: watch::Receiver<Leadership>, metrics: Arc<Metrics>) {
+    let mut was = false;
+    loop {
+        let now = leadership.borrow_and_update().leading;
+        metrics.leader.set(&[], if now { 1.0 } else { 0.0 });
+        if now != was {
+            metrics
+                .leader_transitions
+                .inc(&[if now { "leading" } else { "following" }]);
+            was = now;
+        }
+        if leadership.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Waits until this replica leads; `None` when the elector is gone.
+async fn wait_leading(leadership: &mut watch::Receiver<Leadership>) -> Option<Term> {
+    loop {
+        {
+            let l = leadership.borrow_and_update();
+            if l.leading
+                && let Some(t) = &l.term
+            {
+                return Some(t.clone());
+            }
+        }
+        leadership.changed().await.ok()?;
+    }
+}
+
+/// How a term of leadership ended.
+enum End {
+    /// Shutdown requested: the caller stops the process.
+    Shutdown,
+    /// Not leading any more (or fenced): wait for the next term.
+    Lost,
+}
+
+impl Service {
+    /// Leads until leadership is lost (returns false) or shutdown (true).
+    async fn lead(
+        self: &Arc<Self>,
+        term: Option<Term>,
+        fence: Option<Fence>,
+        mut leadership: watch::Receiver<Leadership>,
+        shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    ) -> bool {
+        let still_leading = {
+            let fence = fence.clone();
+            move || fence.as_ref().is_none_or(Fence::may_act)
+        };
+        // Claim the state (HA only), retrying while we lead.
+        let mut saver = None;
+        let mut claimed = None;
+        if let Some(term) = &term {
+            let mut s = CheckpointStore::new(
+                self.client.clone(),
+                &self.lease_namespace,
+                &self.manifest.ha.state_lease_name,
+                term.clone(),
+            );
+            let mut failures = 0;
+            loop {
+                match s.claim().await {
+                    Ok(c) => {
+                        claimed = Some(c);
+                        break;
+                    }
+                    Err(CheckpointError::Api(e)) if still_leading() => {
+                        failures += 1;
+                        let delay = wasmwatch_kube::watchloop::backoff(failures);
+                        tracing::warn!("cannot claim the state Lease, retrying in {delay:?}: {e}");
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => {}
+                            _ = &mut *shutdown => return true,
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!("cannot claim the state Lease: {e}; not leading this term");
+                        return false;
+                    }
+                }
+            }
+            saver = Some(Saver {
+                store: s,
+                unsaved: false,
+                indexes: Vec::new(),
+            });
+        }
+        let (checkpoints, indexes) = match claimed {
+            Some(c) => (c.checkpoints, c.indexes),
+            None => Default::default(),
+        };
+        let mut progress = Progress::new(checkpoints.clone());
+
+        // One watch loop per stream, tagged with its stream id.
+        let (tx, mut outputs) = mpsc::channel::<(usize, Output)>(1024);
+        let mut tasks = Vec::new();
+        let namespaces: Vec<Option<String>> = match watched_namespaces(&self.manifest) {
+            None => vec![None],
+            Some(list) => list.into_iter().map(Some).collect(),
+        };
+        for kind in &self.manifest.watch.kinds {
+            for namespace in &namespaces {
+                let ns_key = namespace.clone().unwrap_or_else(|| "*".into());
+                let id = progress.stream(*kind, &ns_key);
+                let target = WatchTarget {
+                    kind: *kind,
+                    namespace: namespace.clone(),
+                    label_selector: self
+                        .manifest
+                        .watch
+                        .label_selector
+                        .as_ref()
+                        .map(|s| s.as_str().to_string()),
+                    metadata_changes: self.manifest.watch.metadata_changes,
+                };
+                let from = checkpoints.get(*kind, &ns_key).map(str::to_string);
+                let mut wl = WatchLoop::new(self.client.clone(), target, from);
+                if let Some(index) = indexes.get(kind) {
+                    wl = wl.with_index(index.namespace(&ns_key));
+                }
+                let (loop_tx, mut loop_rx) = mpsc::channel(256);
+                tasks.push(AbortOnDrop(tokio::spawn(wl.run(loop_tx))));
+                let tx = tx.clone();
+                tasks.push(AbortOnDrop(tokio::spawn(async move {
+                    while let Some(o) = loop_rx.recv().await {
+                        if tx.send((id, o)).await.is_err() {
+                            return;
+                        }
+                    }
+                })));
+            }
+        }
+        drop(tx);
+
+        let (done_tx, mut done) = mpsc::unbounded_channel::<Ticket>();
+        let on_report = {
+            let metrics = self.metrics.clone();
+            let print = self.options.reports;
+            let identity = self.options.identity.clone();
+            Arc::new(move |r: &Report| {
+                let kind = r.action.type_name();
+                match &r.outcome {
+                    Outcome::Done => metrics.actions.inc(&[kind, "done"]),
+                    Outcome::Retrying { .. } => {
+                        metrics.actions.inc(&[kind, "retrying"]);
+                        metrics.action_retries.inc(&[kind]);
+                    }
+                    Outcome::DeadLettered { .. } => {
+                        metrics.actions.inc(&[kind, "dead_lettered"]);
+                        metrics.dead_letters.inc(&[kind]);
+                    }
+                    Outcome::Abandoned => metrics.actions.inc(&[kind, "abandoned"]),
+                }
+                match print {
+                    Reports::Quiet => {}
+                    Reports::Json => print_report(r),
+                    Reports::Human => println!("[{identity}] {}", describe(r)),
+                }
+            }) as Arc<dyn Fn(&Report) + Send + Sync>
+        };
+        let pipeline = Pipeline::start(
+            self.executors.clone() as Arc<dyn Execute>,
+            PipelineConfig::default(),
+            Arc::new(still_leading.clone()),
+            Some(on_report),
+            done_tx.clone(),
+        );
+        // Per ticket still outstanding: decisions left, kind, since when.
+        let mut outstanding: HashMap<Ticket, (usize, ObjectKind, Instant)> = HashMap::new();
+        let metrics = self.metrics.clone();
+        let mut save_tick = tokio::time::interval(self.options.checkpoint_interval);
+        save_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let end = loop {
+            tokio::select! {
+                o = outputs.recv() => {
+                    let Some((id, output)) = o else { break End::Lost };
+                    match output {
+                        Output::Change { event, resource_version } => {
+                            let kind = event.object.kind;
+                            metrics.events_received.inc(&[kind.as_str()]);
+                            let ticket = progress.change(id, &resource_version);
+                            let n = self.dispatch(*event, ticket, &pipeline, &done_tx).await;
+                            if n == 0 {
+                                progress.complete(ticket);
+                                metrics.events_handled.inc(&[kind.as_str()]);
+                            } else {
+                                outstanding.insert(ticket, (n, kind, Instant::now()));
+                            }
+                        }
+                        Output::Progress { resource_version } => progress.progress(id, &resource_version),
+                        Output::Index(index) => progress.index(id, index),
+                    }
+                }
+                Some(ticket) = done.recv() => {
+                    finish(&mut outstanding, &mut progress, &metrics, ticket);
+                }
+                _ = save_tick.tick() => {
+                    metrics.queue_depth.set(&[], pipeline.stats().queued.load(std::sync::atomic::Ordering::Relaxed) as f64);
+                    metrics.checkpoint_lag_versions.set(&[], progress.in_flight() as f64);
+                    let oldest = outstanding.values().map(|(_, _, since)| since.elapsed()).max().unwrap_or_default();
+                    metrics.checkpoint_lag_seconds.set(&[], oldest.as_secs_f64());
+                    if let Some(saver) = saver.as_mut()
+                        && let Err(e) = saver.save(&mut progress, &still_leading, &metrics).await
+                    {
+                        tracing::error!("{e}; stopping leader work");
+                        break End::Lost;
+                    }
+                }
+                r = leadership.changed() => {
+                    if r.is_err() || !leadership.borrow().leading {
+                        tracing::warn!("not leading any more; stopping leader work");
+                        break End::Lost;
+                    }
+                }
+                _ = &mut *shutdown => break End::Shutdown,
+            }
+        };
+        // Stop watching and executing first, then save what is complete.
+        drop(tasks);
+        drop(pipeline);
+        while let Ok(ticket) = done.try_recv() {
+            finish(&mut outstanding, &mut progress, &metrics, ticket);
+        }
+        if let Some(saver) = saver.as_mut()
+            && still_leading()
+            && let Err(e) = saver.save(&mut progress, &still_leading, &metrics).await
+        {
+            tracing::warn!("final checkpoint not saved: {e}");
+        }
+        matches!(end, End::Shutdown)
+    }
+
+    /// Hands the change to every plugin that selects it; returns how many
+    /// decisions will complete on the `done` channel.
+    async fn dispatch(
+        self: &Arc<Self>,
+        event: ChangeEvent,
+        ticket: Ticket,
+        pipeline: &Pipeline<Ticket>,
+        done: &mpsc::UnboundedSender<Ticket>,
+    ) -> usize {
+        let origin = |plugin: &str| Origin {
+            kind: event.object.kind,
+            namespace: event.object.namespace.clone(),
+            name: event.object.name.clone(),
+            uid: event.object.uid.clone(),
+            resource_version: event.object.resource_version.clone(),
+            plugin: plugin.to_string(),
+        };
+        let mut n = 0;
+        for loaded in self
+            .plugins
+            .iter()
+            .filter(|l| l.plugin.filter().matches(&event))
+        {
+            n += 1;
+            let origin = origin(loaded.plugin.name());
+            let started = Instant::now();
+            let result = loaded.plugin.handle_async(event.clone()).await;
+            let outcome = if result.is_ok() { "ok" } else { "error" };
+            self.metrics
+                .plugin_invocations
+                .inc(&[loaded.plugin.name(), outcome]);
+            self.metrics.plugin_duration.observe(
+                &[loaded.plugin.name(), outcome],
+                started.elapsed().as_secs_f64(),
+            );
+            match result {
+                Ok(decision) => pipeline.submit(Submission {
+                    ticket,
+                    origin,
+                    actions: decision.allowed().cloned().collect(),
+                    policy: loaded.policy,
+                }),
+                Err(e) => {
+                    // Retry the plugin per its policy, off the main loop.
+                    tracing::warn!(plugin = loaded.plugin.name(), object = %format!("{}/{}", origin.namespace, origin.name), "plugin failed: {e}");
+                    let plugin = loaded.plugin.clone();
+                    let policy = loaded.policy;
+                    let event = event.clone();
+                    let executors = self.executors.clone();
+                    let submit = pipeline.submitter();
+                    let done = done.clone();
+                    tokio::spawn(async move {
+                        for attempt in 1..=policy.retries {
+                            tokio::time::sleep(wasmwatch_exec::pipeline::retry_delay(
+                                &policy, attempt,
+                            ))
+                            .await;
+                            match plugin.handle_async(event.clone()).await {
+                                Ok(decision) => {
+                                    submit.submit(Submission {
+                                        ticket,
+                                        origin,
+                                        actions: decision.allowed().cloned().collect(),
+                                        policy,
+                                    });
+                                    return;
+                                }
+                                Err(e) => tracing::warn!(
+                                    plugin = plugin.name(),
+                                    attempt,
+                                    "plugin failed again: {e}"
+                                ),
+                            }
+                        }
+                        let error =
+                            ExecError::Permanent(format!("plugin {} failed: {e}", plugin.name()));
+                        tracing::error!(plugin = plugin.name(), object = %format!("{}/{}", origin.namespace, origin.name), "dead-lettered: {error}");
+                        let action = Action::Event {
+                            event_type: EventType::Warning,
+                            reason: "PluginFailed".into(),
+                            message: error.to_string(),
+                        };
+                        executors.dead_letter(&origin, &action, &error).await;
+                        let _ = done.send(ticket);
+                    });
+                }
+            }
+        }
+        n
+    }
+}
+
+/// One decision for `ticket` is complete; the change is handled once all are.
+fn finish(
+    outstanding: &mut HashMap<Ticket, (usize, ObjectKind, Instant)>,
+    progress: &mut Progress,
+    metrics: &Metrics,
+    ticket: Ticket,
+) {
+    if let Some((n, kind, _)) = outstanding.get_mut(&ticket) {
+        *n -= 1;
+        if *n == 0 {
+            metrics.events_handled.inc(&[kind.as_str()]);
+            outstanding.remove(&ticket);
+            progress.complete(ticket);
+        }
+    }
+}
+
+/// Batches checkpoint writes: what moved since the last successful save.
+struct Saver {
+    store: CheckpointStore,
+    unsaved: bool,
+    indexes: Vec<wasmwatch_kube::checkpoint::StreamIndex>,
+}
+
+impl Saver {
+    /// Writes the checkpoints (and the indexes that became safe) when they
+    /// moved. A retryable failure keeps them for the next round; `Fenced`
+    /// means another leader owns the state: the caller stops.
+    async fn save(
+        &mut self,
+        progress: &mut Progress,
+        still_leading: &impl Fn() -> bool,
+        metrics: &Metrics,
+    ) -> Result<(), CheckpointError> {
+        self.unsaved |= progress.take_dirty();
+        for ix in progress.take_indexes() {
+            self.indexes
+                .retain(|o| !(o.kind == ix.kind && o.namespace == ix.namespace));
+            self.indexes.push(ix);
+        }
+        if !self.unsaved && self.indexes.is_empty() {
+            return Ok(());
+        }
+        if !still_leading() {
+            return Err(CheckpointError::Fenced("the fence is closed".into()));
+        }
+        match self.store.save(progress.checkpoints(), &self.indexes).await {
+            Ok(()) => {
+                metrics.checkpoint_writes.inc(&["ok"]);
+                self.unsaved = false;
+                self.indexes.clear();
+                Ok(())
+            }
+            Err(CheckpointError::Api(e)) => {
+                metrics.checkpoint_writes.inc(&["error"]);
+                tracing::warn!("checkpoint not saved, retrying next round: {e}");
+                Ok(())
+            }
+            Err(e) => {
+                metrics.checkpoint_writes.inc(&["fenced"]);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn print_report(r: &Report) {
+    let objects: Vec<String> = r
+        .origins
+        .iter()
+        .map(|o| format!("{}/{}/{}", o.kind.as_str(), o.namespace, o.name))
+        .collect();
+    let (outcome, error) = match &r.outcome {
+        Outcome::Done => ("done", None),
+        Outcome::Retrying { error, .. } => ("retrying", Some(error.to_string())),
+        Outcome::DeadLettered { error } => ("dead-lettered", Some(error.to_string())),
+        Outcome::Abandoned => ("abandoned", None),
+    };
+    println!(
+        "{}",
+        serde_json::json!({
+            "action": r.action,
+            "plugin": r.origins.last().map(|o| o.plugin.clone()),
+            "objects": objects,
+            "attempt": r.attempt,
+            "outcome": outcome,
+            "error": error,
+        })
+    );
+}
+
+/// One report as a sentence, for people watching the local run.
+pub fn describe(r: &Report) -> String {
+    let what = match &r.action {
+        Action::RefreshService {
+            namespace,
+            service,
+            method,
+            path,
+            ..
+        } => format!(
+            "{} {path} on every ready pod of Service {namespace}/{service}",
+            format!("{method:?}").to_uppercase()
+        ),
+        Action::Http { method, url, .. } => {
+            format!("{} {url}", format!("{method:?}").to_uppercase())
+        }
+        Action::Publish {
+            connection,
+            destination,
+            ..
+        } => format!("publish to {connection}/{destination}"),
+        Action::Restart { workload, .. } => format!(
+            "rollout restart of {:?} {}/{}",
+            workload.kind, workload.namespace, workload.name
+        ),
+        Action::Event { reason, .. } => format!("Event {reason}"),
+    };
+    let objects: Vec<String> = r
+        .origins
+        .iter()
+        .map(|o| format!("{} {}/{}", o.kind.as_str(), o.namespace, o.name))
+        .collect();
+    let plugin = r.origins.last().map_or("", |o| o.plugin.as_str());
+    let outcome = match &r.outcome {
+        Outcome::Done => "done".to_string(),
+        Outcome::Retrying { error, delay } => format!("failed ({error}), retrying in {delay:?}"),
+        Outcome::DeadLettered { error } => format!("gave up: {error}"),
+        Outcome::Abandoned => "abandoned (not leading)".to_string(),
+    };
+    format!("{plugin}: {what}, for {}: {outcome}", objects.join(", "))
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,290 @@
+//! Shared by the end-to-end tests of `wasmwatch run`: real HTTP apps counting
+//! actuator calls, a cluster on the test API server (namespace, Services,
+//! EndpointSlices pointing at the apps), and replicas as real processes.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::Api;
+use kube::api::{DynamicObject, PostParams};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A small HTTP server standing for one pod: counts requests per
+/// `METHOD path`, answers with the scripted statuses, then 200.
+#[derive(Clone)]
+pub struct Pod {
+    pub addr: SocketAddr,
+    hits: Arc<Mutex<HashMap<String, usize>>>,
+    script: Arc<Mutex<std::collections::VecDeque<u16>>>,
+}
+
+impl Pod {
+    pub async fn start() -> Pod {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let pod = Pod {
+            addr: listener.local_addr().unwrap(),
+            hits: Default::default(),
+            script: Default::default(),
+        };
+        let p = pod.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                let p = p.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let mut buf = Vec::new();
+                        let mut byte = [0u8; 1024];
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut byte).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&byte[..n]),
+                            }
+                        }
+                        let head = String::from_utf8_lossy(&buf).to_string();
+                        let mut parts = head.split_whitespace();
+                        let key = format!(
+                            "{} {}",
+                            parts.next().unwrap_or(""),
+                            parts.next().unwrap_or("")
+                        );
+                        *p.hits.lock().unwrap().entry(key).or_default() += 1;
+                        let status = p.script.lock().unwrap().pop_front().unwrap_or(200);
+                        let resp = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
+                        if s.write_all(resp.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        pod
+    }
+
+    pub fn hits(&self, key: &str) -> usize {
+        self.hits.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    pub fn total(&self) -> usize {
+        self.hits.lock().unwrap().values().sum()
+    }
+
+    /// The next responses' statuses.
+    pub fn answer(&self, statuses: &[u16]) {
+        self.script.lock().unwrap().extend(statuses);
+    }
+}
+
+pub const REFRESH: &str = "POST /actuator/refresh";
+
+pub async fn apply(client: &kube::Client, value: serde_json::Value) {
+    let obj: DynamicObject = serde_json::from_value(value.clone()).unwrap();
+    let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
+    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+    let api: Api<DynamicObject> = match obj.metadata.namespace.as_deref() {
+        Some(ns) if caps.scope == kube::discovery::Scope::Namespaced => {
+            Api::namespaced_with(client.clone(), ns, &ar)
+        }
+        _ => Api::all_with(client.clone(), &ar),
+    };
+    api.create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("create {value}: {e}"));
+}
+
+pub async fn namespace(client: &kube::Client, name: &str) {
+    apply(
+        client,
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+    )
+    .await;
+}
+
+/// A Service `name` in `ns` whose ready endpoints are the given pods (one
+/// EndpointSlice per pod, each with that pod's port), plus `not_ready`
+/// endpoints listed as not ready.
+pub async fn service(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    pods: &[&Pod],
+    not_ready: &[&Pod],
+) {
+    apply(
+        client,
+        serde_json::json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+            "spec": {"ports": [{"name": "http", "port": 8080}], "selector": {"app": name}}}),
+    )
+    .await;
+    for (i, (pod, ready)) in pods
+        .iter()
+        .map(|p| (p, true))
+        .chain(not_ready.iter().map(|p| (p, false)))
+        .enumerate()
+    {
+        apply(
+            client,
+            serde_json::json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": format!("{name}-{i}"), "namespace": ns,
+                    "labels": {"kubernetes.io/service-name": name}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": [pod.addr.ip().to_string()],
+                    "conditions": {"ready": ready},
+                    "targetRef": {"kind": "Pod", "name": format!("{name}-{i}"), "namespace": ns}}],
+                "ports": [{"name": "http", "port": pod.addr.port(), "protocol": "TCP"}]}),
+        )
+        .await;
+    }
+}
+
+/// One `wasmwatch run` process.
+pub struct Replica {
+    pub identity: String,
+    pub child: Child,
+    pub admin: SocketAddr,
+    /// Lines printed after the ready line (`--print-actions` reports).
+    pub lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Replica {
+    pub fn start(
+        kubeconfig: &std::path::Path,
+        manifest: &std::path::Path,
+        identity: &str,
+    ) -> Replica {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+            .args(["run", "--manifest", manifest.to_str().unwrap()])
+            .args(["--identity", identity, "--admin-addr", "127.0.0.1:0"])
+            .args(["--print-actions", "--checkpoint-interval", "200ms"])
+            .env("KUBECONFIG", kubeconfig)
+            .env("POD_NAMESPACE", "default")
+            .env(
+                "RUST_LOG",
+                std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start wasmwatch run");
+        let (tx, lines) = std::sync::mpsc::channel::<String>();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let first = lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the ready line");
+        let ready: serde_json::Value =
+            serde_json::from_str(&first).unwrap_or_else(|e| panic!("ready line {first:?}: {e}"));
+        assert_eq!(ready["ready"], true, "{first}");
+        let admin = ready["admin"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("http://")
+            .parse()
+            .unwrap();
+        Replica {
+            identity: identity.to_string(),
+            child,
+            admin,
+            lines,
+        }
+    }
+
+    pub async fn leading(&self) -> bool {
+        get(self.admin, "/leader")
+            .await
+            .is_some_and(|(_, body)| body.trim() == "true")
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status();
+    }
+
+    /// Action reports printed so far (JSON).
+    pub fn reports(&self) -> Vec<serde_json::Value> {
+        self.lines
+            .try_iter()
+            .filter_map(|l| serde_json::from_str(&l).ok())
+            .collect()
+    }
+}
+
+/// GET over plain HTTP/1.0; (status, body), or None if it cannot connect.
+pub async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.ok()?;
+    let (head, body) = buf.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// Polls `f` until it holds or `within` passes; returns the time it took.
+pub async fn eventually<F, Fut>(within: Duration, what: &str, mut f: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if f().await {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "timed out after {within:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The configmap checkpoint of `namespace` in the state Lease, if any.
+pub async fn checkpoint(client: &kube::Client, namespace: &str) -> Option<u64> {
+    let api: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    let lease = api.get_opt("wasmwatch-state").await.ok()??;
+    let value = lease
+        .metadata
+        .annotations?
+        .get("wasmwatch.io/configmap-resource-version")?
+        .clone();
+    value
+        .split(',')
+        .find_map(|p| p.strip_prefix(&format!("{namespace}=")))
+        .and_then(|rv| rv.parse().ok())
+}
+
+impl Replica {
+    /// The value of one series on `/metrics` (`name{labels}` exactly as
+    /// rendered), 0 when absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let (_, text) = get(self.admin, "/metrics").await.unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+}

@@ -1,0 +1,355 @@
+//! The HA cycle end to end: `wasmwatch run` replicas as real processes
+//! against the test API server, the real http-refresh plugin, real HTTP pods
+//! counting actuator refreshes.
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use wasmwatch_apiserver::{Config, Server};
+
+const MANIFEST: &str = "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+watch: {kinds: [ConfigMap], namespaces: [shop]}
+ha: {enabled: true, namespace: default, leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 500ms}
+plugins:
+  - name: http-refresh
+    module: {module:http-refresh}
+    sha256: {sha256:http-refresh}
+    events: {kinds: [ConfigMap], labelSelector: spring.cloud.kubernetes.config=true}
+    capabilities: {refresh: [shop]}
+    delivery: {debounce: 0s, retries: 3, backoffInitial: 100ms, backoffMax: 1s}
+";
+
+struct Cluster {
+    server: wasmwatch_apiserver::ServerHandle,
+    client: kube::Client,
+    _dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+    manifest: std::path::PathBuf,
+    orders: Vec<Pod>,
+    billing: Pod,
+    cms: Api<ConfigMap>,
+}
+
+async fn cluster() -> Cluster {
+    let server = Server::start(Config::default().bookmark_interval(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let client = server.client().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let manifest = dir.path().join("manifest.yaml");
+    std::fs::write(&manifest, wasmwatch_testkit::pin(MANIFEST)).unwrap();
+    namespace(&client, "shop").await;
+    let orders = vec![Pod::start().await, Pod::start().await];
+    let billing = Pod::start().await;
+    service(&client, "shop", "orders", &[&orders[0], &orders[1]], &[]).await;
+    service(&client, "shop", "billing", &[&billing], &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "shop");
+    for name in ["orders", "billing"] {
+        cms.create(&PostParams::default(), &config_map(name, "1"))
+            .await
+            .unwrap();
+    }
+    Cluster {
+        server,
+        client,
+        _dir: dir,
+        kubeconfig,
+        manifest,
+        orders,
+        billing,
+        cms,
+    }
+}
+
+fn config_map(name: &str, value: &str) -> ConfigMap {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"spring.cloud.kubernetes.config": "true"}},
+        "data": {"application.yaml": format!("value: {value}")}
+    }))
+    .unwrap()
+}
+
+async fn set(cms: &Api<ConfigMap>, name: &str, value: &str) -> u64 {
+    let patch = serde_json::json!({"data": {"application.yaml": format!("value: {value}")}});
+    let cm = cms
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    cm.metadata.resource_version.unwrap().parse().unwrap()
+}
+
+fn orders_hits(c: &Cluster) -> Vec<usize> {
+    c.orders.iter().map(|p| p.hits(REFRESH)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_made_while_nobody_leads_is_replayed_exactly_once_by_the_next_leader() {
+    let c = cluster().await;
+    let a = Replica::start(&c.kubeconfig, &c.manifest, "replica-a");
+    eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
+    let b = Replica::start(&c.kubeconfig, &c.manifest, "replica-b");
+    // The leader's watch is up: one for ConfigMaps in shop, plus the lookups' watches.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // 1. The leader handles a change: both orders pods refreshed once.
+    let rv1 = set(&c.cms, "orders", "2").await;
+    eventually(Duration::from_secs(10), "first refresh", || async {
+        orders_hits(&c) == vec![1, 1]
+    })
+    .await;
+    eventually(
+        Duration::from_secs(5),
+        "checkpoint passes the change",
+        || async {
+            checkpoint(&c.client, "shop")
+                .await
+                .is_some_and(|rv| rv >= rv1)
+        },
+    )
+    .await;
+    assert!(!b.leading().await);
+
+    // 2. Killed without release; during the gap a change is made.
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    set(&c.cms, "orders", "3").await;
+    assert_eq!(orders_hits(&c), vec![1, 1], "nobody leads yet");
+
+    // 3. The next leader replays it: exactly once, and nothing else.
+    let took = eventually(Duration::from_secs(15), "replica-b leads", || b.leading()).await;
+    eventually(Duration::from_secs(10), "replayed refresh", || async {
+        orders_hits(&c) == vec![2, 2]
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(orders_hits(&c), vec![2, 2], "delivered exactly once");
+    assert_eq!(c.billing.total(), 0, "nothing else is redelivered");
+    let reports = b.reports();
+    let done: Vec<_> = reports.iter().filter(|r| r["outcome"] == "done").collect();
+    assert_eq!(done.len(), 1, "{reports:?}");
+    assert_eq!(done[0]["objects"][0], "ConfigMap/shop/orders");
+    eprintln!("failover after kill: successor led after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_over_within_a_second_and_loses_nothing() {
+    let c = cluster().await;
+    let a = Replica::start(&c.kubeconfig, &c.manifest, "replica-a");
+    eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
+    let b = Replica::start(&c.kubeconfig, &c.manifest, "replica-b");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    set(&c.cms, "orders", "2").await;
+    eventually(Duration::from_secs(10), "first refresh", || async {
+        orders_hits(&c) == vec![1, 1]
+    })
+    .await;
+
+    a.signal("TERM");
+    let start = std::time::Instant::now();
+    // A change right as the leader goes: whoever handles it, once.
+    set(&c.cms, "billing", "2").await;
+    eventually(Duration::from_secs(5), "replica-b leads", || b.leading()).await;
+    let took = start.elapsed();
+    eventually(Duration::from_secs(10), "billing refreshed", || async {
+        c.billing.hits(REFRESH) >= 1
+    })
+    .await;
+    let mut a = a;
+    let status = a.child.wait().unwrap();
+    assert!(status.success(), "graceful exit: {status:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        orders_hits(&c),
+        vec![1, 1],
+        "no redelivery after a graceful handover"
+    );
+    assert!(
+        c.billing.hits(REFRESH) <= 2,
+        "at most a duplicate for the change in flight"
+    );
+    assert!(
+        took < Duration::from_secs(1),
+        "SIGTERM handover took {took:?}"
+    );
+    eprintln!("SIGTERM handover: successor led after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_gap_longer_than_the_history_only_what_changed_is_delivered() {
+    let c = cluster().await;
+    // Many objects, all for the orders app.
+    for i in 0..200 {
+        let mut cm = config_map(&format!("cm-{i}"), "1");
+        cm.metadata.annotations = Some(
+            [(
+                "spring.cloud.kubernetes.configmap.apps".to_string(),
+                "orders".to_string(),
+            )]
+            .into(),
+        );
+        c.cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let a = Replica::start(&c.kubeconfig, &c.manifest, "replica-a");
+    eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
+    let b = Replica::start(&c.kubeconfig, &c.manifest, "replica-b");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rv = set(&c.cms, "billing", "2").await;
+    eventually(Duration::from_secs(10), "billing refreshed", || async {
+        c.billing.hits(REFRESH) == 1
+    })
+    .await;
+    // Wait for checkpoint and object index to be saved (index every 5 s at most).
+    eventually(Duration::from_secs(5), "checkpoint", || async {
+        checkpoint(&c.client, "shop").await.is_some_and(|v| v >= rv)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // The gap: one modified, one deleted, one created; then the history goes.
+    set(&c.cms, "cm-7", "2").await;
+    c.cms
+        .delete("cm-8", &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut new = config_map("cm-new", "1");
+    new.metadata.annotations = Some(
+        [(
+            "spring.cloud.kubernetes.configmap.apps".to_string(),
+            "orders".to_string(),
+        )]
+        .into(),
+    );
+    c.cms.create(&PostParams::default(), &new).await.unwrap();
+    c.server.faults().compact_history();
+
+    eventually(Duration::from_secs(15), "replica-b leads", || b.leading()).await;
+    eventually(Duration::from_secs(10), "orders refreshed", || async {
+        orders_hits(&c).iter().all(|h| *h >= 1)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut objects: Vec<String> = b
+        .reports()
+        .iter()
+        .filter(|r| r["outcome"] == "done")
+        .flat_map(|r| {
+            r["objects"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o.as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    objects.sort();
+    objects.dedup();
+    assert_eq!(
+        objects,
+        vec![
+            "ConfigMap/shop/cm-7",
+            "ConfigMap/shop/cm-8",
+            "ConfigMap/shop/cm-new"
+        ],
+        "only the three objects that changed during the gap"
+    );
+    assert_eq!(c.billing.hits(REFRESH), 1, "billing did not change again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_old_leader_that_wakes_after_a_successor_took_over_does_nothing() {
+    let c = cluster().await;
+    let a = Replica::start(&c.kubeconfig, &c.manifest, "replica-a");
+    eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
+    let b = Replica::start(&c.kubeconfig, &c.manifest, "replica-b");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let writes_before = a
+        .metric("wasmwatch_checkpoint_writes_total{outcome=\"ok\"}")
+        .await;
+
+    // Paused (a GC pause, a stalled node): its watch still buffers events.
+    a.signal("STOP");
+    set(&c.cms, "orders", "2").await;
+    eventually(Duration::from_secs(15), "replica-b leads", || b.leading()).await;
+    eventually(Duration::from_secs(10), "replica-b refreshed", || async {
+        orders_hits(&c) == vec![1, 1]
+    })
+    .await;
+    let state: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(c.client.clone(), "default");
+    let term_of = |l: k8s_openapi::api::coordination::v1::Lease| {
+        l.metadata.annotations.unwrap_or_default()["wasmwatch.io/term"].clone()
+    };
+    let term = term_of(state.get("wasmwatch-state").await.unwrap());
+    assert!(term.starts_with("replica-b/"), "{term}");
+
+    // It wakes up, reads the buffered change, and must not act on it.
+    a.signal("CONT");
+    eventually(
+        Duration::from_secs(5),
+        "replica-a knows it does not lead",
+        || async { !a.leading().await },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(orders_hits(&c), vec![1, 1], "exactly once, by replica-b");
+    assert_eq!(
+        a.metric("wasmwatch_actions_total{type=\"refreshService\",outcome=\"done\"}")
+            .await,
+        0.0,
+        "the woken leader executed nothing"
+    );
+    assert_eq!(
+        a.metric("wasmwatch_checkpoint_writes_total{outcome=\"ok\"}")
+            .await,
+        writes_before,
+        "and wrote no checkpoint"
+    );
+    assert_eq!(term_of(state.get("wasmwatch-state").await.unwrap()), term);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_outage_longer_than_the_renew_deadline_stops_the_leader_then_it_recovers() {
+    let c = cluster().await;
+    let a = Replica::start(&c.kubeconfig, &c.manifest, "replica-a");
+    eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
+    let b = Replica::start(&c.kubeconfig, &c.manifest, "replica-b");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let faults = c.server.faults().clone();
+    let outage =
+        tokio::spawn(async move { faults.refuse_connections(Duration::from_secs(4)).await });
+    // The renew deadline is 2 s, the lease 3 s: it stops before it could expire.
+    let stopped = eventually(
+        Duration::from_millis(2900),
+        "replica-a stops leading",
+        || async { !a.leading().await },
+    )
+    .await;
+    outage.await.unwrap();
+    eventually(Duration::from_secs(15), "someone leads again", || async {
+        a.leading().await || b.leading().await
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    set(&c.cms, "orders", "2").await;
+    eventually(
+        Duration::from_secs(10),
+        "refreshed after the outage",
+        || async { orders_hits(&c) == vec![1, 1] },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(orders_hits(&c), vec![1, 1], "exactly once");
+    eprintln!("API outage: leader stopped acting {stopped:?} after it began");
+}
