@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tracing::Instrument;
 use wasmwatch_core::Action;
 
 use crate::{ExecError, Origin};
@@ -57,6 +58,12 @@ pub trait Execute: Send + Sync + 'static {
         origin: &'a Origin,
         action: &'a Action,
     ) -> BoxFuture<'a, Result<(), ExecError>>;
+
+    /// The action succeeded for these (coalesced) changes: tell someone (a
+    /// Kubernetes Event on each object). Errors here are only logged.
+    fn succeeded<'a>(&'a self, _origins: &'a [Origin], _action: &'a Action) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
 
     /// The action failed for good: tell someone (a Kubernetes Event on the
     /// object). Errors here are only logged.
@@ -561,11 +568,24 @@ async fn run<T: Send + 'static>(
                     slot.running = true;
                     let shared = shared.clone();
                     let tx = tx.clone();
-                    jobs.spawn(async move {
-                        execute_job(&shared, &key, pending).await;
-                        shared.stats.queued.fetch_sub(1, Ordering::Relaxed);
-                        let _ = tx.send(Command::Finished(key));
-                    });
+                    let span = {
+                        let o = pending.origins.last().expect("a job has an origin");
+                        tracing::info_span!(
+                            "action",
+                            r#type = pending.action.type_name(),
+                            plugin = %o.plugin,
+                            object = %format!("{}/{}/{}", o.kind.as_str(), o.namespace, o.name),
+                            changes = pending.origins.len(),
+                        )
+                    };
+                    jobs.spawn(
+                        async move {
+                            execute_job(&shared, &key, pending).await;
+                            shared.stats.queued.fetch_sub(1, Ordering::Relaxed);
+                            let _ = tx.send(Command::Finished(key));
+                        }
+                        .instrument(span),
+                    );
                 }
             }
         }
@@ -609,6 +629,7 @@ async fn execute_job<T>(shared: &Shared, key: &TargetKey, job: Pending<T>) {
             Outcome::Done => {
                 shared.stats.executed.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(action = job.action.type_name(), plugin = %origin.plugin, object = %format!("{}/{}", origin.namespace, origin.name), attempt, "action done");
+                shared.executor.succeeded(&job.origins, &job.action).await;
                 break;
             }
             Outcome::Retrying { error, delay } => {

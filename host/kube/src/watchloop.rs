@@ -55,6 +55,15 @@ pub enum Output {
     Index(ObjectIndex),
 }
 
+/// Counters of one loop, readable while it runs (for metrics).
+#[derive(Debug, Default)]
+pub struct WatchStats {
+    /// Watch requests started again (stream ended, idle, error).
+    pub restarts: std::sync::atomic::AtomicU64,
+    /// Relists after 410 Gone.
+    pub resyncs: std::sync::atomic::AtomicU64,
+}
+
 /// The loop's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
@@ -83,6 +92,9 @@ pub struct WatchLoop {
     /// The index changed since it was last sent.
     index_dirty: bool,
     index_sent: tokio::time::Instant,
+    stats: std::sync::Arc<WatchStats>,
+    /// A watch request was made before (the next one is a restart).
+    watched: bool,
 }
 
 /// Why one step failed. All are retried with backoff.
@@ -123,7 +135,14 @@ impl WatchLoop {
             index_interval: Duration::from_secs(5),
             index_dirty: false,
             index_sent: tokio::time::Instant::now(),
+            stats: Default::default(),
+            watched: false,
         }
+    }
+
+    /// The loop's counters.
+    pub fn stats(&self) -> std::sync::Arc<WatchStats> {
+        self.stats.clone()
     }
 
     /// Starts from the index of objects handled before (stored by an
@@ -194,6 +213,9 @@ impl WatchLoop {
                 self.state = State::Resume { from: rv };
             }
             State::Relist => {
+                self.stats
+                    .resyncs
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let (objects, rv) = self.list().await?;
                 for event in self.index.resync(objects, self.target.metadata_changes) {
                     send(Output::Change {
@@ -210,6 +232,11 @@ impl WatchLoop {
                 self.state = State::Resume { from: rv };
             }
             State::Resume { from } => {
+                if std::mem::replace(&mut self.watched, true) {
+                    self.stats
+                        .restarts
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 let mut wp = WatchParams::default().timeout(self.watch_timeout.as_secs() as u32);
                 wp.bookmarks = true;
                 if let Some(sel) = &self.target.label_selector {

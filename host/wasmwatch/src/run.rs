@@ -139,6 +139,17 @@ impl Execute for Executors {
                         {
                             tracing::warn!("cannot record the restart Event: {e}");
                         }
+                        let message = format!(
+                            "rollout restart of {:?} {}/{} (plugin {})",
+                            workload.kind, workload.namespace, workload.name, origin.plugin
+                        );
+                        if let Err(e) = self
+                            .kube
+                            .event(origin, EventType::Normal, "Restarted", &message)
+                            .await
+                        {
+                            tracing::warn!("cannot record the restart Event: {e}");
+                        }
                     }
                     Ok(())
                 }
@@ -147,6 +158,28 @@ impl Execute for Executors {
                     reason,
                     message,
                 } => self.kube.event(origin, *event_type, reason, message).await,
+            }
+        })
+    }
+
+    fn succeeded<'a>(&'a self, origins: &'a [Origin], action: &'a Action) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            // Restarts record their own Events (only when a restart
+            // happened); Event actions are Events already.
+            let reason = match action {
+                Action::Http { .. } | Action::RefreshService { .. } => "Refreshed",
+                Action::Publish { .. } => "RefreshPublished",
+                Action::Restart { .. } | Action::Event { .. } => return,
+            };
+            for origin in origins {
+                let message = format!("{} (plugin {})", describe_action(action), origin.plugin);
+                if let Err(e) = self
+                    .kube
+                    .event(origin, EventType::Normal, reason, &message)
+                    .await
+                {
+                    tracing::warn!("cannot record the {reason} Event: {e}");
+                }
             }
         })
     }
@@ -455,6 +488,8 @@ impl Service {
         // One watch loop per stream, tagged with its stream id.
         let (tx, mut outputs) = mpsc::channel::<(usize, Output)>(1024);
         let mut tasks = Vec::new();
+        // Per loop: kind, counters, and the values already counted.
+        let mut watch_stats = Vec::new();
         let namespaces: Vec<Option<String>> = match watched_namespaces(&self.manifest) {
             None => vec![None],
             Some(list) => list.into_iter().map(Some).collect(),
@@ -479,6 +514,7 @@ impl Service {
                 if let Some(index) = indexes.get(kind) {
                     wl = wl.with_index(index.namespace(&ns_key));
                 }
+                watch_stats.push((*kind, wl.stats(), 0u64, 0u64));
                 let (loop_tx, mut loop_rx) = mpsc::channel(256);
                 tasks.push(AbortOnDrop(tokio::spawn(wl.run(loop_tx))));
                 let tx = tx.clone();
@@ -558,6 +594,13 @@ impl Service {
                 _ = save_tick.tick() => {
                     metrics.queue_depth.set(&[], pipeline.stats().queued.load(std::sync::atomic::Ordering::Relaxed) as f64);
                     metrics.checkpoint_lag_versions.set(&[], progress.in_flight() as f64);
+                    for (kind, stats, restarts, resyncs) in watch_stats.iter_mut() {
+                        use std::sync::atomic::Ordering::Relaxed;
+                        let (r, s) = (stats.restarts.load(Relaxed), stats.resyncs.load(Relaxed));
+                        metrics.watch_restarts.add(&[kind.as_str()], (r - *restarts) as f64);
+                        metrics.resyncs.add(&[kind.as_str()], (s - *resyncs) as f64);
+                        (*restarts, *resyncs) = (r, s);
+                    }
                     let oldest = outstanding.values().map(|(_, _, since)| since.elapsed()).max().unwrap_or_default();
                     metrics.checkpoint_lag_seconds.set(&[], oldest.as_secs_f64());
                     if let Some(saver) = saver.as_mut()
@@ -774,9 +817,9 @@ fn print_report(r: &Report) {
     );
 }
 
-/// One report as a sentence, for people watching the local run.
-pub fn describe(r: &Report) -> String {
-    let what = match &r.action {
+/// One action as a phrase, for reports and Events.
+pub fn describe_action(action: &Action) -> String {
+    match action {
         Action::RefreshService {
             namespace,
             service,
@@ -800,7 +843,12 @@ pub fn describe(r: &Report) -> String {
             workload.kind, workload.namespace, workload.name
         ),
         Action::Event { reason, .. } => format!("Event {reason}"),
-    };
+    }
+}
+
+/// One report as a sentence, for people watching the local run.
+pub fn describe(r: &Report) -> String {
+    let what = describe_action(&r.action);
     let objects: Vec<String> = r
         .origins
         .iter()

@@ -1,0 +1,185 @@
+//! `/metrics` and Events as an operator sees them: a real `wasmwatch run`
+//! process refreshes a real HTTP app; its `/metrics` text parses with an
+//! independent Prometheus parser (prometheus-parse) and the counters move
+//! with the change; a `Refreshed` Event lands on the ConfigMap.
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use prometheus_parse::{Scrape, Value};
+use wasmwatch_apiserver::{Config, Server};
+
+const MANIFEST: &str = "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+watch: {kinds: [ConfigMap], namespaces: [shop]}
+ha: {enabled: false}
+plugins:
+  - name: http-refresh
+    module: {module:http-refresh}
+    sha256: {sha256:http-refresh}
+    events: {kinds: [ConfigMap], labelSelector: spring.cloud.kubernetes.config=true}
+    capabilities: {refresh: [shop]}
+    delivery: {debounce: 0s, retries: 3, backoffInitial: 100ms, backoffMax: 1s}
+";
+
+async fn scrape(r: &Replica) -> Scrape {
+    let (status, text) = get(r.admin, "/metrics").await.expect("/metrics answers");
+    assert_eq!(status, 200);
+    Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("Prometheus text format")
+}
+
+/// The value of the sample `name` whose labels include `labels`, 0 if none.
+fn value(s: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    s.samples
+        .iter()
+        .filter(|x| x.metric == name)
+        .filter(|x| labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+        .map(|x| match &x.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => *v,
+            Value::Histogram(h) => h.iter().map(|b| b.count).fold(0.0, f64::max),
+            Value::Summary(_) => f64::NAN,
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_and_move_and_a_refresh_leaves_an_event_on_the_object() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let client = server.client().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let manifest = dir.path().join("manifest.yaml");
+    std::fs::write(&manifest, wasmwatch_testkit::pin(MANIFEST)).unwrap();
+    namespace(&client, "shop").await;
+    let pods = [Pod::start().await, Pod::start().await];
+    service(&client, "shop", "orders", &[&pods[0], &pods[1]], &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "shop");
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "orders", "labels": {"spring.cloud.kubernetes.config": "true"}},
+        "data": {"greeting": "hello"}
+    }))
+    .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+
+    let r = Replica::start(&kubeconfig, &manifest, "replica-a");
+    let before = scrape(&r).await;
+    // Every family is exposed with HELP and TYPE, even before any event.
+    for family in [
+        "wasmwatch_events_received_total",
+        "wasmwatch_plugin_duration_seconds",
+        "wasmwatch_actions_total",
+        "wasmwatch_dead_letters_total",
+        "wasmwatch_queue_depth",
+        "wasmwatch_checkpoint_lag_seconds",
+        "wasmwatch_leader",
+        "wasmwatch_watch_restarts_total",
+        "wasmwatch_resyncs_total",
+    ] {
+        assert!(
+            before.docs.contains_key(family),
+            "{family} has no HELP line: {:?}",
+            before.docs.keys()
+        );
+    }
+    assert_eq!(
+        value(&before, "wasmwatch_leader", &[]),
+        1.0,
+        "HA off: it acts"
+    );
+    let received = value(
+        &before,
+        "wasmwatch_events_received_total",
+        &[("kind", "ConfigMap")],
+    );
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cms.patch(
+        "orders",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"data": {"greeting": "hi"}})),
+    )
+    .await
+    .unwrap();
+    eventually(Duration::from_secs(10), "both pods refreshed", || async {
+        pods.iter().all(|p| p.hits(REFRESH) == 1)
+    })
+    .await;
+    // The report is counted just after the POSTs are answered.
+    let mut after = scrape(&r).await;
+    for _ in 0..50 {
+        if value(
+            &after,
+            "wasmwatch_actions_total",
+            &[("type", "refreshService"), ("outcome", "done")],
+        ) >= 1.0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        after = scrape(&r).await;
+    }
+    assert_eq!(
+        value(
+            &after,
+            "wasmwatch_events_received_total",
+            &[("kind", "ConfigMap")]
+        ),
+        received + 1.0
+    );
+    assert_eq!(
+        value(
+            &after,
+            "wasmwatch_actions_total",
+            &[("type", "refreshService"), ("outcome", "done")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &after,
+            "wasmwatch_plugin_invocations_total",
+            &[("plugin", "http-refresh"), ("outcome", "ok")]
+        ),
+        1.0
+    );
+    // The histogram's +Inf bucket: one plugin call observed.
+    assert_eq!(
+        value(
+            &after,
+            "wasmwatch_plugin_duration_seconds",
+            &[("plugin", "http-refresh"), ("outcome", "ok")]
+        ),
+        1.0,
+        "{:?}",
+        after
+            .samples
+            .iter()
+            .filter(|s| s.metric.starts_with("wasmwatch_plugin_duration"))
+            .collect::<Vec<_>>()
+    );
+
+    // The Event on the ConfigMap, as `kubectl describe` finds it.
+    let events: Api<Event> = Api::namespaced(client.clone(), "shop");
+    eventually(Duration::from_secs(5), "a Refreshed Event", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("Refreshed")
+                    && e.involved_object.kind.as_deref() == Some("ConfigMap")
+                    && e.involved_object.name.as_deref() == Some("orders")
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("plugin http-refresh"))
+            })
+    })
+    .await;
+}
