@@ -47,7 +47,12 @@ pub(crate) fn compile(
         }
     }
     let artifact = engine.precompile_component(bytes)?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // Unique per writer: several runtimes in one process (the local run's
+    // two replicas) may compile the same module at once; a shared name let
+    // one rename away the other's file.
+    static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
     std::fs::write(&tmp, &artifact)?;
     std::fs::rename(&tmp, &path)?;
     load_own_artifact(engine, &path)
