@@ -470,6 +470,45 @@ fn compiled_artifacts_are_cached_by_digest_and_engine() {
 }
 
 #[test]
+fn runtimes_sharing_a_cache_compile_the_same_plugin_at_once() {
+    // Two replicas in one process (the local run) start together: each
+    // round, four runtimes on one empty cache load the same module at once.
+    // (A smoke test: the race it guards against, a temp file shared by
+    // writers, needed overlapping writes and rarely showed here.)
+    for round in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        let barrier = Arc::new(std::sync::Barrier::new(4));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (cache, barrier) = (cache.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let rt = Runtime::new(
+                        RuntimeConfig {
+                            cache_dir: Some(cache),
+                            ..Default::default()
+                        },
+                        Arc::new(StaticLookups::default()),
+                    )
+                    .unwrap();
+                    barrier.wait();
+                    load(&rt, "name: ok\n    module: {module:misbehave}\n    sha256: {sha256:misbehave}\n    config: {mode: noop}")
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        let files = std::fs::read_dir(&cache).unwrap().count();
+        assert_eq!(files, 1, "one artifact, no temp files left");
+    }
+}
+
+#[test]
 fn concurrent_calls_are_bounded_and_all_served() {
     let rt = Runtime::new(
         RuntimeConfig {

@@ -3,7 +3,7 @@
 //! Used by the host's tests to show that misbehaving plugins are contained and
 //! that the host sees and reports each failure for what it is.
 //!
-//! Modes: `ok` (one event action), `loop` (never returns), `bomb` (allocates
+//! Modes: `noop` (no actions), `ok` (one event action), `loop` (never returns), `bomb` (allocates
 //! without bound), `trap` (panics), `recurse` (unbounded recursion), `huge`
 //! (returns far too many actions), `forbidden` (returns actions outside any
 //! sane grant), `error` (returns an error), `spy` (reports what it saw of the
@@ -29,6 +29,7 @@ struct Config {
 }
 
 const MODES: &[&str] = &[
+    "noop",
     "ok",
     "loop",
     "bomb",
@@ -82,6 +83,7 @@ impl Guest for Misbehave {
     fn handle(ev: ChangeEvent) -> Result<Vec<Action>, String> {
         let config = parse(&host::config())?;
         match config.mode.as_str() {
+            "noop" => Ok(vec![]),
             "ok" => Ok(vec![event("Seen", format!("{}/{}", ev.namespace, ev.name))]),
             "loop" => {
                 let mut n: u64 = 0;
