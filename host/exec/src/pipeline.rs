@@ -197,6 +197,10 @@ pub enum TargetKey {
         connection: String,
         destination: String,
         routing_key: String,
+        /// Messages differ (bus-refresh: one per app, each with its own
+        /// id): only identical messages coalesce, never one app's event
+        /// into another's.
+        message: u64,
     },
     Restart {
         workload: String,
@@ -251,11 +255,21 @@ impl TargetKey {
                 connection,
                 destination,
                 routing_key,
-                ..
+                headers,
+                payload,
             } => TargetKey::Publish {
                 connection: connection.clone(),
                 destination: destination.clone(),
                 routing_key: routing_key.clone(),
+                message: {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    for header in headers {
+                        (&header.name, &header.value).hash(&mut h);
+                    }
+                    payload.hash(&mut h);
+                    h.finish()
+                },
             },
             Action::Restart {
                 workload,
