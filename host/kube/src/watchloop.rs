@@ -140,6 +140,18 @@ impl WatchLoop {
         }
     }
 
+    /// The collection's current resourceVersion (a list of one item): a new
+    /// leader marks the changes up to it as replays of what happened while
+    /// nobody led.
+    pub async fn current_version(&self) -> Result<String, WatchError> {
+        let mut lp = ListParams::default().limit(1);
+        if let Some(sel) = &self.target.label_selector {
+            lp = lp.labels(sel);
+        }
+        let list = self.api.list_metadata(&lp).await?;
+        Ok(list.metadata.resource_version.unwrap_or_default())
+    }
+
     /// The loop's counters.
     pub fn stats(&self) -> std::sync::Arc<WatchStats> {
         self.stats.clone()

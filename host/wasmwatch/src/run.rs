@@ -26,6 +26,7 @@ use tokio::time::Instant;
 
 use anyhow::Context;
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
 use wasmwatch_core::action::EventType;
 use wasmwatch_core::{Action, ChangeEvent, Lookups, Manifest, ObjectKind};
 use wasmwatch_exec::pipeline::{
@@ -490,6 +491,9 @@ impl Service {
         let mut tasks = Vec::new();
         // Per loop: kind, counters, and the values already counted.
         let mut watch_stats = Vec::new();
+        // Per stream resuming from a predecessor's checkpoint: the version
+        // up to which changes are replays.
+        let mut replay_until: HashMap<usize, u64> = HashMap::new();
         let namespaces: Vec<Option<String>> = match watched_namespaces(&self.manifest) {
             None => vec![None],
             Some(list) => list.into_iter().map(Some).collect(),
@@ -510,13 +514,23 @@ impl Service {
                     metadata_changes: self.manifest.watch.metadata_changes,
                 };
                 let from = checkpoints.get(*kind, &ns_key).map(str::to_string);
+                let resuming = from.is_some();
                 let mut wl = WatchLoop::new(self.client.clone(), target, from);
+                // Changes up to the version current now happened while
+                // nobody led: they reach the plugins with `replay` set.
+                if resuming
+                    && let Ok(now) = wl.current_version().await
+                    && let Ok(now) = now.parse::<u64>()
+                {
+                    replay_until.insert(id, now);
+                }
                 if let Some(index) = indexes.get(kind) {
                     wl = wl.with_index(index.namespace(&ns_key));
                 }
                 watch_stats.push((*kind, wl.stats(), 0u64, 0u64));
                 let (loop_tx, mut loop_rx) = mpsc::channel(256);
-                tasks.push(AbortOnDrop(tokio::spawn(wl.run(loop_tx))));
+                let span = tracing::info_span!("watch", kind = kind.as_str(), namespace = %ns_key);
+                tasks.push(AbortOnDrop(tokio::spawn(wl.run(loop_tx).instrument(span))));
                 let tx = tx.clone();
                 tasks.push(AbortOnDrop(tokio::spawn(async move {
                     while let Some(o) = loop_rx.recv().await {
@@ -572,11 +586,31 @@ impl Service {
                 o = outputs.recv() => {
                     let Some((id, output)) = o else { break End::Lost };
                     match output {
-                        Output::Change { event, resource_version } => {
+                        Output::Change { mut event, resource_version } => {
+                            if let Some(until) = replay_until.get(&id) {
+                                match resource_version.parse::<u64>() {
+                                    Ok(rv) if rv <= *until => event.replay = true,
+                                    // A resync right after taking over: the
+                                    // differences are from the gap.
+                                    _ if event.change == wasmwatch_core::ChangeType::Resynced => {
+                                        event.replay = true
+                                    }
+                                    _ => {
+                                        replay_until.remove(&id);
+                                    }
+                                }
+                            }
                             let kind = event.object.kind;
                             metrics.events_received.inc(&[kind.as_str()]);
                             let ticket = progress.change(id, &resource_version);
-                            let n = self.dispatch(*event, ticket, &pipeline, &done_tx).await;
+                            let span = tracing::info_span!(
+                                "delivery",
+                                object = %format!("{}/{}/{}", kind.as_str(), event.object.namespace, event.object.name),
+                                change = ?event.change,
+                                resource_version = %resource_version,
+                                replay = event.replay,
+                            );
+                            let n = self.dispatch(*event, ticket, &pipeline, &done_tx).instrument(span).await;
                             if n == 0 {
                                 progress.complete(ticket);
                                 metrics.events_handled.inc(&[kind.as_str()]);

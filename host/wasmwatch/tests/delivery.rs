@@ -229,8 +229,13 @@ fn outcomes(reports: &[&Value]) -> Vec<(u64, String)> {
 
 // ------------------------------------------------------------ http-refresh
 
+/// The HA test's leases (3 s, renew deadline 2 s) must not starve on a
+/// loaded 2-core machine: it runs alone, the others together.
+static LOAD: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_refresh_posts_once_to_each_ready_pod_of_exactly_the_target_apps() {
+    let _load = LOAD.read().await;
     let e = env(&HTTP_MANIFEST.replace("DEBOUNCE", "0s")).await;
     let c = &e.client;
     let pod = || Pod::start();
@@ -433,6 +438,7 @@ async fn http_refresh_posts_once_to_each_ready_pod_of_exactly_the_target_apps() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_pod_is_retried_until_it_answers_and_one_that_never_does_is_dead_lettered() {
+    let _load = LOAD.read().await;
     let e = env(&HTTP_MANIFEST.replace("DEBOUNCE", "0s")).await;
     let (flaky, broken) = (Pod::start().await, Pod::start().await);
     flaky.answer(&[500, 500]);
@@ -548,6 +554,7 @@ async fn a_failing_pod_is_retried_until_it_answers_and_one_that_never_does_is_de
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_changes_within_the_debounce_window_refreshes_each_pod_once() {
+    let _load = LOAD.read().await;
     let e = env(&HTTP_MANIFEST.replace("DEBOUNCE", "1s")).await;
     let (o1, o2) = (Pod::start().await, Pod::start().await);
     app(
@@ -725,6 +732,7 @@ async fn bus(exchange: &str, config_maps: Vec<ConfigMap>) -> Bus {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bus_refresh_publishes_the_spring_cloud_bus_event_on_rabbitmq_and_nats() {
+    let _load = LOAD.read().await;
     let apps = "spring.cloud.kubernetes.configmap.apps";
     let mut b = bus(
         "springCloudBus",
@@ -854,6 +862,7 @@ async fn bus_refresh_publishes_the_spring_cloud_bus_event_on_rabbitmq_and_nats()
 /// One change naming two apps must reach both: one event per target app.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bus_refresh_publishes_one_event_per_target_app_of_a_change() {
+    let _load = LOAD.read().await;
     let apps = "spring.cloud.kubernetes.configmap.apps";
     let mut b = bus(
         "springCloudBusApps",
@@ -1021,6 +1030,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollout_restart_restarts_each_referencing_workload_once_per_content() {
+    let _load = LOAD.read().await;
     let manifest = format!(
         "apiVersion: wasmwatch.io/v1alpha1
 kind: PluginManifest
@@ -1182,6 +1192,7 @@ plugins:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_the_successor_restarts_only_for_new_content() {
+    let _load = LOAD.write().await;
     let manifest = format!(
         "apiVersion: wasmwatch.io/v1alpha1
 kind: PluginManifest

@@ -89,8 +89,14 @@ fn orders_hits(c: &Cluster) -> Vec<usize> {
     c.orders.iter().map(|p| p.hits(REFRESH)).collect()
 }
 
+/// Each test runs replicas with 3 s leases (renew deadline 2 s): one at a
+/// time, so that a loaded 2-core machine does not starve a leader into
+/// stepping down.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_made_while_nobody_leads_is_replayed_exactly_once_by_the_next_leader() {
+    let _alone = ALONE.lock().await;
     let c = cluster().await;
     let a = Replica::start(&c.kubeconfig, &c.manifest, "replica-a");
     eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
@@ -141,6 +147,7 @@ async fn a_change_made_while_nobody_leads_is_replayed_exactly_once_by_the_next_l
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_hands_over_within_a_second_and_loses_nothing() {
+    let _alone = ALONE.lock().await;
     let c = cluster().await;
     let a = Replica::start(&c.kubeconfig, &c.manifest, "replica-a");
     eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
@@ -184,6 +191,7 @@ async fn sigterm_hands_over_within_a_second_and_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_gap_longer_than_the_history_only_what_changed_is_delivered() {
+    let _alone = ALONE.lock().await;
     let c = cluster().await;
     // Many objects, all for the orders app.
     for i in 0..200 {
@@ -268,6 +276,7 @@ async fn after_a_gap_longer_than_the_history_only_what_changed_is_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_old_leader_that_wakes_after_a_successor_took_over_does_nothing() {
+    let _alone = ALONE.lock().await;
     let c = cluster().await;
     let a = Replica::start(&c.kubeconfig, &c.manifest, "replica-a");
     eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
@@ -320,6 +329,7 @@ async fn a_paused_old_leader_that_wakes_after_a_successor_took_over_does_nothing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_outage_longer_than_the_renew_deadline_stops_the_leader_then_it_recovers() {
+    let _alone = ALONE.lock().await;
     let c = cluster().await;
     let a = Replica::start(&c.kubeconfig, &c.manifest, "replica-a");
     eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;

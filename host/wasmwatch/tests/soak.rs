@@ -326,10 +326,15 @@ async fn soak_random_churn_with_20_leader_kills_loses_nothing_and_no_follower_ac
         .filter(|r| !r.holder.is_empty() && r.holder != r.sender)
         .map(|r| format!("{} delivered {:?} while {} led", r.sender, r.line, r.holder))
         .collect();
+    // Changes in flight at a kill are replayed by the successor, marked so.
+    let replays = receipts
+        .iter()
+        .filter(|r| r.line.split(' ').nth(4) == Some("true"))
+        .count();
     let kills: Vec<_> = failovers.iter().filter(|f| f.0).map(|f| f.1).collect();
     let terms: Vec<_> = failovers.iter().filter(|f| !f.0).map(|f| f.1).collect();
     eprintln!(
-        "soak: {} writes + {} deletions over {} objects in {:?}; {} deliveries, {} duplicates; {} failovers (kill: {:?}; SIGTERM: {:?}); all delivered {:?} after the churn",
+        "soak: {} writes + {} deletions over {} objects in {:?}; {} deliveries ({replays} marked replay), {} duplicates; {} failovers (kill: {:?}; SIGTERM: {:?}); all delivered {:?} after the churn",
         writes.len(),
         deletions.len(),
         NAMESPACES.len() * OBJECTS_PER_NAMESPACE + created,
@@ -344,6 +349,16 @@ async fn soak_random_churn_with_20_leader_kills_loses_nothing_and_no_follower_ac
     assert!(
         violations.is_empty(),
         "actions by non-leaders: {violations:#?}"
+    );
+    assert!(
+        replays > 0,
+        "no delivery was marked as a replay after {} failovers",
+        failovers.len()
+    );
+    assert!(
+        replays < receipts.len() / 2,
+        "{replays} of {} deliveries marked replay: only what a successor catches up on is",
+        receipts.len()
     );
     assert!(
         failovers.len() >= KILLS - 2,
