@@ -13,7 +13,7 @@ use futures_util::StreamExt as _;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER, USER_AGENT};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::Shared;
 use crate::api::{self, Query, Reply, Target};
+use crate::audit::Attributes;
 use crate::discovery;
 use crate::error::ApiError;
 use crate::faults::{ConflictRequest, Control, DurationRequest, FailRequest, Failure, WatchClose};
@@ -285,13 +286,28 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body
             Err(e) => error_response(&e),
         });
     }
+    let q = parse_query(req.uri().query());
+    let attributes = sh.requests.enabled().then(|| {
+        let user_agent = req
+            .headers()
+            .get(USER_AGENT)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        Attributes::of(req.method(), &path, &q, user_agent)
+    });
+    let resp = respond(&sh, req, &path, q).await;
+    if let Some(a) = attributes {
+        sh.requests.record(a, resp.status().as_u16());
+    }
+    Ok(resp)
+}
+
+async fn respond(sh: &Arc<Shared>, req: Request<Incoming>, path: &str, q: Query) -> Response<Body> {
     if let Some(d) = sh.faults.latency() {
         tokio::time::sleep(d).await;
     }
     if let Some(e) = sh.faults.take_failure() {
-        return Ok(error_response(&e));
+        return error_response(&e);
     }
-    let q = parse_query(req.uri().query());
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let get_only = |v: Option<Value>| -> Response<Body> {
         match v {
@@ -300,7 +316,7 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body
             None => error_response(&ApiError::path_not_found()),
         }
     };
-    let resp = match segs.as_slice() {
+    match segs.as_slice() {
         ["version"] => get_only(Some(discovery::version())),
         ["healthz" | "readyz" | "livez"] => full(200, "text/plain", Bytes::from_static(b"ok")),
         ["api"] => get_only(Some(discovery::api_versions(&sh.addr.to_string()))),
@@ -317,16 +333,15 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body
         ["openapi", "v3"] => get_only(Some(discovery::openapi_v3_index())),
         ["openapi", "v3", "api", v] => get_only(discovery::openapi_v3_group_version("", v)),
         ["openapi", "v3", "apis", g, v] => get_only(discovery::openapi_v3_group_version(g, v)),
-        ["api", "v1", rest @ ..] => resource_response(&sh, req, "", "v1", rest, q).await,
+        ["api", "v1", rest @ ..] => resource_response(sh, req, "", "v1", rest, q).await,
         ["apis", g, v, rest @ ..] => {
             let (g, v) = (g.to_string(), v.to_string());
             let rest: Vec<String> = rest.iter().map(|s| s.to_string()).collect();
             let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
-            resource_response(&sh, req, &g, &v, &rest, q).await
+            resource_response(sh, req, &g, &v, &rest, q).await
         }
         _ => error_response(&ApiError::path_not_found()),
-    };
-    Ok(resp)
+    }
 }
 
 async fn resource_response(

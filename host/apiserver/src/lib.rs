@@ -26,6 +26,9 @@
 //!   selectors; [`watch`] the streaming watch responses; [`discovery`] the
 //!   discovery documents.
 //! * [`http`] is the hyper server: routing, the accept loop and `/_faults`.
+//! * [`audit`] records every request answered as Kubernetes authorization
+//!   sees it (verb, group, resource, namespace, name), for tests that check
+//!   a client's RBAC needs ([`ServerHandle::requests`]).
 //! * [`faults`] holds the switches tests flip: close watches, fail requests
 //!   with 500/429, add latency, compact history, refuse connections, force a
 //!   409 on a named object.
@@ -50,6 +53,7 @@
 //! --history N` runs the server as a binary until Ctrl-C.
 
 pub mod api;
+pub mod audit;
 pub mod discovery;
 pub mod error;
 pub mod faults;
@@ -70,6 +74,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch as tokio_watch};
 
+pub use audit::{NonResourceRequest, Request};
 pub use error::{ApiError, Error};
 pub use faults::{Failure, Faults};
 
@@ -87,6 +92,9 @@ pub struct Config {
     /// Create a namespace on first use instead of answering 404 for objects
     /// in a namespace that does not exist (kube-apiserver answers 404).
     pub auto_create_namespaces: bool,
+    /// How many requests the request log keeps (the newest; resource and
+    /// non-resource requests each); 0 records nothing. See [`audit`].
+    pub request_log: usize,
 }
 
 impl Default for Config {
@@ -97,6 +105,7 @@ impl Default for Config {
             bookmark_interval: Duration::from_secs(60),
             broadcast_capacity: 64 * 1024,
             auto_create_namespaces: false,
+            request_log: 100_000,
         }
     }
 }
@@ -126,6 +135,11 @@ impl Config {
         self.auto_create_namespaces = on;
         self
     }
+
+    pub fn request_log(mut self, capacity: usize) -> Self {
+        self.request_log = capacity;
+        self
+    }
 }
 
 /// State shared by every connection.
@@ -134,6 +148,7 @@ pub struct Shared {
     pub(crate) faults: Faults,
     pub(crate) config: Config,
     pub(crate) addr: SocketAddr,
+    pub(crate) requests: Arc<audit::RequestLog>,
 }
 
 /// Entry point: `Server::start(config)`.
@@ -169,11 +184,13 @@ impl Server {
         }
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let faults = Faults::new(store.clone(), control_tx);
+        let requests = Arc::new(audit::RequestLog::new(config.request_log));
         let shared = Arc::new(Shared {
             store: store.clone(),
             faults: faults.clone(),
             config,
             addr,
+            requests: requests.clone(),
         });
         let (shutdown, shutdown_rx) = tokio_watch::channel(false);
         let task = tokio::spawn(http::accept_loop(listener, shared, control_rx, shutdown_rx));
@@ -182,6 +199,7 @@ impl Server {
             addr,
             store,
             faults,
+            requests,
             shutdown,
             task: Some(task),
         })
@@ -193,6 +211,7 @@ pub struct ServerHandle {
     addr: SocketAddr,
     store: Arc<store::Store>,
     faults: Faults,
+    requests: Arc<audit::RequestLog>,
     shutdown: tokio_watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -233,6 +252,33 @@ impl ServerHandle {
     pub async fn wait_for_watches(&self, n: usize) {
         let mut rx = self.store.open_watches();
         let _ = rx.wait_for(|&open| open >= n).await;
+    }
+
+    /// The resource requests answered since the start or the last
+    /// [`Self::clear_requests`], oldest first, each as Kubernetes
+    /// authorization sees it: verb (get, list, watch, create, update, patch,
+    /// delete, deletecollection), group, resource, subresource, namespace,
+    /// name (also from a `metadata.name=` field selector), with the response
+    /// status and User-Agent. See [`audit`].
+    pub fn requests(&self) -> Vec<Request> {
+        self.requests.requests()
+    }
+
+    /// The other requests answered (discovery, `/version`, `/openapi`,
+    /// health, unknown paths), oldest first; `/_faults` is not recorded.
+    pub fn non_resource_requests(&self) -> Vec<NonResourceRequest> {
+        self.requests.non_resource_requests()
+    }
+
+    /// How many requests the log dropped (beyond [`Config::request_log`])
+    /// since the start or the last [`Self::clear_requests`].
+    pub fn requests_dropped(&self) -> u64 {
+        self.requests.dropped()
+    }
+
+    /// Empty the request log.
+    pub fn clear_requests(&self) {
+        self.requests.clear();
     }
 
     /// Change the history size; shrinking drops the oldest changes now.

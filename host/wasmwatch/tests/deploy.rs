@@ -1,6 +1,8 @@
 //! deploy/: every kustomize overlay renders with kubectl; every rendered object
 //! is the Kubernetes type it claims, with the security settings operators rely
-//! on; the RBAC is least privilege and covers what the manifest asks for; the
+//! on; the RBAC is least privilege and covers what the manifest asks for, and
+//! exactly the calls the host makes (replicas run under each overlay's
+//! manifest, their requests recorded by the test API server); the
 //! plugin manifest in the ConfigMap is valid (and loads the bundled plugins once
 //! pinned); and the render applies to the project's test API server.
 //!
@@ -8,6 +10,8 @@
 //! machine, from tests/prepare), plus every binary listed in
 //! `WASMWATCH_EXTRA_KUBECTL` (':'-separated), so that an old and a new
 //! kustomize can be checked in one run.
+
+mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -437,15 +441,14 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
 
     let g = Grants::of(i);
     // Exactly these writes, nothing else: restarts (patch of the pod template),
-    // Events, and the Leases.
+    // core/v1 Events (created, never patched), and the Leases. The test
+    // `the_rbac_allows_exactly_the_calls_the_host_makes` checks the host
+    // really makes each of them.
     let expected: BTreeSet<(String, String, String, bool)> = [
         ("apps", "daemonsets", "patch", false),
         ("apps", "deployments", "patch", false),
         ("apps", "statefulsets", "patch", false),
         ("", "events", "create", false),
-        ("", "events", "patch", false),
-        ("events.k8s.io", "events", "create", false),
-        ("events.k8s.io", "events", "patch", false),
         ("coordination.k8s.io", "leases", "create", false),
         ("coordination.k8s.io", "leases", "update", true),
     ]
@@ -535,7 +538,6 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
         }
         for (group, res) in [
             ("", "services"),
-            ("", "pods"),
             ("discovery.k8s.io", "endpointslices"),
             ("apps", "deployments"),
             ("apps", "statefulsets"),
@@ -571,10 +573,25 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
         if p.capabilities.events {
             for scope in &scopes {
                 assert!(g.allows(*scope, "", "events", "create", None));
-                assert!(g.allows(*scope, "events.k8s.io", "events", "create", None));
             }
         }
     }
+    // Nothing the host does not read: no Pods (their specs may hold
+    // secrets in env values), no events.k8s.io.
+    for scope in &scopes {
+        for v in read {
+            assert!(
+                !g.allows(*scope, "", "pods", v, None),
+                "{overlay}: {v} pods"
+            );
+        }
+    }
+    assert!(
+        !g.granted()
+            .iter()
+            .any(|(group, _, _)| group == "events.k8s.io"),
+        "{overlay}: events.k8s.io"
+    );
     // Nothing beyond the watched scope.
     if !cluster_wide {
         assert!(i.cluster_roles.is_empty() && i.cluster_role_bindings.is_empty());
@@ -1296,5 +1313,615 @@ async fn every_overlay_applies_to_the_test_api_server() {
                 .all(|k| KNOWN_SERVER_GAPS.contains(&k.as_str())),
             "{skipped:?}"
         );
+    }
+}
+
+// ------------------------------------- the RBAC against what the host does
+
+/// The test's own requests carry this User-Agent; the host's carry none.
+const TEST_AGENT: &str = "wasmwatch-deploy-test";
+
+/// Write grants the host does not use but that are kept, with the reason.
+/// (group, resource, verb, reason). Empty: every write granted is used.
+const UNUSED_WRITES_KEPT: &[(&str, &str, &str, &str)] = &[];
+
+/// Non-resource paths every authenticated user may GET (the default
+/// `system:discovery` and `system:public-info-viewer` ClusterRoles), so the
+/// deploy RBAC needs no nonResourceURLs rule for them.
+fn default_non_resource(path: &str) -> bool {
+    [
+        "/api", "/apis", "/version", "/openapi", "/healthz", "/livez", "/readyz",
+    ]
+    .iter()
+    .any(|p| path == *p || path.starts_with(&format!("{p}/")))
+}
+
+impl Grants {
+    /// Every (group, resource, verb) the rules grant, wherever and on
+    /// whichever names.
+    fn granted(&self) -> BTreeSet<(String, String, String)> {
+        let mut out = BTreeSet::new();
+        for (_, r) in &self.rules {
+            for g in r.api_groups.as_deref().unwrap_or_default() {
+                for res in r.resources.as_deref().unwrap_or_default() {
+                    for v in &r.verbs {
+                        out.insert((g.clone(), res.clone(), v.clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The overlay's plugin manifest, made runnable here: the bundled plugins
+/// built from plugins/ and pinned, no debounce, short retries and HA
+/// timings. Everything the RBAC depends on is kept as shipped: watched kinds
+/// and namespaces, Lease names (and `ha.namespace`), capabilities.
+fn runnable_manifest(shipped: &str) -> String {
+    let mut m: Value = serde_yaml::from_str(shipped).expect("the manifest is YAML");
+    for p in m["plugins"].as_array_mut().expect("plugins") {
+        let file = Path::new(p["module"].as_str().expect("module"))
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .replace('_', "-");
+        p["module"] = json!(format!("{{module:{file}}}"));
+        p["sha256"] = json!(format!("{{sha256:{file}}}"));
+        p["delivery"] = json!({"debounce": "0s", "retries": 3, "backoffInitial": "100ms", "backoffMax": "500ms"});
+    }
+    let ha = m["ha"].as_object_mut().expect("ha");
+    ha.insert("leaseDuration".into(), json!("3s"));
+    ha.insert("renewDeadline".into(), json!("2s"));
+    ha.insert("retryPeriod".into(), json!("500ms"));
+    wasmwatch_testkit::pin(&serde_yaml::to_string(&m).unwrap())
+}
+
+/// One `wasmwatch run` in the Deployment's namespace (POD_NAMESPACE, where
+/// the Leases go when `ha.namespace` is unset).
+fn start_replica(kubeconfig: &Path, manifest: &Path, identity: &str) -> common::Replica {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+        .args(["run", "--manifest", manifest.to_str().unwrap()])
+        .args(["--identity", identity, "--admin-addr", "127.0.0.1:0"])
+        .args(["--print-actions", "--checkpoint-interval", "200ms"])
+        .env("KUBECONFIG", kubeconfig)
+        .env("POD_NAMESPACE", NAMESPACE)
+        .env(
+            "RUST_LOG",
+            std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start wasmwatch run");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let first = lines
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the ready line");
+    let ready: Value =
+        serde_json::from_str(&first).unwrap_or_else(|e| panic!("ready line {first:?}: {e}"));
+    assert_eq!(ready["ready"], true, "{first}");
+    let admin = ready["admin"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    common::Replica {
+        identity: identity.to_string(),
+        child,
+        admin,
+        lines,
+    }
+}
+
+async fn replica(kubeconfig: &Path, manifest: &Path, identity: &str) -> common::Replica {
+    let (k, m, id) = (
+        kubeconfig.to_path_buf(),
+        manifest.to_path_buf(),
+        identity.to_string(),
+    );
+    tokio::task::spawn_blocking(move || start_replica(&k, &m, &id))
+        .await
+        .unwrap()
+}
+
+/// An apps/v1 workload whose pod template has these annotations and spec.
+async fn workload(
+    client: &kube::Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    annotations: Value,
+    template_annotations: Value,
+    pod_spec: Value,
+) {
+    let mut spec = json!({
+        "selector": {"matchLabels": {"app": name}},
+        "template": {
+            "metadata": {"labels": {"app": name}, "annotations": template_annotations},
+            "spec": pod_spec,
+        },
+    });
+    if kind == "StatefulSet" {
+        spec["serviceName"] = json!(name);
+    }
+    common::apply(
+        client,
+        json!({"apiVersion": "apps/v1", "kind": kind,
+            "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+            "spec": spec}),
+    )
+    .await;
+}
+
+fn generation(
+    server: &wasmwatch_apiserver::ServerHandle,
+    resource: &str,
+    ns: &str,
+    name: &str,
+) -> i64 {
+    server
+        .get(resource, ns, name)
+        .and_then(|o| o["metadata"]["generation"].as_i64())
+        .unwrap_or(0)
+}
+
+fn events_with_reason(server: &wasmwatch_apiserver::ServerHandle, reason: &str) -> usize {
+    server
+        .snapshot("events")
+        .map(|(items, _)| items.iter().filter(|e| e["reason"] == reason).count())
+        .unwrap_or(0)
+}
+
+/// Runs two `wasmwatch run` replicas under the overlay's manifest through
+/// every kind of call the host makes, and returns the host's requests (the
+/// test's own, made with [`TEST_AGENT`], left out) and its non-resource
+/// requests. The test itself only writes ConfigMaps and Secrets meanwhile,
+/// and reads the server in-process.
+async fn host_requests(
+    overlay: &str,
+    manifest: &Manifest,
+    shipped: &str,
+) -> (
+    Vec<wasmwatch_apiserver::Request>,
+    Vec<wasmwatch_apiserver::NonResourceRequest>,
+) {
+    use common::{Pod, REFRESH, eventually};
+    use wasmwatch_apiserver::{Config, Server};
+
+    let server = Server::start(Config::default().bookmark_interval(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let setup = server.client().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let manifest_path = dir.path().join("manifest.yaml");
+    std::fs::write(&manifest_path, runnable_manifest(shipped)).unwrap();
+    let lease_ns = manifest.ha.namespace.as_deref().unwrap_or(NAMESPACE);
+    let leases = "leases.coordination.k8s.io";
+    let (leader_lease, state_lease) = (&manifest.ha.lease_name, &manifest.ha.state_lease_name);
+    // The apps live in the first watched namespace (`default` for "*").
+    let ns = manifest
+        .watch
+        .namespaces
+        .iter()
+        .find(|n| *n != "*")
+        .map(String::as_str)
+        .unwrap_or("default");
+    assert!(
+        manifest.watch.kinds.contains(&ObjectKind::ConfigMap)
+            && manifest.watch.kinds.contains(&ObjectKind::Secret),
+        "{overlay}: the scenario changes ConfigMaps and Secrets"
+    );
+
+    // ---- setup, by the test: namespaces, an app behind a Service with two
+    // pods, three workloads asking for restarts, their ConfigMaps and Secret.
+    for n in [lease_ns, ns] {
+        if server.get("namespaces", "", n).is_none() {
+            common::namespace(&setup, n).await;
+        }
+    }
+    let pods = [Pod::start().await, Pod::start().await];
+    common::service(&setup, ns, "orders", &[&pods[0], &pods[1]], &[]).await;
+    let auto = json!({"reloader.stakater.com/auto": "true"});
+    let container = json!({"name": "app", "image": "example/app:1",
+        "envFrom": [{"configMapRef": {"name": "app-config"}}]});
+    workload(
+        &setup,
+        ns,
+        "Deployment",
+        "web",
+        auto.clone(),
+        json!({}),
+        json!({"containers": [container.clone()]}),
+    )
+    .await;
+    workload(
+        &setup,
+        ns,
+        "StatefulSet",
+        "ledger",
+        json!({}),
+        auto.clone(),
+        json!({"containers": [container]}),
+    )
+    .await;
+    workload(
+        &setup,
+        ns,
+        "DaemonSet",
+        "agent",
+        json!({"secret.reloader.stakater.com/auto": "true"}),
+        json!({}),
+        json!({"containers": [{"name": "app", "image": "example/app:1"}],
+            "volumes": [{"name": "token", "secret": {"secretName": "app-secret"}}]}),
+    )
+    .await;
+    for o in [
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "orders", "namespace": ns,
+                "labels": {"spring.cloud.kubernetes.config": "true"}},
+            "data": {"application.yaml": "value: 1"}}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "app-config", "namespace": ns},
+            "data": {"value": "1"}}),
+        json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "app-secret", "namespace": ns},
+            "stringData": {"token": "1"}}),
+    ] {
+        common::apply(&setup, o).await;
+    }
+
+    // ---- from here on, every request without the test's User-Agent is the host's.
+    server.clear_requests();
+    let mut config = server.kube_config();
+    config.headers.push((
+        hyper::header::USER_AGENT,
+        hyper::header::HeaderValue::from_static(TEST_AGENT),
+    ));
+    let client = kube::Client::try_from(config).unwrap();
+    let cms: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), ns);
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), ns);
+    let set_cm = |name: &'static str, value: &'static str| {
+        let cms = cms.clone();
+        async move {
+            let key = if name == "orders" {
+                "application.yaml"
+            } else {
+                "value"
+            };
+            cms.patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"data": {key: format!("value: {value}")}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    let refreshed = |n: usize| {
+        let hits: Vec<usize> = pods.iter().map(|p| p.hits(REFRESH)).collect();
+        async move { hits.iter().all(|&h| h >= n) }
+    };
+    let long = Duration::from_secs(30);
+
+    // 1. HA with two replicas: the first leads (elector Lease get, create,
+    //    watch, update), claims the state Lease, lists and watches; both
+    //    fill their lookups' caches.
+    let a = replica(&kubeconfig, &manifest_path, "replica-a").await;
+    eventually(long, "replica-a leads", || a.leading()).await;
+    let b = replica(&kubeconfig, &manifest_path, "replica-b").await;
+    // Each replica's lookups (5 kinds) and the leader's ConfigMap and Secret
+    // watches at least.
+    let watches = 2 * 5 + 2;
+    tokio::time::timeout(long, server.wait_for_watches(watches))
+        .await
+        .unwrap_or_else(|_| panic!("{overlay}: {watches} watches open"));
+    assert!(!b.leading().await, "{overlay}: one leader");
+
+    // 2. http-refresh: a refresh of both pods, and a Refreshed Event.
+    set_cm("orders", "2").await;
+    eventually(long, "both pods refreshed", || refreshed(1)).await;
+    eventually(long, "a Refreshed Event", || async {
+        events_with_reason(&server, "Refreshed") >= 1
+    })
+    .await;
+
+    // 3. rollout-restart: get + patch of a Deployment, a StatefulSet and (for
+    //    a Secret) a DaemonSet, with Reloaded Events.
+    set_cm("app-config", "2").await;
+    secrets
+        .patch(
+            "app-secret",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"stringData": {"token": "2"}})),
+        )
+        .await
+        .unwrap();
+    for (resource, name) in [
+        ("deployments.apps", "web"),
+        ("statefulsets.apps", "ledger"),
+        ("daemonsets.apps", "agent"),
+    ] {
+        eventually(long, &format!("{resource} {name} restarted"), || {
+            let g = generation(&server, resource, ns, name);
+            async move { g == 2 }
+        })
+        .await;
+    }
+    eventually(long, "three Reloaded Events", || async {
+        events_with_reason(&server, "Reloaded") >= 3
+    })
+    .await;
+
+    // 4. The checkpoints and the index shards are stored.
+    let state_annotation = |key: String| {
+        server.get(leases, lease_ns, state_lease).and_then(|l| {
+            l["metadata"]["annotations"][key.as_str()]
+                .as_str()
+                .map(str::to_string)
+        })
+    };
+    eventually(
+        long,
+        "the index shards are counted in the state Lease",
+        || {
+            let both = state_annotation("wasmwatch.io/configmap-index-shards".into()).is_some()
+                && state_annotation("wasmwatch.io/secret-index-shards".into()).is_some();
+            async move { both }
+        },
+    )
+    .await;
+    for kind in ["configmap", "secret"] {
+        assert!(
+            server
+                .get(leases, lease_ns, &format!("{state_lease}-index-{kind}-0"))
+                .is_some(),
+            "{overlay}: index shard of {kind}s"
+        );
+    }
+
+    // 5. A forced 410: the history expires and every watch ends; the watch
+    //    loops and the lookups relist.
+    let before = server.requests().len();
+    server.faults().compact_history();
+    server.faults().close_watches();
+    // Until the next write, the version each relist returns was handed
+    // out before the compaction too (the fault expires it), so the loops
+    // relist again and again: write as soon as both kinds have relisted.
+    eventually(long, "ConfigMaps and Secrets listed again", || {
+        let relisted = server.requests()[before..]
+            .iter()
+            .filter(|r| r.verb == "list" && r.user_agent.as_deref() != Some(TEST_AGENT))
+            .filter(|r| ["configmaps", "secrets"].contains(&r.resource.as_str()))
+            .map(|r| r.resource.clone())
+            .collect::<BTreeSet<_>>()
+            .len();
+        async move { relisted == 2 }
+    })
+    .await;
+    set_cm("orders", "3").await;
+    for kind in ["ConfigMap", "Secret"] {
+        eventually(long, &format!("a {kind} resync"), || async {
+            a.metric(&format!("wasmwatch_resyncs_total{{kind=\"{kind}\"}}"))
+                .await
+                >= 1.0
+        })
+        .await;
+    }
+    eventually(long, "refreshed after the resync", || refreshed(2)).await;
+
+    // 6. SIGTERM: the leader releases the Lease; the other takes over,
+    //    claims the state and reads the index shards, resumes the watches.
+    a.signal("TERM");
+    eventually(long, "replica-b leads", || b.leading()).await;
+    let mut a = a;
+    assert!(
+        a.child.wait().unwrap().success(),
+        "{overlay}: replica-a exits cleanly"
+    );
+    assert_eq!(
+        server.get(leases, lease_ns, leader_lease).unwrap()["spec"]["holderIdentity"],
+        "replica-b"
+    );
+    set_cm("orders", "4").await;
+    eventually(long, "refreshed by the new leader", || refreshed(3)).await;
+    b.signal("TERM");
+    let mut b = b;
+    assert!(
+        b.child.wait().unwrap().success(),
+        "{overlay}: replica-b exits cleanly"
+    );
+    let released = server.get(leases, lease_ns, leader_lease).unwrap();
+    assert!(
+        released["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty(),
+        "{overlay}: released: {released}"
+    );
+
+    assert_eq!(server.requests_dropped(), 0);
+    let (ours, host): (Vec<_>, Vec<_>) = server
+        .requests()
+        .into_iter()
+        .partition(|r| r.user_agent.as_deref() == Some(TEST_AGENT));
+    // The test wrote only ConfigMaps and Secrets, nothing else.
+    for r in &ours {
+        assert!(
+            r.verb == "patch"
+                && r.group.is_empty()
+                && ["configmaps", "secrets"].contains(&r.resource.as_str()),
+            "{overlay}: the test's own request {r:?}"
+        );
+    }
+    let non_resource = server
+        .non_resource_requests()
+        .into_iter()
+        .filter(|r| r.user_agent.as_deref() != Some(TEST_AGENT))
+        .collect();
+    (host, non_resource)
+}
+
+/// (verb, group/resource, where) → how many, for the test output.
+fn observed_table(requests: &[wasmwatch_apiserver::Request]) -> String {
+    let mut counts: BTreeMap<(String, String, String), usize> = BTreeMap::new();
+    for r in requests {
+        let resource = if r.group.is_empty() {
+            r.rbac_resource()
+        } else {
+            format!("{}/{}", r.group, r.rbac_resource())
+        };
+        let at = match (&r.namespace, &r.name) {
+            (None, None) => "(all namespaces)".to_string(),
+            (None, Some(n)) => n.clone(),
+            // Only the Leases are authorized by name.
+            (Some(ns), Some(n)) if r.resource == "leases" => format!("{ns}/{n}"),
+            (Some(ns), _) => format!("{ns}/*"),
+        };
+        *counts.entry((resource, r.verb.clone(), at)).or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|((res, verb, at), n)| format!("  {verb:<8} {res:<32} {at:<40} x{n}\n"))
+        .collect()
+}
+
+fn check_host_against_rbac(
+    overlay: &str,
+    i: &Install,
+    host: &[wasmwatch_apiserver::Request],
+    non_resource: &[wasmwatch_apiserver::NonResourceRequest],
+) {
+    let g = Grants::of(i);
+    eprintln!(
+        "{overlay}: the host made {} API requests:\n{}",
+        host.len(),
+        observed_table(host)
+    );
+    let verbs: BTreeSet<(String, String)> = host
+        .iter()
+        .map(|r| (r.verb.clone(), format!("{}/{}", r.group, r.rbac_resource())))
+        .collect();
+    eprintln!("{overlay}: observed (verb, group/resource): {verbs:?}");
+    eprintln!("{overlay}: the host's non-resource requests: {non_resource:?}");
+
+    // The host never writes ConfigMaps or Secrets.
+    for r in host {
+        assert!(
+            !(r.is_write()
+                && r.group.is_empty()
+                && ["configmaps", "secrets"].contains(&r.resource.as_str())),
+            "{overlay}: the host wrote {r:?}"
+        );
+    }
+
+    // 1. Every call the host made is allowed, in its namespace (or across
+    //    all namespaces) and on its name.
+    let denied: BTreeSet<String> = host
+        .iter()
+        .filter(|r| {
+            !g.allows(
+                r.namespace.as_deref(),
+                &r.group,
+                &r.rbac_resource(),
+                &r.verb,
+                r.name.as_deref(),
+            )
+        })
+        .map(|r| {
+            format!(
+                "{} {}/{} in {} named {}",
+                r.verb,
+                r.group,
+                r.rbac_resource(),
+                r.namespace.as_deref().unwrap_or("(all namespaces)"),
+                r.name.as_deref().unwrap_or("-")
+            )
+        })
+        .collect();
+    assert!(
+        denied.is_empty(),
+        "{overlay}: the RBAC does not allow what the host does:\n{}",
+        denied.into_iter().collect::<Vec<_>>().join("\n")
+    );
+    for r in non_resource {
+        assert!(
+            r.verb == "get" && default_non_resource(&r.path),
+            "{overlay}: the host requested {} {}, which no default role allows",
+            r.verb,
+            r.path
+        );
+    }
+
+    // 2. Every permission granted is used: writes (verb by verb) and reads
+    //    (resource by resource; a `get` next to a used `list` reveals
+    //    nothing more, so it may stay unused).
+    let used: BTreeSet<(String, String, String)> = host
+        .iter()
+        .map(|r| (r.group.clone(), r.rbac_resource(), r.verb.clone()))
+        .collect();
+    let mut unused = Vec::new();
+    for (group, resource, verb) in g.granted() {
+        if used.contains(&(group.clone(), resource.clone(), verb.clone())) {
+            continue;
+        }
+        let kept = UNUSED_WRITES_KEPT.iter().find(|(g, r, v, _)| {
+            (*g, *r, *v) == (group.as_str(), resource.as_str(), verb.as_str())
+        });
+        let listed = used.contains(&(group.clone(), resource.clone(), "list".to_string()));
+        match (verb.as_str(), kept) {
+            (_, Some((_, _, _, why))) => {
+                eprintln!("{overlay}: granted, unused, kept: {verb} {group}/{resource}: {why}")
+            }
+            ("get", None) if listed => {}
+            _ => unused.push(format!("{verb} {group}/{resource}")),
+        }
+    }
+    assert!(
+        unused.is_empty(),
+        "{overlay}: the RBAC grants what the host never does (remove it, or list it in \
+         UNUSED_WRITES_KEPT with the reason): {unused:?}"
+    );
+    for (group, resource, verb, _) in UNUSED_WRITES_KEPT {
+        assert!(
+            !used.contains(&(group.to_string(), resource.to_string(), verb.to_string())),
+            "{overlay}: {verb} {group}/{resource} is used after all: take it off UNUSED_WRITES_KEPT"
+        );
+    }
+}
+
+/// The deploy RBAC against the calls the host really makes: for each
+/// overlay, two `wasmwatch run` replicas under that overlay's manifest
+/// (HA, its watched kinds and namespaces, its Lease names in the
+/// Deployment's namespace) go through every kind of call the host makes
+/// (election, checkpoints and index shards, watches, the lookups' caches,
+/// an http-refresh, rollout restarts of the three workload kinds, Events, a
+/// 410 relist, a SIGTERM handover and release); every request they made
+/// must be allowed by the overlay's rules, and every permission granted
+/// must have been used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rbac_allows_exactly_the_calls_the_host_makes() {
+    let Some(kubectl) = kubectls().into_iter().next() else {
+        return;
+    };
+    for overlay in overlays() {
+        let objects = render(&kubectl, &overlay_dir(&overlay));
+        let i = Install::parse(&objects);
+        let (text, _) = i.manifest_text();
+        let manifest = check_manifest(&overlay, &text);
+        let (host, non_resource) = host_requests(&overlay, &manifest, &text).await;
+        check_host_against_rbac(&overlay, &i, &host, &non_resource);
     }
 }
