@@ -95,6 +95,8 @@ pub struct WatchLoop {
     stats: std::sync::Arc<WatchStats>,
     /// A watch request was made before (the next one is a restart).
     watched: bool,
+    /// 410s without an event in between.
+    gone_in_a_row: u32,
 }
 
 /// Why one step failed. All are retried with backoff.
@@ -137,6 +139,7 @@ impl WatchLoop {
             index_sent: tokio::time::Instant::now(),
             stats: Default::default(),
             watched: false,
+            gone_in_a_row: 0,
         }
     }
 
@@ -254,7 +257,17 @@ impl WatchLoop {
                 if let Some(sel) = &self.target.label_selector {
                     wp = wp.labels(sel);
                 }
-                let stream = self.api.watch(&wp, &from).await?;
+                let stream = match self.api.watch(&wp, &from).await {
+                    Ok(stream) => stream,
+                    // Some servers refuse a too-old version with an HTTP 410
+                    // instead of an ERROR event: the same resync.
+                    Err(kube::Error::Api(status)) if status.code == 410 => {
+                        tracing::info!(kind = self.target.kind.as_str(), from = %from, "watch history expired; resynchronising");
+                        self.state = State::Relist;
+                        return Ok(());
+                    }
+                    Err(e) => return Err(e.into()),
+                };
                 futures_util::pin_mut!(stream);
                 let mut at = from;
                 // A stream that stays silent longer than this is dead (the
@@ -285,6 +298,9 @@ impl WatchLoop {
                     }
                 } {
                     last_event = tokio::time::Instant::now();
+                    if !matches!(&event, WatchEvent::Error(_)) {
+                        self.gone_in_a_row = 0;
+                    }
                     self.failures = 0;
                     let (seen, obj) = match event {
                         WatchEvent::Added(o) => (Seen::Added, o),
@@ -301,6 +317,12 @@ impl WatchLoop {
                         WatchEvent::Error(status) if status.code == 410 => {
                             tracing::info!(kind = self.target.kind.as_str(), from = %at, "watch history expired; resynchronising");
                             self.state = State::Relist;
+                            // A 410 again right after a relist (no event in
+                            // between) must not spin list+watch: back off.
+                            self.gone_in_a_row += 1;
+                            if self.gone_in_a_row > 1 {
+                                tokio::time::sleep(backoff(self.gone_in_a_row - 1)).await;
+                            }
                             return Ok(());
                         }
                         WatchEvent::Error(status) => {

@@ -101,8 +101,17 @@ async fn sidecars_elect_one_leader_and_hand_over_on_sigterm_within_a_second() {
     assert_eq!(json["leading"], true);
     assert_eq!(json["holder"], name);
     assert_eq!(json["term"]["holder"], name);
-    let (_, json) = get(sidecars[1 - leader].admin, "/leader?format=json").await;
-    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    // The follower learns the holder from its next look at the Lease (its
+    // watch or its retry period): wait for it rather than race it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let json = loop {
+        let (_, json) = get(sidecars[1 - leader].admin, "/leader?format=json").await;
+        let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+        if json["holder"] == name || Instant::now() > deadline {
+            break json;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(json["leading"], false);
     assert_eq!(json["holder"], name, "followers report the holder");
 
