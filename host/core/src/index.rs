@@ -216,23 +216,31 @@ impl ObjectIndex {
 
     /// After the watch history was lost: compares a fresh list with what was
     /// handled. Objects whose content differs are delivered as `resynced`, new
-    /// ones as `added`, vanished ones as `deleted` (with no data: their last
-    /// content is not kept); unchanged objects deliver nothing.
+    /// ones as `added`, vanished ones as `deleted` (with their remembered
+    /// labels and annotations, no data); unchanged objects deliver nothing.
     pub fn resync(
         &mut self,
         current: Vec<ObjectSnapshot>,
         metadata_changes: bool,
     ) -> Vec<ChangeEvent> {
+        let mut r = Resync::new(metadata_changes);
+        let mut out = self.resync_page(&mut r, current);
+        out.extend(self.finish_resync(r));
+        out
+    }
+
+    /// [`ObjectIndex::resync`] one list page at a time, so that a large
+    /// collection never has to be in memory at once.
+    pub fn resync_page(&self, r: &mut Resync, page: Vec<ObjectSnapshot>) -> Vec<ChangeEvent> {
         let mut out = Vec::new();
-        let mut fresh = BTreeMap::new();
-        for object in current {
+        for object in page {
             let key = (object.namespace.clone(), object.name.clone());
             let now = Handled::of(&object);
             match self.objects.get(&key) {
                 None => out.push(ChangeEvent::new(ChangeType::Added, object, None)),
                 Some(before)
                     if before.digest != now.digest
-                        || (metadata_changes && before.metadata != now.metadata) =>
+                        || (r.metadata_changes && before.metadata != now.metadata) =>
                 {
                     let mut ev = ChangeEvent::new(ChangeType::Resynced, object, None);
                     ev.changed_keys = before.changed_keys(&now);
@@ -240,9 +248,19 @@ impl ObjectIndex {
                 }
                 Some(_) => {}
             }
-            fresh.insert(key, now);
+            r.fresh.insert(key, now);
         }
-        for ((namespace, name), h) in self.objects.iter().filter(|(k, _)| !fresh.contains_key(*k)) {
+        out
+    }
+
+    /// Ends a paged resync: the deletions, and the index becomes the list.
+    pub fn finish_resync(&mut self, r: Resync) -> Vec<ChangeEvent> {
+        let mut out = Vec::new();
+        for ((namespace, name), h) in self
+            .objects
+            .iter()
+            .filter(|(k, _)| !r.fresh.contains_key(*k))
+        {
             let gone = ObjectSnapshot {
                 kind: self.kind,
                 namespace: namespace.clone(),
@@ -255,8 +273,24 @@ impl ObjectIndex {
             };
             out.push(ChangeEvent::new(ChangeType::Deleted, gone, None));
         }
-        self.objects = fresh;
+        self.objects = r.fresh;
         out
+    }
+}
+
+/// A resync in progress: what the fresh list holds so far.
+#[derive(Debug)]
+pub struct Resync {
+    fresh: BTreeMap<(String, String), Handled>,
+    metadata_changes: bool,
+}
+
+impl Resync {
+    pub fn new(metadata_changes: bool) -> Resync {
+        Resync {
+            fresh: BTreeMap::new(),
+            metadata_changes,
+        }
     }
 }
 

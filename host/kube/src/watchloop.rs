@@ -22,7 +22,7 @@ use futures_util::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
 use tokio::sync::mpsc;
-use wasmwatch_core::index::{ObjectIndex, Seen};
+use wasmwatch_core::index::{ObjectIndex, Resync, Seen};
 use wasmwatch_core::{ChangeEvent, ObjectKind, ObjectSnapshot};
 
 /// What one watch loop watches.
@@ -97,7 +97,13 @@ pub struct WatchLoop {
     watched: bool,
     /// 410s without an event in between.
     gone_in_a_row: u32,
+    /// The last version handed out before the history was lost: a relist's
+    /// differences carry it (see `State::Relist` in `step`).
+    relist_floor: Option<String>,
 }
+
+/// Objects per list page.
+const LIST_PAGE: u32 = 250;
 
 /// Why one step failed. All are retried with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +146,7 @@ impl WatchLoop {
             stats: Default::default(),
             watched: false,
             gone_in_a_row: 0,
+            relist_floor: None,
         }
     }
 
@@ -194,19 +201,30 @@ impl WatchLoop {
         }
     }
 
-    async fn list(&self) -> Result<(Vec<ObjectSnapshot>, String), WatchError> {
-        let mut lp = ListParams::default();
+    /// One page of the list (`LIST_PAGE` objects): its objects, the list's
+    /// resourceVersion, and the token of the next page if any. Paging keeps
+    /// a large collection (10,000 objects of 10 KiB) from ever being in
+    /// memory at once.
+    async fn list_page(
+        &self,
+        token: Option<String>,
+    ) -> Result<(Vec<ObjectSnapshot>, String, Option<String>), WatchError> {
+        let mut lp = ListParams::default().limit(LIST_PAGE);
         if let Some(sel) = &self.target.label_selector {
             lp = lp.labels(sel);
         }
+        if let Some(t) = token {
+            lp = lp.continue_token(&t);
+        }
         let list = self.api.list(&lp).await?;
         let rv = list.metadata.resource_version.clone().unwrap_or_default();
+        let next = list.metadata.continue_.clone().filter(|t| !t.is_empty());
         let objects = list
             .items
             .into_iter()
             .filter_map(|o| self.snapshot(o).map(|(s, _)| s))
             .collect();
-        Ok((objects, rv))
+        Ok((objects, rv, next))
     }
 
     /// One step of the state machine. Returns when the state changed or the
@@ -215,11 +233,18 @@ impl WatchLoop {
         let send = |o: Output| async move { out.send(o).await.map_err(|_| WatchError::Closed) };
         match self.state.clone() {
             State::Baseline => {
-                let (objects, rv) = self.list().await?;
-                for o in objects {
-                    self.index
-                        .apply(Seen::Added, o, self.target.metadata_changes);
-                }
+                let mut token = None;
+                let rv = loop {
+                    let (objects, rv, next) = self.list_page(token).await?;
+                    for o in objects {
+                        self.index
+                            .apply(Seen::Added, o, self.target.metadata_changes);
+                    }
+                    match next {
+                        Some(t) => token = Some(t),
+                        None => break rv,
+                    }
+                };
                 send(Output::Progress {
                     resource_version: rv.clone(),
                 })
@@ -231,11 +256,32 @@ impl WatchLoop {
                 self.stats
                     .resyncs
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let (objects, rv) = self.list().await?;
-                for event in self.index.resync(objects, self.target.metadata_changes) {
+                // The differences are handed out at the version the history
+                // was lost from, not at the list's: the checkpoint must not
+                // pass the relist before all of it is handed out (a new
+                // leader would resume after it and miss the rest).
+                let mut resync = Resync::new(self.target.metadata_changes);
+                let mut token = None;
+                let rv = loop {
+                    let (objects, rv, next) = self.list_page(token).await?;
+                    let at = self.relist_floor.clone().unwrap_or_else(|| rv.clone());
+                    for event in self.index.resync_page(&mut resync, objects) {
+                        send(Output::Change {
+                            event: Box::new(event),
+                            resource_version: at.clone(),
+                        })
+                        .await?;
+                    }
+                    match next {
+                        Some(t) => token = Some(t),
+                        None => break rv,
+                    }
+                };
+                let at = self.relist_floor.take().unwrap_or_else(|| rv.clone());
+                for event in self.index.finish_resync(resync) {
                     send(Output::Change {
                         event: Box::new(event),
-                        resource_version: rv.clone(),
+                        resource_version: at.clone(),
                     })
                     .await?;
                 }
@@ -263,6 +309,7 @@ impl WatchLoop {
                     // instead of an ERROR event: the same resync.
                     Err(kube::Error::Api(status)) if status.code == 410 => {
                         tracing::info!(kind = self.target.kind.as_str(), from = %from, "watch history expired; resynchronising");
+                        self.relist_floor.get_or_insert(from);
                         self.state = State::Relist;
                         return Ok(());
                     }
@@ -316,6 +363,7 @@ impl WatchLoop {
                         }
                         WatchEvent::Error(status) if status.code == 410 => {
                             tracing::info!(kind = self.target.kind.as_str(), from = %at, "watch history expired; resynchronising");
+                            self.relist_floor.get_or_insert(at);
                             self.state = State::Relist;
                             // A 410 again right after a relist (no event in
                             // between) must not spin list+watch: back off.

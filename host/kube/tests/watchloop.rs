@@ -166,8 +166,12 @@ async fn after_410_only_objects_changed_in_the_gap_are_delivered() {
     let (server, api) = setup(1000).await;
     let mut lp = WatchLoop::new(server.client().unwrap(), target(Some("default")), None);
     let (tx, mut rx) = mpsc::channel(10_000);
-    lp.step(&tx).await.unwrap(); // baseline of 1000 objects
-    drain(&mut rx);
+    lp.step(&tx).await.unwrap(); // baseline of 1000 objects, in pages
+    let base = match drain(&mut rx).first() {
+        Some(Output::Progress { resource_version }) => resource_version.clone(),
+        other => panic!("baseline: {other:?}"),
+    };
+    server.clear_requests();
 
     // The gap: three changes, then the history is gone.
     put(&api, "o5", "changed").await;
@@ -190,6 +194,31 @@ async fn after_410_only_objects_changed_in_the_gap_are_delivered() {
     assert!(got.contains(&(ChangeType::Resynced, "o5".to_string())));
     assert!(got.contains(&(ChangeType::Deleted, "o7".to_string())));
     assert!(got.contains(&(ChangeType::Added, "o1000".to_string())));
+    // The differences are handed out at the version the history was lost
+    // from: the checkpoint cannot pass the relist until its end, the list's
+    // version, which only the final progress carries.
+    for o in &out {
+        if let Output::Change {
+            resource_version, ..
+        } = o
+        {
+            assert_eq!(resource_version, &base);
+        }
+    }
+    let Output::Progress {
+        resource_version: end,
+    } = &out[out.len() - 2]
+    else {
+        panic!("{:?}", out[out.len() - 2])
+    };
+    assert!(end.parse::<u64>().unwrap() > base.parse::<u64>().unwrap());
+    // 1,000 objects after the gap, listed in pages of 250.
+    let lists = server
+        .requests()
+        .iter()
+        .filter(|r| r.verb == "list" && r.resource == "configmaps")
+        .count();
+    assert_eq!(lists, 4, "paged list");
     assert!(matches!(out[out.len() - 2], Output::Progress { .. }));
     assert!(matches!(out.last(), Some(Output::Index(ix)) if ix.len() == 1000));
     assert!(matches!(lp.state(), State::Resume { .. }));
