@@ -28,7 +28,10 @@ struct Handled {
     /// Labels and annotations (see [`remembered`]), so that a deletion
     /// found by a resync still reaches the plugins whose selectors and
     /// annotation rules chose the object.
-    meta: Box<Meta>,
+    /// Remembered labels and annotations as compact JSON (see [`Meta`]);
+    /// `None` when there are none. One small allocation instead of two
+    /// maps: it is kept for every object.
+    meta: Option<Box<str>>,
 }
 
 /// The labels and annotations remembered of a handled object.
@@ -92,7 +95,14 @@ impl Handled {
                 .iter()
                 .map(|(k, v)| (k.clone(), short_hash(v.as_bytes())))
                 .collect(),
-            meta: Box::new(remembered(o)),
+            meta: {
+                let m = remembered(o);
+                (m != Meta::default()).then(|| {
+                    serde_json::to_string(&m)
+                        .expect("string maps serialize")
+                        .into()
+                })
+            },
         }
     }
 
@@ -261,14 +271,19 @@ impl ObjectIndex {
             .iter()
             .filter(|(k, _)| !r.fresh.contains_key(*k))
         {
+            let meta: Meta = h
+                .meta
+                .as_deref()
+                .and_then(|m| serde_json::from_str(m).ok())
+                .unwrap_or_default();
             let gone = ObjectSnapshot {
                 kind: self.kind,
                 namespace: namespace.clone(),
                 name: name.clone(),
                 uid: String::new(),
                 resource_version: String::new(),
-                labels: h.meta.labels.clone(),
-                annotations: h.meta.annotations.clone(),
+                labels: meta.labels,
+                annotations: meta.annotations,
                 data: Default::default(),
             };
             out.push(ChangeEvent::new(ChangeType::Deleted, gone, None));
@@ -313,9 +328,9 @@ impl ObjectIndex {
                 h.metadata,
                 keys.join(";")
             ));
-            if *h.meta != Meta::default() {
+            if let Some(meta) = &h.meta {
                 out.push(' ');
-                out.push_str(&serde_json::to_string(&*h.meta).expect("string maps serialize"));
+                out.push_str(meta);
             }
             out.push('\n');
         }
@@ -352,9 +367,11 @@ impl ObjectIndex {
                 .collect::<Result<Vec<_>, String>>()?;
             let meta = match parts.next() {
                 Some(json) => {
-                    serde_json::from_str(json).map_err(|_| bad("bad labels/annotations"))?
+                    serde_json::from_str::<Meta>(json)
+                        .map_err(|_| bad("bad labels/annotations"))?;
+                    Some(json.into())
                 }
-                None => Meta::default(),
+                None => None,
             };
             index.objects.insert(
                 (ns.to_string(), name.to_string()),
@@ -362,7 +379,7 @@ impl ObjectIndex {
                     digest,
                     metadata,
                     keys,
-                    meta: Box::new(meta),
+                    meta,
                 },
             );
         }

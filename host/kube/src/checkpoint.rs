@@ -188,12 +188,13 @@ pub struct CheckpointStore {
     term: Term,
     /// The state Lease as this leader last wrote it.
     lease: Option<Lease>,
-    /// Per kind, the index stored by an earlier term: it stands for every
-    /// namespace that has no newer index of its own in `indexes`.
-    claimed: BTreeMap<ObjectKind, ObjectIndex>,
+    /// Per kind, the index stored by an earlier term (encoded): it stands
+    /// for every namespace that has no newer index of its own in `indexes`.
+    claimed: BTreeMap<ObjectKind, String>,
     /// Per kind and stream namespace (`*`: cluster-wide): the newest safe
-    /// index of this term.
-    indexes: BTreeMap<ObjectKind, BTreeMap<String, ObjectIndex>>,
+    /// index of this term, encoded (text is several times smaller than the
+    /// index's maps, and this copy is kept for the whole term).
+    indexes: BTreeMap<ObjectKind, BTreeMap<String, String>>,
 }
 
 impl CheckpointStore {
@@ -277,8 +278,8 @@ impl CheckpointStore {
         // it still wrote is safe anyway, see the module docs).
         let mut indexes = BTreeMap::new();
         for (kind, n) in shard_counts {
-            let index = self.read_index(kind, n).await?;
-            self.claimed.insert(kind, index.clone());
+            let (index, text) = self.read_index(kind, n).await?;
+            self.claimed.insert(kind, text);
             indexes.insert(kind, index);
         }
         Ok(Claimed {
@@ -291,7 +292,7 @@ impl CheckpointStore {
         &self,
         kind: ObjectKind,
         shards: usize,
-    ) -> Result<ObjectIndex, CheckpointError> {
+    ) -> Result<(ObjectIndex, String), CheckpointError> {
         let mut text = String::new();
         for n in 0..shards {
             let name = shard_name(&self.name, kind, n);
@@ -309,27 +310,36 @@ impl CheckpointStore {
                 }
             }
         }
-        ObjectIndex::decode(kind, &text).map_err(|message| CheckpointError::Corrupt {
-            lease: shard_name(&self.name, kind, 0),
-            message,
-        })
+        let index =
+            ObjectIndex::decode(kind, &text).map_err(|message| CheckpointError::Corrupt {
+                lease: shard_name(&self.name, kind, 0),
+                message,
+            })?;
+        Ok((index, text))
     }
 
     /// Writes the index shards of one kind: the newest safe index of each of
     /// its streams, merged. Returns the shard count.
     async fn write_index(&mut self, kind: ObjectKind) -> Result<usize, CheckpointError> {
-        let streams = self.indexes.get(&kind).cloned().unwrap_or_default();
-        let mut merged = ObjectIndex::new(kind);
+        let empty = BTreeMap::new();
+        let streams = self.indexes.get(&kind).unwrap_or(&empty);
+        let mut merged = String::new();
         if !streams.contains_key("*")
             && let Some(claimed) = self.claimed.get(&kind)
         {
-            merged = claimed.clone();
-            merged.retain_namespaces(|ns| !streams.contains_key(ns));
+            // Lines are `ns/name ...`: keep those of namespaces without a
+            // newer index of their own.
+            for line in claimed.split_inclusive('\n') {
+                let ns = line.split('/').next().unwrap_or_default();
+                if !streams.contains_key(ns) {
+                    merged.push_str(line);
+                }
+            }
         }
-        for index in streams.values() {
-            merged.extend(index);
+        for text in streams.values() {
+            merged.push_str(text);
         }
-        let shards = split_shards(&merged.encode(), SHARD_BYTES);
+        let shards = split_shards(&merged, SHARD_BYTES);
         for (n, text) in shards.iter().enumerate() {
             let name = shard_name(&self.name, kind, n);
             let mut lease = match self.api.get_opt(&name).await? {
@@ -386,7 +396,7 @@ impl CheckpointStore {
             self.indexes
                 .entry(ix.kind)
                 .or_default()
-                .insert(ix.namespace.clone(), ix.index.clone());
+                .insert(ix.namespace.clone(), ix.index.encode());
             if !kinds.contains(&ix.kind) {
                 kinds.push(ix.kind);
             }

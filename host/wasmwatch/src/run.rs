@@ -542,6 +542,8 @@ impl Service {
             }
         }
         drop(tx);
+        // Each loop has its part of the claimed index now.
+        drop(indexes);
 
         let (done_tx, mut done) = mpsc::unbounded_channel::<Ticket>();
         let on_report = {

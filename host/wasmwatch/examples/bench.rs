@@ -1,0 +1,584 @@
+//! End-to-end benchmarks of `wasmwatch run` as a real process (release
+//! build) against the test API server, with real HTTP apps:
+//!
+//! ```sh
+//! cargo build --release -p wasmwatch --bins --examples
+//! /var/tmp/wasmwatch-target/release/examples/bench [latency|throughput|startup|memory|all]
+//! ```
+//!
+//! - `latency`: ConfigMap write → POST /actuator/refresh arriving at the app,
+//!   debounce 0, 100 changes/s spread over 50 apps; p50/p99 over 1,000 changes.
+//! - `throughput`: a burst of changes through the watch loop into (a) a no-op
+//!   plugin, (b) the three bundled plugins; events handled per second (from
+//!   /metrics) and API writes to the state Leases per event (counted by a
+//!   watch on the Leases, independent of wasmwatch's own numbers).
+//! - `startup`: spawn to ready with the three bundled plugins, cold and warm
+//!   compile cache.
+//! - `memory`: RSS of a replica watching 10,000 ConfigMaps of 10 KiB each.
+//!
+//! Numbers go to stdout; nothing here asserts (the machines are noisy).
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use wasmwatch_apiserver::{Config, Server, ServerHandle};
+
+fn wasmwatch_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/examples/bench -> target/<profile>/wasmwatch
+    exe.parent().unwrap().parent().unwrap().join("wasmwatch")
+}
+
+/// An app pod: records when each POST arrived.
+async fn pod() -> (SocketAddr, Arc<Mutex<Vec<Instant>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(Mutex::new(Vec::new()));
+    let h = hits.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let h = h.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let mut chunk = [0u8; 2048];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    h.lock().unwrap().push(Instant::now());
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    buf.drain(..end);
+                    if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, hits)
+}
+
+async fn create(client: &kube::Client, value: serde_json::Value) {
+    let obj: DynamicObject = serde_json::from_value(value.clone()).unwrap();
+    let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
+    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+    let api: Api<DynamicObject> = match obj.metadata.namespace.as_deref() {
+        Some(ns) if caps.scope == kube::discovery::Scope::Namespaced => {
+            Api::namespaced_with(client.clone(), ns, &ar)
+        }
+        _ => Api::all_with(client.clone(), &ar),
+    };
+    api.create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("create {value}: {e}"));
+}
+
+async fn app(client: &kube::Client, ns: &str, name: &str, pod: SocketAddr) {
+    create(
+        client,
+        serde_json::json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+        "spec": {"ports": [{"name": "http", "port": 8080}], "selector": {"app": name}}}),
+    )
+    .await;
+    create(
+        client,
+        serde_json::json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": ns, "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [pod.ip().to_string()], "conditions": {"ready": true}}],
+        "ports": [{"name": "http", "port": pod.port(), "protocol": "TCP"}]}),
+    )
+    .await;
+}
+
+fn labelled(name: &str, app: &str, value: &str) -> ConfigMap {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name,
+            "labels": {"spring.cloud.kubernetes.config": "true"},
+            "annotations": {"spring.cloud.kubernetes.configmap.apps": app}},
+        "data": {"application.yaml": value}
+    }))
+    .unwrap()
+}
+
+struct Replica {
+    child: Child,
+    admin: SocketAddr,
+    started_to_ready: Duration,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(dir: &Path, kubeconfig: &Path, manifest: &str, identity: &str) -> Replica {
+    let path = dir.join(format!("{identity}.yaml"));
+    std::fs::write(&path, manifest).unwrap();
+    let t = Instant::now();
+    let mut child = Command::new(wasmwatch_bin())
+        .args(["run", "--manifest", path.to_str().unwrap()])
+        .args(["--identity", identity, "--admin-addr", "127.0.0.1:0"])
+        .args(["--cache-dir", dir.join("cache").to_str().unwrap()])
+        .args(["--checkpoint-interval", "2s"])
+        .env("KUBECONFIG", kubeconfig)
+        .env("POD_NAMESPACE", "default")
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start wasmwatch (build it: cargo build --release -p wasmwatch --bins --examples)");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let started_to_ready = t.elapsed();
+    let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line");
+    let admin = ready["admin"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    Replica {
+        child,
+        admin,
+        started_to_ready,
+    }
+}
+
+async fn metric(admin: SocketAddr, series: &str) -> f64 {
+    let Ok(mut s) = tokio::net::TcpStream::connect(admin).await else {
+        return 0.0;
+    };
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn leading(admin: SocketAddr) -> bool {
+    let Ok(mut s) = tokio::net::TcpStream::connect(admin).await else {
+        return false;
+    };
+    s.write_all(b"GET /leader HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    text.ends_with("true") || text.ends_with("true\n")
+}
+
+async fn wait_leading(r: &Replica) {
+    let t = Instant::now();
+    while !leading(r.admin).await {
+        assert!(t.elapsed() < Duration::from_secs(30), "never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The leader's watches are up once its first checkpoint is written.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+struct Cluster {
+    server: ServerHandle,
+    client: kube::Client,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+}
+
+async fn cluster() -> Cluster {
+    let server = Server::start(Config::default().bookmark_interval(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let client = server.client().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    create(
+        &client,
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}),
+    )
+    .await;
+    Cluster {
+        server,
+        client,
+        dir,
+        kubeconfig,
+    }
+}
+
+const HTTP_REFRESH: &str = "  - name: http-refresh
+    module: {module:http-refresh}
+    sha256: {sha256:http-refresh}
+    events: {kinds: [ConfigMap], labelSelector: spring.cloud.kubernetes.config=true}
+    capabilities: {refresh: [shop]}
+    delivery: {debounce: 0s, retries: 3, backoffInitial: 100ms, backoffMax: 1s}
+";
+
+fn manifest(plugins: &str) -> String {
+    wasmwatch_testkit::pin(&format!(
+        "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+watch: {{kinds: [ConfigMap], namespaces: [shop]}}
+ha: {{enabled: true, namespace: default, leaseDuration: 15s, renewDeadline: 10s, retryPeriod: 2s}}
+buses:
+  - name: nats
+    nats: {{url: \"nats://127.0.0.1:4\"}}
+plugins:
+{plugins}"
+    ))
+}
+
+async fn latency() {
+    const APPS: usize = 50;
+    const CHANGES: usize = 1000;
+    let c = cluster().await;
+    let mut pods = Vec::new();
+    for i in 0..APPS {
+        let (addr, hits) = pod().await;
+        app(&c.client, "shop", &format!("app-{i}"), addr).await;
+        pods.push(hits);
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), "shop");
+    for i in 0..APPS {
+        cms.create(
+            &PostParams::default(),
+            &labelled(&format!("cm-{i}"), &format!("app-{i}"), "v0"),
+        )
+        .await
+        .unwrap();
+    }
+    let r = start(
+        c.dir.path(),
+        &c.kubeconfig,
+        &manifest(HTTP_REFRESH),
+        "bench-0",
+    );
+    wait_leading(&r).await;
+    // 100 changes/s, round robin over the apps: write times per app.
+    let mut writes: Vec<Vec<Instant>> = vec![Vec::new(); APPS];
+    let tick = Duration::from_millis(10);
+    let t0 = Instant::now();
+    for k in 0..CHANGES {
+        let due = t0 + tick * k as u32;
+        tokio::time::sleep_until(due.into()).await;
+        let i = k % APPS;
+        let patch = serde_json::json!({"data": {"application.yaml": format!("v{}", k + 1)}});
+        let at = Instant::now();
+        cms.patch(
+            &format!("cm-{i}"),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+        writes[i].push(at);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Each write's latency: until the first POST on its app after it.
+    let mut lat = Vec::new();
+    let mut missing = 0;
+    for (i, w) in writes.iter().enumerate() {
+        let hits = pods[i].lock().unwrap().clone();
+        for at in w {
+            match hits.iter().find(|h| *h >= at) {
+                Some(h) => lat.push(*h - *at),
+                None => missing += 1,
+            }
+        }
+    }
+    lat.sort();
+    let posts: usize = pods.iter().map(|p| p.lock().unwrap().len()).sum();
+    println!(
+        "latency: {CHANGES} changes at 100/s over {APPS} apps (debounce 0): write->POST p50 {:.2?}, p90 {:.2?}, p99 {:.2?}, max {:.2?}; {posts} POSTs, {missing} changes without a POST after them",
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.9),
+        percentile(&lat, 0.99),
+        lat.last().unwrap()
+    );
+    drop(r);
+    c.server.shutdown().await;
+}
+
+/// Counts writes to the state Leases (`wasmwatch-state*`) by watching them.
+fn count_state_writes(client: kube::Client) -> Arc<Mutex<usize>> {
+    let n = Arc::new(Mutex::new(0));
+    let count = n.clone();
+    tokio::spawn(async move {
+        let api: Api<Lease> = Api::namespaced(client, "default");
+        let stream = api.watch(&WatchParams::default(), "0").await.unwrap();
+        futures_util::pin_mut!(stream);
+        while let Some(Ok(e)) = stream.next().await {
+            if let WatchEvent::Added(l) | WatchEvent::Modified(l) = e
+                && l.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("wasmwatch-state"))
+            {
+                *count.lock().unwrap() += 1;
+            }
+        }
+    });
+    n
+}
+
+async fn throughput_with(name: &str, plugins: &str, objects: usize, changes: usize) {
+    let c = cluster().await;
+    // An app with no ready endpoints: http-refresh decides, the executor has
+    // nobody to call (this measures the host, not an app).
+    create(
+        &c.client,
+        serde_json::json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "ghost", "namespace": "shop"},
+        "spec": {"ports": [{"name": "http", "port": 8080}]}}),
+    )
+    .await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), "shop");
+    for i in 0..objects {
+        cms.create(
+            &PostParams::default(),
+            &labelled(&format!("cm-{i}"), "ghost", "v0"),
+        )
+        .await
+        .unwrap();
+    }
+    let r = start(c.dir.path(), &c.kubeconfig, &manifest(plugins), "bench-0");
+    wait_leading(&r).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writes = count_state_writes(c.client.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before_writes = *writes.lock().unwrap();
+    let handled0 = metric(
+        r.admin,
+        "wasmwatch_events_handled_total{kind=\"ConfigMap\"}",
+    )
+    .await;
+    let t = Instant::now();
+    // Writers: 4 concurrent streams of patches.
+    let per = changes / 4;
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let cms = cms.clone();
+        tasks.push(tokio::spawn(async move {
+            for k in 0..per {
+                let i = (w * per + k) % objects;
+                let patch = serde_json::json!({"data": {"application.yaml": format!("w{w}k{k}")}});
+                cms.patch(
+                    &format!("cm-{i}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let wrote = t.elapsed();
+    let target = handled0 + (per * 4) as f64;
+    loop {
+        let h = metric(
+            r.admin,
+            "wasmwatch_events_handled_total{kind=\"ConfigMap\"}",
+        )
+        .await;
+        if h >= target {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(120) {
+            println!(
+                "throughput {name}: only {} of {} handled",
+                h - handled0,
+                per * 4
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = t.elapsed();
+    // Let the last checkpoint land, then count the writes.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let state_writes = *writes.lock().unwrap() - before_writes;
+    println!(
+        "throughput {name}: {} changes over {objects} objects written in {wrote:.2?}, all handled after {took:.2?}: {:.0} events/s; {state_writes} state Lease writes = {:.4} per event",
+        per * 4,
+        (per * 4) as f64 / took.as_secs_f64(),
+        state_writes as f64 / (per * 4) as f64
+    );
+    drop(r);
+    c.server.shutdown().await;
+}
+
+async fn throughput() {
+    let noop = "  - name: noop
+    module: {module:misbehave}
+    sha256: {sha256:misbehave}
+    events: {kinds: [ConfigMap]}
+    config: {mode: noop}
+";
+    throughput_with("no-op plugin", noop, 200, 4000).await;
+    throughput_with("http-refresh alone", HTTP_REFRESH, 200, 4000).await;
+    let three = format!(
+        "{HTTP_REFRESH}  - name: rollout-restart
+    module: {{module:rollout-restart}}
+    sha256: {{sha256:rollout-restart}}
+    events: {{kinds: [ConfigMap]}}
+    capabilities: {{restart: [shop]}}
+  - name: bus-refresh
+    module: {{module:bus-refresh}}
+    sha256: {{sha256:bus-refresh}}
+    events: {{kinds: [ConfigMap], labelSelector: bus=true}}
+    config: {{connection: nats}}
+    capabilities: {{bus: [\"nats/*\"]}}
+"
+    );
+    throughput_with(
+        "three bundled plugins (bus-refresh loaded, selecting nothing)",
+        &three,
+        200,
+        4000,
+    )
+    .await;
+}
+
+async fn startup() {
+    let c = cluster().await;
+    let three = manifest(&format!(
+        "{HTTP_REFRESH}  - name: rollout-restart
+    module: {{module:rollout-restart}}
+    sha256: {{sha256:rollout-restart}}
+    events: {{kinds: [ConfigMap]}}
+    capabilities: {{restart: [shop]}}
+  - name: bus-refresh
+    module: {{module:bus-refresh}}
+    sha256: {{sha256:bus-refresh}}
+    events: {{kinds: [ConfigMap], labelSelector: bus=true}}
+    config: {{connection: nats}}
+    capabilities: {{bus: [\"nats/*\"]}}
+"
+    ));
+    let cold = start(c.dir.path(), &c.kubeconfig, &three, "cold").started_to_ready;
+    let mut warm = Vec::new();
+    for i in 0..7 {
+        warm.push(
+            start(c.dir.path(), &c.kubeconfig, &three, &format!("warm-{i}")).started_to_ready,
+        );
+    }
+    warm.sort();
+    println!(
+        "startup with the three bundled plugins: spawn -> ready cold cache {cold:.2?}; warm cache median {:.2?} (min {:.2?}, max {:.2?}, 7 runs)",
+        percentile(&warm, 0.5),
+        warm[0],
+        warm.last().unwrap()
+    );
+    c.server.shutdown().await;
+}
+
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+async fn memory() {
+    let objects: usize = std::env::var("BENCH_OBJECTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let c = cluster().await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), "shop");
+    let value = "x".repeat(10 * 1024 - 20);
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let cms = cms.clone();
+        let value = value.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in (w..objects).step_by(8) {
+                cms.create(
+                    &PostParams::default(),
+                    &labelled(&format!("cm-{i}"), "ghost", &format!("{i}{value}")),
+                )
+                .await
+                .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let r = start(
+        c.dir.path(),
+        &c.kubeconfig,
+        &manifest(&format!(
+            "{HTTP_REFRESH}  - name: rollout-restart
+    module: {{module:rollout-restart}}
+    sha256: {{sha256:rollout-restart}}
+    events: {{kinds: [ConfigMap]}}
+    capabilities: {{restart: [shop]}}
+"
+        )),
+        "mem-0",
+    );
+    wait_leading(&r).await;
+    // The baseline list of 10,000 objects, then the index write.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (rss, hwm) = rss_kib(r.child.id());
+    println!(
+        "memory: {objects} ConfigMaps of 10 KiB ({} MiB raw) watched: RSS {:.1} MiB, peak {:.1} MiB",
+        objects * 10 / 1024,
+        rss as f64 / 1024.0,
+        hwm as f64 / 1024.0
+    );
+    drop(r);
+    c.server.shutdown().await;
+}
+
+#[tokio::main]
+async fn main() {
+    let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
+    let all = what == "all";
+    if all || what == "startup" {
+        startup().await;
+    }
+    if all || what == "latency" {
+        latency().await;
+    }
+    if all || what == "throughput" {
+        throughput().await;
+    }
+    if all || what == "memory" {
+        memory().await;
+    }
+}
