@@ -4,7 +4,10 @@
 //! building the plugins workspace (for wasm32-wasip2, release) once per test
 //! process; cargo makes that a no-op when nothing changed. [`pin`] fills
 //! `{module:NAME}` and `{sha256:NAME}` placeholders in a manifest template.
+//! [`brokers`] starts RabbitMQ and nats-server on loopback.
 #![forbid(unsafe_code)]
+
+pub mod brokers;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

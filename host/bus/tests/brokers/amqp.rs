@@ -4,8 +4,9 @@ use std::time::{Duration, Instant};
 
 use wasmwatch_bus::testing::{AmqpTestClient, FieldValue};
 use wasmwatch_bus::{Buses, PublishError};
+use wasmwatch_testkit::brokers::free_port;
 
-use crate::common::{Proxy, amqp_bus, free_port, header, rabbit};
+use crate::common::{Proxy, amqp_bus, header, rabbit};
 
 async fn consumer() -> AmqpTestClient {
     AmqpTestClient::connect(&rabbit().url()).await.unwrap()
@@ -307,7 +308,7 @@ async fn reconnects_after_the_connection_is_cut_and_after_an_outage() {
 async fn amqps_verifies_the_broker_certificate() {
     let r = rabbit();
     let buses = Buses::new(&[
-        amqp_bus("tls", &r.tls_url(Some(&r.ca_file))),
+        amqp_bus("tls", &r.tls_url(Some(r.ca_file()))),
         amqp_bus("untrusted", &r.tls_url(None)),
     ])
     .unwrap();

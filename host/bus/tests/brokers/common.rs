@@ -1,17 +1,14 @@
-//! Brokers on loopback, a raw NATS subscriber and a TCP proxy that can cut
-//! connections.
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+//! Bus connections and headers for the tests, this binary's RabbitMQ (the
+//! shared one from `wasmwatch_testkit::brokers`, with TLS), and a TCP proxy
+//! that can cut connections.
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::task::AbortHandle;
 use wasmwatch_core::action::Header;
 use wasmwatch_core::manifest::{AmqpSpec, BusConnection, NatsSpec};
+use wasmwatch_testkit::brokers::{Rabbit, Tls, free_port, rabbit_with_tls};
 
 pub fn amqp_bus(name: &str, url: &str) -> BusConnection {
     BusConnection {
@@ -36,212 +33,16 @@ pub fn header(name: &str, value: &str) -> Header {
     }
 }
 
-/// A port nobody listens on (now).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Finds a broker binary, or fails the test saying how to install it.
-pub fn binary(name: &str, extra_dirs: &[&str]) -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let dirs = extra_dirs
-        .iter()
-        .map(PathBuf::from)
-        .chain(std::env::split_paths(&path))
-        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from));
-    for d in dirs {
-        let candidate = d.join(name);
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "{name} is not installed (looked in {extra_dirs:?}, PATH and the sbin folders): \
-         run tests/prepare (as root) to install the test brokers"
-    );
-}
-
 // ---------------------------------------------------------------- RabbitMQ
 
-/// The RabbitMQ of this test binary.
-pub struct Rabbit {
-    pub port: u16,
-    pub tls_port: u16,
-    pub ca_file: PathBuf,
-    /// The watchdog's stdin: when this process ends, the pipe closes and the
-    /// watchdog stops the broker and its epmd and removes the folder.
-    _watchdog: Mutex<ChildStdin>,
-    /// The watchdog (never waited for: it outlives this process by the
-    /// broker's shutdown time).
-    _child: Mutex<Child>,
-}
-
-impl Rabbit {
-    pub fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/", self.port)
-    }
-
-    pub fn tls_url(&self, ca_file: Option<&Path>) -> String {
-        let query = ca_file
-            .map(|p| format!("?cacertfile={}", p.display()))
-            .unwrap_or_default();
-        format!("amqps://guest:guest@localhost:{}/{query}", self.tls_port)
-    }
-}
-
-/// Starts the broker on first use (one per test binary).
+/// The RabbitMQ of this test binary, with an amqps listener; started on
+/// first use.
 pub fn rabbit() -> &'static Rabbit {
-    static RABBIT: OnceLock<Result<Rabbit, String>> = OnceLock::new();
-    match RABBIT.get_or_init(start_rabbit) {
-        Ok(r) => r,
-        Err(e) => panic!("{e}"),
-    }
+    rabbit_with_tls(certificates)
 }
 
-const WATCHDOG: &str = r#"
-dir=$1 epmd=$2 rabbit=$3
-"$epmd" -port "$ERL_EPMD_PORT" -address 127.0.0.1 </dev/null >"$dir/epmd.log" 2>&1 &
-e=$!
-i=0
-until "$epmd" -port "$ERL_EPMD_PORT" -names >/dev/null 2>&1 || [ $i -ge 100 ]; do
-    i=$((i+1)); sleep 0.05
-done
-"$rabbit" </dev/null >"$dir/rabbit.log" 2>&1 &
-r=$!
-read -r _ || true
-kill $r 2>/dev/null; wait $r 2>/dev/null
-kill $e 2>/dev/null; wait $e 2>/dev/null
-rm -rf "$dir"
-"#;
-
-fn start_rabbit() -> Result<Rabbit, String> {
-    let started = Instant::now();
-    let server = binary("rabbitmq-server", &["/usr/lib/rabbitmq/bin"]);
-    let epmd = binary("epmd", &[]);
-    let pid = std::process::id();
-    let dir = std::env::temp_dir().join(format!("wasmwatch-bus-rabbit-{pid}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let (port, tls_port, dist_port, epmd_port) =
-        (free_port(), free_port(), free_port(), free_port());
-
-    let ca_file = dir.join("ca.pem");
-    let (ca_pem, cert_pem, key_pem) = certificates();
-    let d = dir.display();
-    let config = format!(
-        "listeners.tcp.default = 127.0.0.1:{port}\n\
-         listeners.ssl.default = 127.0.0.1:{tls_port}\n\
-         ssl_options.cacertfile = {d}/ca.pem\n\
-         ssl_options.certfile = {d}/server.pem\n\
-         ssl_options.keyfile = {d}/server.key\n\
-         ssl_options.verify = verify_none\n\
-         ssl_options.fail_if_no_peer_cert = false\n\
-         loopback_users = none\n\
-         disk_free_limit.absolute = 1MB\n"
-    );
-    for (name, content) in [
-        ("ca.pem", ca_pem.as_str()),
-        ("server.pem", &cert_pem),
-        ("server.key", &key_pem),
-        ("rabbitmq.conf", &config),
-        ("enabled_plugins", "[].\n"),
-        ("rabbitmq-env.conf", ""),
-    ] {
-        std::fs::write(dir.join(name), content).map_err(|e| format!("writing {name}: {e}"))?;
-    }
-
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(WATCHDOG)
-        .arg("sh")
-        .arg(&dir)
-        .arg(&epmd)
-        .arg(&server)
-        .env("HOME", &dir)
-        .env("ERL_EPMD_PORT", epmd_port.to_string())
-        .env("RABBITMQ_CONF_ENV_FILE", dir.join("rabbitmq-env.conf"))
-        .env(
-            "RABBITMQ_NODENAME",
-            format!("wasmwatch-test-{pid}@localhost"),
-        )
-        .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
-        .env("RABBITMQ_NODE_PORT", port.to_string())
-        .env("RABBITMQ_DIST_PORT", dist_port.to_string())
-        .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
-        .env("RABBITMQ_LOG_BASE", dir.join("log"))
-        .env("RABBITMQ_LOGS", "-")
-        .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
-        .env("RABBITMQ_ADVANCED_CONFIG_FILE", dir.join("advanced.config"))
-        .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
-        .env("RABBITMQ_PID_FILE", dir.join("rabbitmq.pid"))
-        .env(
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
-            "-kernel inet_dist_use_interface {127,0,0,1}",
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting sh for {}: {e}", server.display()))?;
-    let watchdog = child.stdin.take().unwrap();
-
-    let log_tail = || {
-        let log = std::fs::read_to_string(dir.join("rabbit.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    };
-    let deadline = started + Duration::from_secs(90);
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!(
-                "RabbitMQ ({}) exited during start-up ({status}); its log ends:\n{}",
-                server.display(),
-                log_tail()
-            ));
-        }
-        if amqp_answers(port) && TcpStream::connect(("127.0.0.1", tls_port)).is_ok() {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "RabbitMQ did not start within 90 s; its log ends:\n{}",
-                log_tail()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    eprintln!(
-        "RabbitMQ up on 127.0.0.1:{port} (amqps {tls_port}) after {:.1?}",
-        started.elapsed()
-    );
-    Ok(Rabbit {
-        port,
-        tls_port,
-        ca_file,
-        _watchdog: Mutex::new(watchdog),
-        _child: Mutex::new(child),
-    })
-}
-
-/// Whether an AMQP 0-9-1 server answers the protocol header on `port`.
-fn amqp_answers(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let mut first = [0u8; 1];
-    s.write_all(b"AMQP\x00\x00\x09\x01").is_ok()
-        && s.read_exact(&mut first).is_ok()
-        && first[0] == 1
-}
-
-/// A CA and a server certificate for `localhost` signed by it (PEM: CA,
-/// certificate, key).
-fn certificates() -> (String, String, String) {
+/// A CA and a server certificate for `localhost` signed by it.
+fn certificates() -> Tls {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -253,169 +54,10 @@ fn certificates() -> (String, String, String) {
     leaf.distinguished_name
         .push(DnType::CommonName, "localhost");
     let cert = leaf.signed_by(&key, &ca).unwrap();
-    (ca.pem(), cert.pem(), key.serialize_pem())
-}
-
-// ---------------------------------------------------------------- NATS
-
-/// A nats-server on loopback, stopped when dropped.
-pub struct Nats {
-    pub port: u16,
-    args: Vec<String>,
-    child: Option<Child>,
-}
-
-impl Nats {
-    pub fn start(args: &[&str]) -> Nats {
-        let mut n = Nats {
-            port: free_port(),
-            args: args.iter().map(|s| s.to_string()).collect(),
-            child: None,
-        };
-        n.restart();
-        n
-    }
-
-    pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    /// Starts the server (again) on the same port and waits for it.
-    pub fn restart(&mut self) {
-        self.stop();
-        let bin = binary("nats-server", &[]);
-        let child = Command::new(&bin)
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
-                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                let mut info = [0u8; 4];
-                if s.read_exact(&mut info).is_ok() && &info == b"INFO" {
-                    return;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not start on {}",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Nats {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// One message a subscriber received.
-#[derive(Debug, PartialEq, Eq)]
-pub struct NatsMsg {
-    pub subject: String,
-    /// The header block as sent (`NATS/1.0\r\n...\r\n\r\n`), for HMSG.
-    pub headers: Option<String>,
-    pub payload: Vec<u8>,
-}
-
-/// A subscriber speaking the protocol by hand.
-pub struct NatsSub {
-    r: BufReader<tokio::net::TcpStream>,
-}
-
-impl NatsSub {
-    /// Subscribes to `subject` and returns once the server confirmed it.
-    pub async fn subscribe(port: u16, subject: &str) -> NatsSub {
-        let s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .unwrap();
-        let mut sub = NatsSub {
-            r: BufReader::new(s),
-        };
-        let info = sub.line().await;
-        assert!(info.starts_with("INFO "), "{info}");
-        let hello = format!(
-            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true,\"protocol\":1}}\r\n\
-             SUB {subject} 1\r\nPING\r\n"
-        );
-        sub.r.get_mut().write_all(hello.as_bytes()).await.unwrap();
-        loop {
-            let l = sub.line().await;
-            assert!(!l.starts_with("-ERR"), "{l}");
-            if l == "PONG" {
-                return sub;
-            }
-        }
-    }
-
-    async fn line(&mut self) -> String {
-        let mut l = String::new();
-        let n = self.r.read_line(&mut l).await.unwrap();
-        assert!(n > 0, "the NATS server closed the subscriber's connection");
-        l.trim_end_matches("\r\n").to_string()
-    }
-
-    /// The next message (within 5 s).
-    pub async fn next(&mut self) -> NatsMsg {
-        tokio::time::timeout(Duration::from_secs(5), self.next_inner())
-            .await
-            .expect("no NATS message within 5 s")
-    }
-
-    async fn next_inner(&mut self) -> NatsMsg {
-        loop {
-            let l = self.line().await;
-            let parts: Vec<&str> = l.split(' ').collect();
-            match parts[0] {
-                "PING" => self.r.get_mut().write_all(b"PONG\r\n").await.unwrap(),
-                "MSG" => {
-                    let n: usize = parts.last().unwrap().parse().unwrap();
-                    let body = self.exact(n).await;
-                    return NatsMsg {
-                        subject: parts[1].into(),
-                        headers: None,
-                        payload: body,
-                    };
-                }
-                "HMSG" => {
-                    let total: usize = parts[parts.len() - 1].parse().unwrap();
-                    let hlen: usize = parts[parts.len() - 2].parse().unwrap();
-                    let mut body = self.exact(total).await;
-                    let payload = body.split_off(hlen);
-                    return NatsMsg {
-                        subject: parts[1].into(),
-                        headers: Some(String::from_utf8(body).unwrap()),
-                        payload,
-                    };
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// `n` bytes and the CR LF after them.
-    async fn exact(&mut self, n: usize) -> Vec<u8> {
-        let mut b = vec![0u8; n + 2];
-        self.r.read_exact(&mut b).await.unwrap();
-        assert_eq!(&b[n..], b"\r\n");
-        b.truncate(n);
-        b
+    Tls {
+        ca_pem: ca.pem(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
     }
 }
 

@@ -2,8 +2,9 @@
 use std::time::{Duration, Instant};
 
 use wasmwatch_bus::Buses;
+use wasmwatch_testkit::brokers::{Nats, NatsMsg, NatsSub, free_port};
 
-use crate::common::{Nats, NatsMsg, NatsSub, free_port, header, nats_bus};
+use crate::common::{header, nats_bus};
 
 #[tokio::test]
 async fn pub_reaches_a_subscriber_with_the_exact_payload() {

@@ -167,10 +167,23 @@ impl Replica {
         manifest: &std::path::Path,
         identity: &str,
     ) -> Replica {
+        Replica::start_with(kubeconfig, manifest, identity, "200ms")
+    }
+
+    pub fn start_with(
+        kubeconfig: &std::path::Path,
+        manifest: &std::path::Path,
+        identity: &str,
+        checkpoint_interval: &str,
+    ) -> Replica {
         let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
             .args(["run", "--manifest", manifest.to_str().unwrap()])
             .args(["--identity", identity, "--admin-addr", "127.0.0.1:0"])
-            .args(["--print-actions", "--checkpoint-interval", "200ms"])
+            .args([
+                "--print-actions",
+                "--checkpoint-interval",
+                checkpoint_interval,
+            ])
             .env("KUBECONFIG", kubeconfig)
             .env("POD_NAMESPACE", "default")
             .env(

@@ -1,11 +1,12 @@
-//! A RabbitMQ (one per test binary, plain AMQP only) and nats-server on
-//! loopback, and a raw NATS subscriber: the minimum of host/bus's
-//! `tests/brokers/common.rs` the end-to-end tests need. The binaries come
-//! from Debian's `rabbitmq-server` and `nats-server` (`tests/prepare`);
-//! without them the tests fail and say so.
+//! Message brokers on loopback for tests: a RabbitMQ (one per test
+//! process, started on first use, optionally with an amqps listener, stopped
+//! and its folder removed when the process ends), nats-servers, and a NATS
+//! subscriber speaking the protocol by hand. The binaries come from Debian's
+//! `rabbitmq-server` and `nats-server` packages, which `tests/prepare`
+//! installs; without them the tests fail and say so.
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -41,26 +42,83 @@ pub fn binary(name: &str, extra_dirs: &[&str]) -> PathBuf {
     );
 }
 
-/// The RabbitMQ of this test binary.
+// ---------------------------------------------------------------- RabbitMQ
+
+/// PEM files for the broker's TLS listener: a CA, a server certificate for
+/// `localhost` signed by it, and the certificate's key.
+pub struct Tls {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// The RabbitMQ of this test process.
 pub struct Rabbit {
     pub port: u16,
-    /// Closing it (when this process ends) makes the watchdog stop the
-    /// broker and its epmd and remove the folder.
+    /// The amqps port and the CA file, when started with [`rabbit_with_tls`].
+    tls: Option<(u16, PathBuf)>,
+    /// The watchdog's stdin: when this process ends, the pipe closes and the
+    /// watchdog stops the broker and its epmd and removes the folder.
     _watchdog: Mutex<ChildStdin>,
+    /// The watchdog (never waited for: it outlives this process by the
+    /// broker's shutdown time).
     _child: Mutex<Child>,
 }
 
 impl Rabbit {
     pub fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+        format!("amqp://guest:guest@127.0.0.1:{}/", self.port)
+    }
+
+    /// The amqps port (panics if the broker was started without TLS).
+    pub fn tls_port(&self) -> u16 {
+        self.tls
+            .as_ref()
+            .expect("RabbitMQ was started without TLS")
+            .0
+    }
+
+    /// The CA that signed the server certificate (panics without TLS).
+    pub fn ca_file(&self) -> &Path {
+        &self
+            .tls
+            .as_ref()
+            .expect("RabbitMQ was started without TLS")
+            .1
+    }
+
+    pub fn tls_url(&self, ca_file: Option<&Path>) -> String {
+        let query = ca_file
+            .map(|p| format!("?cacertfile={}", p.display()))
+            .unwrap_or_default();
+        format!("amqps://guest:guest@localhost:{}/{query}", self.tls_port())
     }
 }
 
-/// Starts the broker on first use (blocks for its boot, ~5-10 s).
+static RABBIT: OnceLock<Result<Rabbit, String>> = OnceLock::new();
+
+/// Starts the broker (plain AMQP only) on first use, one per test process;
+/// blocks for its boot (~5-10 s). If [`rabbit_with_tls`] came first, this
+/// is that broker.
 pub fn rabbit() -> &'static Rabbit {
-    static RABBIT: OnceLock<Result<Rabbit, String>> = OnceLock::new();
-    match RABBIT.get_or_init(start_rabbit) {
+    match RABBIT.get_or_init(|| start_rabbit(None)) {
         Ok(r) => r,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Like [`rabbit`], with an amqps listener too, using the PEM files
+/// `certificates` makes. Panics if this process's broker was already
+/// started without TLS.
+pub fn rabbit_with_tls(certificates: impl FnOnce() -> Tls) -> &'static Rabbit {
+    match RABBIT.get_or_init(|| start_rabbit(Some(certificates()))) {
+        Ok(r) => {
+            assert!(
+                r.tls.is_some(),
+                "this process's RabbitMQ was started without TLS (by rabbit())"
+            );
+            r
+        }
         Err(e) => panic!("{e}"),
     }
 }
@@ -81,27 +139,46 @@ kill $e 2>/dev/null; wait $e 2>/dev/null
 rm -rf "$dir"
 "#;
 
-fn start_rabbit() -> Result<Rabbit, String> {
+fn start_rabbit(tls: Option<Tls>) -> Result<Rabbit, String> {
     let started = Instant::now();
     let server = binary("rabbitmq-server", &["/usr/lib/rabbitmq/bin"]);
     let epmd = binary("epmd", &[]);
     let pid = std::process::id();
-    let dir = std::env::temp_dir().join(format!("wasmwatch-e2e-rabbit-{pid}"));
+    let dir = std::env::temp_dir().join(format!("wasmwatch-test-rabbit-{pid}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let (port, dist_port, epmd_port) = (free_port(), free_port(), free_port());
-    let config = format!(
+
+    let mut config = format!(
         "listeners.tcp.default = 127.0.0.1:{port}\n\
          loopback_users = none\n\
          disk_free_limit.absolute = 1MB\n"
     );
-    for (name, content) in [
-        ("rabbitmq.conf", config.as_str()),
-        ("enabled_plugins", "[].\n"),
-        ("rabbitmq-env.conf", ""),
-    ] {
+    let mut files = vec![
+        ("enabled_plugins", "[].\n".to_string()),
+        ("rabbitmq-env.conf", String::new()),
+    ];
+    let tls = tls.map(|t| {
+        let tls_port = free_port();
+        let d = dir.display();
+        config.push_str(&format!(
+            "listeners.ssl.default = 127.0.0.1:{tls_port}\n\
+             ssl_options.cacertfile = {d}/ca.pem\n\
+             ssl_options.certfile = {d}/server.pem\n\
+             ssl_options.keyfile = {d}/server.key\n\
+             ssl_options.verify = verify_none\n\
+             ssl_options.fail_if_no_peer_cert = false\n"
+        ));
+        files.push(("ca.pem", t.ca_pem));
+        files.push(("server.pem", t.cert_pem));
+        files.push(("server.key", t.key_pem));
+        (tls_port, dir.join("ca.pem"))
+    });
+    files.push(("rabbitmq.conf", config));
+    for (name, content) in files {
         std::fs::write(dir.join(name), content).map_err(|e| format!("writing {name}: {e}"))?;
     }
+
     let mut child = Command::new("sh")
         .arg("-c")
         .arg(WATCHDOG)
@@ -114,7 +191,7 @@ fn start_rabbit() -> Result<Rabbit, String> {
         .env("RABBITMQ_CONF_ENV_FILE", dir.join("rabbitmq-env.conf"))
         .env(
             "RABBITMQ_NODENAME",
-            format!("wasmwatch-e2e-{pid}@localhost"),
+            format!("wasmwatch-test-{pid}@localhost"),
         )
         .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
         .env("RABBITMQ_NODE_PORT", port.to_string())
@@ -136,10 +213,15 @@ fn start_rabbit() -> Result<Rabbit, String> {
         .spawn()
         .map_err(|e| format!("starting sh for {}: {e}", server.display()))?;
     let watchdog = child.stdin.take().unwrap();
+
     let log_tail = || {
         let log = std::fs::read_to_string(dir.join("rabbit.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
+    };
+    let tls_up = || match &tls {
+        Some((tls_port, _)) => TcpStream::connect(("127.0.0.1", *tls_port)).is_ok(),
+        None => true,
     };
     let deadline = started + Duration::from_secs(90);
     loop {
@@ -150,7 +232,7 @@ fn start_rabbit() -> Result<Rabbit, String> {
                 log_tail()
             ));
         }
-        if amqp_answers(port) {
+        if amqp_answers(port) && tls_up() {
             break;
         }
         if Instant::now() > deadline {
@@ -161,12 +243,17 @@ fn start_rabbit() -> Result<Rabbit, String> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    let amqps = tls
+        .as_ref()
+        .map(|(p, _)| format!(" (amqps {p})"))
+        .unwrap_or_default();
     eprintln!(
-        "RabbitMQ up on 127.0.0.1:{port} after {:.1?}",
+        "RabbitMQ up on 127.0.0.1:{port}{amqps} after {:.1?}",
         started.elapsed()
     );
     Ok(Rabbit {
         port,
+        tls,
         _watchdog: Mutex::new(watchdog),
         _child: Mutex::new(child),
     })
@@ -184,50 +271,72 @@ fn amqp_answers(port: u16) -> bool {
         && first[0] == 1
 }
 
+// ---------------------------------------------------------------- NATS
+
 /// A nats-server on loopback, stopped when dropped.
 pub struct Nats {
     pub port: u16,
-    child: Child,
+    args: Vec<String>,
+    child: Option<Child>,
 }
 
 impl Nats {
-    pub fn start() -> Nats {
-        let port = free_port();
-        let bin = binary("nats-server", &[]);
-        let child = Command::new(&bin)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-        let n = Nats { port, child };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
-                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                let mut info = [0u8; 4];
-                if s.read_exact(&mut info).is_ok() && &info == b"INFO" {
-                    return n;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not start on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    pub fn start(args: &[&str]) -> Nats {
+        let mut n = Nats {
+            port: free_port(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            child: None,
+        };
+        n.restart();
+        n
     }
 
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
+
+    /// Starts the server (again) on the same port and waits for it.
+    pub fn restart(&mut self) {
+        self.stop();
+        let bin = binary("nats-server", &[]);
+        let child = Command::new(&bin)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut info = [0u8; 4];
+                if s.read_exact(&mut info).is_ok() && &info == b"INFO" {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not start on {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 impl Drop for Nats {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 
@@ -277,6 +386,13 @@ impl NatsSub {
         l.trim_end_matches("\r\n").to_string()
     }
 
+    /// The next message (within 5 s).
+    pub async fn next(&mut self) -> NatsMsg {
+        tokio::time::timeout(Duration::from_secs(5), self.next_inner())
+            .await
+            .expect("no NATS message within 5 s")
+    }
+
     /// The next message within `within`, or `None`.
     pub async fn next_within(&mut self, within: Duration) -> Option<NatsMsg> {
         tokio::time::timeout(within, self.next_inner()).await.ok()
@@ -290,11 +406,11 @@ impl NatsSub {
                 "PING" => self.r.get_mut().write_all(b"PONG\r\n").await.unwrap(),
                 "MSG" => {
                     let n: usize = parts.last().unwrap().parse().unwrap();
-                    let payload = self.exact(n).await;
+                    let body = self.exact(n).await;
                     return NatsMsg {
                         subject: parts[1].into(),
                         headers: None,
-                        payload,
+                        payload: body,
                     };
                 }
                 "HMSG" => {
