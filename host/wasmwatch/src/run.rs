@@ -494,6 +494,8 @@ impl Service {
         // Per stream resuming from a predecessor's checkpoint: the version
         // up to which changes are replays.
         let mut replay_until: HashMap<usize, u64> = HashMap::new();
+        // Streams without a stored checkpoint: their baseline is saved at once.
+        let mut unsaved_baseline = std::collections::HashSet::new();
         let namespaces: Vec<Option<String>> = match watched_namespaces(&self.manifest) {
             None => vec![None],
             Some(list) => list.into_iter().map(Some).collect(),
@@ -515,6 +517,9 @@ impl Service {
                 };
                 let from = checkpoints.get(*kind, &ns_key).map(str::to_string);
                 let resuming = from.is_some();
+                if !resuming {
+                    unsaved_baseline.insert(id);
+                }
                 let mut wl = WatchLoop::new(self.client.clone(), target, from);
                 // Changes up to the version current now happened while
                 // nobody led: they reach the plugins with `replay` set.
@@ -620,7 +625,20 @@ impl Service {
                                 outstanding.insert(ticket, (n, kind, Instant::now()));
                             }
                         }
-                        Output::Progress { resource_version } => progress.progress(id, &resource_version),
+                        Output::Progress { resource_version } => {
+                            progress.progress(id, &resource_version);
+                            // A stream's first checkpoint (its baseline) is
+                            // written before any of its changes is handled:
+                            // a successor finding none would take a baseline
+                            // of its own and never see what was in flight.
+                            if unsaved_baseline.remove(&id)
+                                && let Some(saver) = saver.as_mut()
+                                && let Err(e) = saver.save(&mut progress, &still_leading, &metrics).await
+                            {
+                                tracing::error!("{e}; stopping leader work");
+                                break End::Lost;
+                            }
+                        }
                         Output::Index(index) => progress.index(id, index),
                     }
                 }

@@ -4,8 +4,6 @@
 //! loopback, workloads restarted on the API server.
 //!
 //! HA is off (one replica, no checkpoints) except in the failover test.
-#[path = "common/brokers.rs"]
-mod brokers;
 mod common;
 
 use std::net::SocketAddr;
@@ -19,6 +17,7 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use wasmwatch_apiserver::{Config, Server, ServerHandle};
+use wasmwatch_testkit::brokers;
 
 const NS: &str = "shop";
 const SPRING_LABEL: &str = "spring.cloud.kubernetes.config";
@@ -707,9 +706,11 @@ struct Bus {
 
 async fn bus(exchange: &str, config_maps: Vec<ConfigMap>) -> Bus {
     let rabbit = tokio::task::spawn_blocking(brokers::rabbit).await.unwrap();
-    let nats = brokers::Nats::start();
+    let nats = brokers::Nats::start(&[]);
+    // The default vhost spelled out, as `%2f`.
+    let amqp_url = format!("{}%2f", rabbit.url());
     let manifest = BUS_MANIFEST
-        .replace("AMQP_URL", &rabbit.url())
+        .replace("AMQP_URL", &amqp_url)
         .replace("NATS_URL", &nats.url())
         .replace("EXCHANGE", exchange);
     let e = env(&manifest).await;
@@ -718,7 +719,7 @@ async fn bus(exchange: &str, config_maps: Vec<ConfigMap>) -> Bus {
     }
     let sub = brokers::NatsSub::subscribe(nats.port, "springCloudBus.refresh").await;
     let replica = e.replica("solo", LOOKUP_WATCHES + 1).await;
-    let amqp = wasmwatch_bus::testing::AmqpTestClient::connect(&rabbit.url())
+    let amqp = wasmwatch_bus::testing::AmqpTestClient::connect(&amqp_url)
         .await
         .unwrap();
     Bus {
@@ -1255,6 +1256,21 @@ plugins:
     let key = format!("{HASH_PREFIX}configmap.orders-config");
     let hash_v2 = format!("configmap/orders-config:{}", digest(&v2));
     assert_eq!(ann[&key], hash_v2);
+
+    // Its checkpoint has passed the change (the successor resumes after it).
+    let rv2: u64 = v2
+        .metadata
+        .resource_version
+        .clone()
+        .unwrap()
+        .parse()
+        .unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "the checkpoint passes v2",
+        || async { checkpoint(c, "shop").await.is_some_and(|rv| rv >= rv2) },
+    )
+    .await;
 
     // Killed; its index is lost and the history is gone.
     first.child.kill().unwrap();

@@ -363,3 +363,33 @@ async fn an_api_outage_longer_than_the_renew_deadline_stops_the_leader_then_it_r
     assert_eq!(orders_hits(&c), vec![1, 1], "exactly once");
     eprintln!("API outage: leader stopped acting {stopped:?} after it began");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_leader_stores_its_baseline_before_handling_changes() {
+    let _alone = ALONE.lock().await;
+    let c = cluster().await;
+    // Checkpoints batched every 60 s: only the baseline is written at once.
+    let a = Replica::start_with(&c.kubeconfig, &c.manifest, "replica-a", "60s");
+    eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
+    let took = eventually(
+        Duration::from_secs(3),
+        "the baseline checkpoint",
+        || async { checkpoint(&c.client, "shop").await.is_some() },
+    )
+    .await;
+    // Killed right after a change: the successor resumes from the baseline
+    // and delivers it, rather than taking a baseline that hides it.
+    let b = Replica::start(&c.kubeconfig, &c.manifest, "replica-b");
+    set(&c.cms, "orders", "2").await;
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    eventually(Duration::from_secs(15), "replica-b leads", || b.leading()).await;
+    eventually(
+        Duration::from_secs(10),
+        "the change is delivered",
+        || async { orders_hits(&c).iter().all(|h| *h >= 1) },
+    )
+    .await;
+    eprintln!("baseline checkpoint stored {took:?} after leading");
+}
