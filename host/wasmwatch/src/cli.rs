@@ -145,7 +145,13 @@ enum PluginCommand {
 /// Runs the command line and returns the process's exit code.
 pub fn main() -> ExitCode {
     let args = Args::parse();
-    init_tracing(args.log_format);
+    // The local run prints its own story (refreshes, restarts); routine
+    // logs would drown it. RUST_LOG still wins.
+    let default_level = match args.command {
+        Command::Local { .. } => "warn",
+        _ => "info",
+    };
+    init_tracing(args.log_format, default_level);
     match run(args) {
         Ok(code) => code,
         Err(e) => {
@@ -155,9 +161,9 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(format: LogFormat) {
+fn init_tracing(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
