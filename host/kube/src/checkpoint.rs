@@ -339,6 +339,24 @@ impl CheckpointStore {
         for text in streams.values() {
             merged.push_str(text);
         }
+        // An object whose line alone exceeds a shard (thousands of keys)
+        // is left out: a missing entry only costs a redelivery at a resync,
+        // while an unwritable shard would block every checkpoint write.
+        if merged.split_inclusive('\n').any(|l| l.len() > SHARD_BYTES) {
+            merged = merged
+                .split_inclusive('\n')
+                .filter(|l| {
+                    let fits = l.len() <= SHARD_BYTES;
+                    if !fits {
+                        tracing::warn!(
+                            object = l.split(' ').next().unwrap_or(""),
+                            "object too large for the stored index; a resync will deliver it again"
+                        );
+                    }
+                    fits
+                })
+                .collect();
+        }
         let shards = split_shards(&merged, SHARD_BYTES);
         for (n, text) in shards.iter().enumerate() {
             let name = shard_name(&self.name, kind, n);
@@ -551,7 +569,9 @@ impl Progress {
         s.next_seq += 1;
         s.pending.push_back(Entry {
             seq,
-            version,
+            // An empty version can never be a checkpoint (the state Lease
+            // format refuses it): it only waits its turn.
+            version: version.filter(|v| !v.is_empty()),
             done,
             index,
         });

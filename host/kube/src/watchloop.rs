@@ -311,6 +311,10 @@ impl WatchLoop {
                         tracing::info!(kind = self.target.kind.as_str(), from = %from, "watch history expired; resynchronising");
                         self.relist_floor.get_or_insert(from);
                         self.state = State::Relist;
+                        self.gone_in_a_row += 1;
+                        if self.gone_in_a_row > 1 {
+                            tokio::time::sleep(backoff(self.gone_in_a_row - 1)).await;
+                        }
                         return Ok(());
                     }
                     Err(e) => return Err(e.into()),
@@ -330,7 +334,15 @@ impl WatchLoop {
                         idle_at
                     };
                     match tokio::time::timeout_at(wake, stream.try_next()).await {
-                        Ok(next) => break next?,
+                        Ok(next) => match next {
+                            Ok(next) => break next,
+                            Err(e) => {
+                                // Resume from what this session reached, not
+                                // from its start: the index has moved on.
+                                self.state = State::Resume { from: at };
+                                return Err(e.into());
+                            }
+                        },
                         Err(_) if tokio::time::Instant::now() < idle_at => {
                             // The index is due: send it while the watch waits.
                             self.send_index(out).await?;
@@ -374,6 +386,7 @@ impl WatchLoop {
                             return Ok(());
                         }
                         WatchEvent::Error(status) => {
+                            self.state = State::Resume { from: at };
                             return Err(WatchError::Api(kube::Error::Api(status)));
                         }
                     };

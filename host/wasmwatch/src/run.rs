@@ -370,6 +370,12 @@ pub async fn run(
                 if stop {
                     break;
                 }
+                // A term that ended at once (a claim refused as fenced or
+                // corrupt) must not spin: wait a little before the next.
+                tokio::select! {
+                    _ = tokio::time::sleep(ha.retry_period.0) => {}
+                    _ = &mut shutdown => break,
+                }
             }
             // Leader work has stopped and its checkpoint is saved: now release.
             let _ = stop_elector.send(());
@@ -551,7 +557,13 @@ impl Service {
         drop(indexes);
 
         let (done_tx, mut done) = mpsc::unbounded_channel::<Ticket>();
+        // An action given up because the fence closed never completes its
+        // ticket: if leadership came back before this loop noticed it was
+        // gone, the term must still end (and the next one replay it), or
+        // those tickets would hold the checkpoints for the rest of the term.
+        let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let on_report = {
+            let abandoned_flag = abandoned.clone();
             let metrics = self.metrics.clone();
             let print = self.options.reports;
             let identity = self.options.identity.clone();
@@ -567,7 +579,10 @@ impl Service {
                         metrics.actions.inc(&[kind, "dead_lettered"]);
                         metrics.dead_letters.inc(&[kind]);
                     }
-                    Outcome::Abandoned => metrics.actions.inc(&[kind, "abandoned"]),
+                    Outcome::Abandoned => {
+                        metrics.actions.inc(&[kind, "abandoned"]);
+                        abandoned_flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
                 match print {
                     Reports::Quiet => {}
@@ -646,6 +661,10 @@ impl Service {
                     finish(&mut outstanding, &mut progress, &metrics, ticket);
                 }
                 _ = save_tick.tick() => {
+                    if abandoned.load(std::sync::atomic::Ordering::Relaxed) {
+                        tracing::warn!("actions were abandoned while the fence was closed; starting a new term to replay them");
+                        break End::Lost;
+                    }
                     metrics.queue_depth.set(&[], pipeline.stats().queued.load(std::sync::atomic::Ordering::Relaxed) as f64);
                     metrics.checkpoint_lag_versions.set(&[], progress.in_flight() as f64);
                     for (kind, stats, restarts, resyncs) in watch_stats.iter_mut() {
@@ -741,6 +760,10 @@ impl Service {
                     let done = done.clone();
                     tokio::spawn(async move {
                         for attempt in 1..=policy.retries {
+                            // The term is over (its loop dropped `done`): stop.
+                            if done.is_closed() {
+                                return;
+                            }
                             tokio::time::sleep(wasmwatch_exec::pipeline::retry_delay(
                                 &policy, attempt,
                             ))
@@ -770,6 +793,9 @@ impl Service {
                             reason: "PluginFailed".into(),
                             message: error.to_string(),
                         };
+                        if done.is_closed() {
+                            return;
+                        }
                         executors.dead_letter(&origin, &action, &error).await;
                         let _ = done.send(ticket);
                     });
