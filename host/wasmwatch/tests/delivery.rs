@@ -948,34 +948,6 @@ const RESTART_PLUGIN: &str = "  - name: rollout-restart
 
 const HASH_PREFIX: &str = "config-hash.wasmwatch.io/";
 
-/// An apps/v1 workload in `shop` whose pod template has `pod_spec`.
-async fn workload(
-    client: &kube::Client,
-    kind: &str,
-    name: &str,
-    annotations: Value,
-    template_annotations: Value,
-    pod_spec: Value,
-) {
-    let mut spec = json!({
-        "selector": {"matchLabels": {"app": name}},
-        "template": {
-            "metadata": {"labels": {"app": name}, "annotations": template_annotations},
-            "spec": pod_spec,
-        },
-    });
-    if kind == "StatefulSet" {
-        spec["serviceName"] = json!(name);
-    }
-    apply(
-        client,
-        json!({"apiVersion": "apps/v1", "kind": kind,
-            "metadata": {"name": name, "namespace": NS, "annotations": annotations},
-            "spec": spec}),
-    )
-    .await;
-}
-
 fn container(extra: Value) -> Value {
     let mut c = json!({"name": "app", "image": "example/app:1"});
     c.as_object_mut()
@@ -1060,6 +1032,7 @@ plugins:
         "envFrom": [{"configMapRef": {"name": "orders-config"}}]}))]});
     workload(
         c,
+        NS,
         "Deployment",
         "orders",
         auto.clone(),
@@ -1068,10 +1041,20 @@ plugins:
     )
     .await;
     // References the ConfigMap but does not ask for restarts.
-    workload(c, "Deployment", "bystander", json!({}), json!({}), env_from).await;
+    workload(
+        c,
+        NS,
+        "Deployment",
+        "bystander",
+        json!({}),
+        json!({}),
+        env_from,
+    )
+    .await;
     // Asks on its pod template; references through a projected volume.
     workload(
         c,
+        NS,
         "StatefulSet",
         "ledger",
         json!({}),
@@ -1083,6 +1066,7 @@ plugins:
     .await;
     workload(
         c,
+        NS,
         "DaemonSet",
         "agent",
         json!({"secret.reloader.stakater.com/auto": "true"}),
@@ -1209,6 +1193,7 @@ plugins:
     create(&e.cms, config_map("orders-config", false, json!({}), "1")).await;
     workload(
         c,
+        NS,
         "Deployment",
         "orders",
         json!({"reloader.stakater.com/auto": "true"}),

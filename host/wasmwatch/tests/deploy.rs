@@ -1380,47 +1380,14 @@ fn runnable_manifest(shipped: &str) -> String {
 /// One `wasmwatch run` in the Deployment's namespace (POD_NAMESPACE, where
 /// the Leases go when `ha.namespace` is unset).
 fn start_replica(kubeconfig: &Path, manifest: &Path, identity: &str) -> common::Replica {
-    use std::io::{BufRead, BufReader};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
-        .args(["run", "--manifest", manifest.to_str().unwrap()])
-        .args(["--identity", identity, "--admin-addr", "127.0.0.1:0"])
-        .args(["--print-actions", "--checkpoint-interval", "200ms"])
-        .env("KUBECONFIG", kubeconfig)
-        .env("POD_NAMESPACE", NAMESPACE)
-        .env(
-            "RUST_LOG",
-            std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start wasmwatch run");
-    let (tx, lines) = std::sync::mpsc::channel::<String>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let first = lines
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the ready line");
-    let ready: Value =
-        serde_json::from_str(&first).unwrap_or_else(|e| panic!("ready line {first:?}: {e}"));
-    assert_eq!(ready["ready"], true, "{first}");
-    let admin = ready["admin"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
-    common::Replica {
-        identity: identity.to_string(),
-        child,
-        admin,
-        lines,
-    }
+    common::Replica::start_in(
+        kubeconfig,
+        manifest,
+        identity,
+        "200ms",
+        NAMESPACE,
+        Duration::from_secs(120),
+    )
 }
 
 async fn replica(kubeconfig: &Path, manifest: &Path, identity: &str) -> common::Replica {
@@ -1432,35 +1399,6 @@ async fn replica(kubeconfig: &Path, manifest: &Path, identity: &str) -> common::
     tokio::task::spawn_blocking(move || start_replica(&k, &m, &id))
         .await
         .unwrap()
-}
-
-/// An apps/v1 workload whose pod template has these annotations and spec.
-async fn workload(
-    client: &kube::Client,
-    ns: &str,
-    kind: &str,
-    name: &str,
-    annotations: Value,
-    template_annotations: Value,
-    pod_spec: Value,
-) {
-    let mut spec = json!({
-        "selector": {"matchLabels": {"app": name}},
-        "template": {
-            "metadata": {"labels": {"app": name}, "annotations": template_annotations},
-            "spec": pod_spec,
-        },
-    });
-    if kind == "StatefulSet" {
-        spec["serviceName"] = json!(name);
-    }
-    common::apply(
-        client,
-        json!({"apiVersion": "apps/v1", "kind": kind,
-            "metadata": {"name": name, "namespace": ns, "annotations": annotations},
-            "spec": spec}),
-    )
-    .await;
 }
 
 fn generation(
@@ -1536,7 +1474,7 @@ async fn host_requests(
     let auto = json!({"reloader.stakater.com/auto": "true"});
     let container = json!({"name": "app", "image": "example/app:1",
         "envFrom": [{"configMapRef": {"name": "app-config"}}]});
-    workload(
+    common::workload(
         &setup,
         ns,
         "Deployment",
@@ -1546,7 +1484,7 @@ async fn host_requests(
         json!({"containers": [container.clone()]}),
     )
     .await;
-    workload(
+    common::workload(
         &setup,
         ns,
         "StatefulSet",
@@ -1556,7 +1494,7 @@ async fn host_requests(
         json!({"containers": [container]}),
     )
     .await;
-    workload(
+    common::workload(
         &setup,
         ns,
         "DaemonSet",

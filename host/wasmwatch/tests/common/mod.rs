@@ -176,6 +176,26 @@ impl Replica {
         identity: &str,
         checkpoint_interval: &str,
     ) -> Replica {
+        Replica::start_in(
+            kubeconfig,
+            manifest,
+            identity,
+            checkpoint_interval,
+            "default",
+            Duration::from_secs(60),
+        )
+    }
+
+    /// A replica whose POD_NAMESPACE (where the Leases go when
+    /// `ha.namespace` is unset) is `namespace`, ready within `ready_within`.
+    pub fn start_in(
+        kubeconfig: &std::path::Path,
+        manifest: &std::path::Path,
+        identity: &str,
+        checkpoint_interval: &str,
+        namespace: &str,
+        ready_within: Duration,
+    ) -> Replica {
         let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
             .args(["run", "--manifest", manifest.to_str().unwrap()])
             .args(["--identity", identity, "--admin-addr", "127.0.0.1:0"])
@@ -185,7 +205,7 @@ impl Replica {
                 checkpoint_interval,
             ])
             .env("KUBECONFIG", kubeconfig)
-            .env("POD_NAMESPACE", "default")
+            .env("POD_NAMESPACE", namespace)
             .env(
                 "RUST_LOG",
                 std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
@@ -202,9 +222,7 @@ impl Replica {
                 }
             }
         });
-        let first = lines
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the ready line");
+        let first = lines.recv_timeout(ready_within).expect("the ready line");
         let ready: serde_json::Value =
             serde_json::from_str(&first).unwrap_or_else(|e| panic!("ready line {first:?}: {e}"));
         assert_eq!(ready["ready"], true, "{first}");
@@ -300,4 +318,34 @@ impl Replica {
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or(0.0)
     }
+}
+
+/// An apps/v1 workload in `ns` whose pod template has these annotations and
+/// spec (`serviceName` added for a StatefulSet).
+pub async fn workload(
+    client: &kube::Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    annotations: serde_json::Value,
+    template_annotations: serde_json::Value,
+    pod_spec: serde_json::Value,
+) {
+    let mut spec = serde_json::json!({
+        "selector": {"matchLabels": {"app": name}},
+        "template": {
+            "metadata": {"labels": {"app": name}, "annotations": template_annotations},
+            "spec": pod_spec,
+        },
+    });
+    if kind == "StatefulSet" {
+        spec["serviceName"] = serde_json::json!(name);
+    }
+    apply(
+        client,
+        serde_json::json!({"apiVersion": "apps/v1", "kind": kind,
+            "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+            "spec": spec}),
+    )
+    .await;
 }
