@@ -65,7 +65,7 @@ use wasmwatch_core::Lookups;
 use wasmwatch_core::action::{Header, HttpMethod};
 use wasmwatch_core::lookups::{Endpoint, ServiceInfo};
 
-use crate::ExecError;
+use crate::{ExecError, error_chain};
 
 /// How many pods of one Service are called at the same time.
 const MAX_CONCURRENT_PODS: usize = 32;
@@ -356,21 +356,6 @@ fn pod_label(ep: &Endpoint) -> String {
         Some(pod) => format!("pod {pod} ({})", ep.address),
         None => format!("endpoint {}", ep.address),
     }
-}
-
-/// `outer: cause: root cause`, skipping repeats (hyper's errors wrap their
-/// causes without printing them).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = vec![e.to_string()];
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !parts.last().is_some_and(|last| last.contains(&text)) {
-            parts.push(text);
-        }
-        source = s.source();
-    }
-    parts.join(": ")
 }
 
 fn client(tls: ClientConfig, timeout: Duration) -> HttpsClient {

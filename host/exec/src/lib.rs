@@ -43,3 +43,18 @@ impl ExecError {
         matches!(self, ExecError::Retryable(_))
     }
 }
+
+/// `outer: cause: root cause`, skipping repeats (hyper's and kube's errors
+/// wrap their causes without printing them).
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.last().is_some_and(|last| last.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
+}

@@ -99,7 +99,7 @@ use sha2::{Digest, Sha256};
 use tracing::{debug, info};
 use wasmwatch_core::action::{EventType, WorkloadKind, WorkloadRef};
 
-use crate::{ExecError, Origin};
+use crate::{ExecError, Origin, error_chain};
 
 /// The prefix of the pod-template annotations that record content hashes.
 pub const HASH_ANNOTATION_PREFIX: &str = "config-hash.wasmwatch.io";
@@ -447,20 +447,6 @@ fn classify_error(what: &str, doing: &str, e: &kube::Error) -> ExecError {
         }
         _ => ExecError::Retryable(format!("{what}: {doing} failed: {}", error_chain(e))),
     }
-}
-
-/// `outer: cause: root cause`, skipping repeats.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = vec![e.to_string()];
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !parts.last().is_some_and(|last| last.contains(&text)) {
-            parts.push(text);
-        }
-        source = s.source();
-    }
-    parts.join(": ")
 }
 
 /// The annotation key recording content hashes of the object `content_hash`
