@@ -125,22 +125,33 @@ fn native_decision(ev: &ChangeEvent, config_json: &str, lookups: &dyn Lookups) -
         .collect()
 }
 
-/// Median per-iteration time over `batches` batches of `per_batch` runs.
-fn measure(batches: usize, per_batch: usize, mut f: impl FnMut()) -> Duration {
-    for _ in 0..per_batch {
-        f();
+/// Median per-iteration time of each of `runs`, over `rounds` rounds of
+/// `per_batch` iterations each. The runs take turns batch by batch, so a
+/// noisy neighbour slows all of them alike and their ratios hold.
+fn measure<const N: usize>(
+    rounds: usize,
+    per_batch: usize,
+    mut runs: [&mut dyn FnMut(); N],
+) -> [Duration; N] {
+    for run in runs.iter_mut() {
+        for _ in 0..per_batch {
+            run();
+        }
     }
-    let mut samples: Vec<Duration> = (0..batches)
-        .map(|_| {
+    let mut samples: [Vec<Duration>; N] = std::array::from_fn(|_| Vec::with_capacity(rounds));
+    for _ in 0..rounds {
+        for (run, samples) in runs.iter_mut().zip(samples.iter_mut()) {
             let start = Instant::now();
             for _ in 0..per_batch {
-                f();
+                run();
             }
-            start.elapsed() / per_batch as u32
-        })
-        .collect();
-    samples.sort();
-    samples[samples.len() / 2]
+            samples.push(start.elapsed() / per_batch as u32);
+        }
+    }
+    samples.map(|mut s| {
+        s.sort();
+        s[s.len() / 2]
+    })
 }
 
 fn main() {
@@ -161,23 +172,27 @@ fn main() {
     assert_eq!(wasm_actions, native_actions);
     assert_eq!(wasm_actions.len(), 2);
 
-    let (batches, per_batch) = (31, 2000);
-    let wasm = measure(batches, per_batch, || {
-        black_box(plugin.handle(black_box(&ev)).unwrap());
-    });
-    let sandbox = measure(batches, per_batch, || {
-        plugin.sandbox_only().unwrap();
-    });
-    let native = measure(batches, per_batch, || {
-        let actions = native_decision(black_box(&ev), &config_json, lookups.as_ref());
-        // The host checks capabilities either way.
-        let verdicts: Vec<_> = actions
-            .iter()
-            .map(|a| entry.capabilities.check(a))
-            .collect();
-        black_box(verdicts);
-    });
-    println!("per event (median of {batches} batches x {per_batch}):");
+    let (rounds, per_batch) = (61, 1000);
+    let [wasm, sandbox, native] = measure(
+        rounds,
+        per_batch,
+        [
+            &mut || {
+                black_box(plugin.handle(black_box(&ev)).unwrap());
+            },
+            &mut || plugin.sandbox_only().unwrap(),
+            &mut || {
+                let actions = native_decision(black_box(&ev), &config_json, lookups.as_ref());
+                // The host checks capabilities either way.
+                let verdicts: Vec<_> = actions
+                    .iter()
+                    .map(|a| entry.capabilities.check(a))
+                    .collect();
+                black_box(verdicts);
+            },
+        ],
+    );
+    println!("per event (median of {rounds} interleaved batches x {per_batch}):");
     println!(
         "  fresh sandbox + call, http-refresh.wasm : {:>8.2} us",
         wasm.as_secs_f64() * 1e6

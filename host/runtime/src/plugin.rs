@@ -137,7 +137,11 @@ impl Runtime {
             module_sha256: actual,
             refused: AtomicU64::new(0),
         };
-        match loaded.call(|b, s| b.call_check_config(s, &loaded.shared.config_json)) {
+        // The first instantiation checks the exports' types; later ones rely on it.
+        let check = loaded.call_inner(true, |b, s| {
+            b.call_check_config(s, &loaded.shared.config_json)
+        });
+        match check {
             Ok(Ok(())) => Ok(loaded),
             Ok(Err(message)) => Err(LoadError::ConfigRejected { plugin, message }),
             Err(e) => Err(LoadError::ConfigCheck {
@@ -245,6 +249,16 @@ impl Plugin {
         &self,
         f: impl FnOnce(&bindings::Plugin, &mut Store<SandboxState>) -> wasmtime::Result<R>,
     ) -> Result<R, PluginError> {
+        self.call_inner(false, f)
+    }
+
+    /// [`Plugin::call`]; `check_types` type-checks the exports (load does,
+    /// once; see [`bindings::PluginPre::instantiate_prechecked`]).
+    fn call_inner<R>(
+        &self,
+        check_types: bool,
+        f: impl FnOnce(&bindings::Plugin, &mut Store<SandboxState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PluginError> {
         let inner = &self.runtime.inner;
         let _permit = inner.permits.acquire();
         let stdout = MemoryOutputPipe::new(PIPE_CAPACITY);
@@ -269,10 +283,12 @@ impl Plugin {
         let tick = inner.config.epoch_tick;
         store.set_epoch_deadline(ticks(self.limits.timeout.0, tick));
         store.epoch_deadline_trap();
-        let result = self
-            .pre
-            .instantiate(&mut store)
-            .and_then(|bindings| f(&bindings, &mut store));
+        let instance = if check_types {
+            self.pre.instantiate(&mut store)
+        } else {
+            self.pre.instantiate_prechecked(&mut store)
+        };
+        let result = instance.and_then(|bindings| f(&bindings, &mut store));
         let out = String::from_utf8_lossy(&stdout.contents()).into_owned();
         if !out.trim().is_empty() {
             tracing::debug!(plugin = self.name(), "stdout: {}", out.trim());
