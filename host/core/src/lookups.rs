@@ -1,5 +1,5 @@
 //! The read-only lookups plugins may make through the host: workloads that
-//! reference an object, and Services with their ready endpoints.
+//! reference an object, Services, and the ready endpoints of a Service.
 //!
 //! The kube layer answers them from its caches; tests and `wasmwatch plugin
 //! run` use [`StaticLookups`], filled by hand or from a YAML file.
@@ -61,8 +61,16 @@ pub struct ServiceInfo {
     pub annotations: BTreeMap<String, String>,
     #[serde(default)]
     pub ports: Vec<ServicePort>,
+}
+
+/// The ready endpoints of one Service, as [`StaticLookups`] holds them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceEndpoints {
+    pub namespace: String,
+    pub service: String,
     #[serde(default)]
-    pub ready_endpoints: Vec<Endpoint>,
+    pub ready: Vec<Endpoint>,
 }
 
 /// The data source behind the plugin host interface.
@@ -79,6 +87,8 @@ pub trait Lookups: Send + Sync {
         namespace: &str,
         labels: &BTreeMap<String, String>,
     ) -> Vec<ServiceInfo>;
+    /// The ready endpoints of a Service; empty if it has none or does not exist.
+    fn ready_endpoints(&self, namespace: &str, service: &str) -> Vec<Endpoint>;
 }
 
 /// Lookups from fixed lists.
@@ -89,6 +99,9 @@ pub struct StaticLookups {
     pub workloads: Vec<WorkloadInfo>,
     #[serde(default)]
     pub services: Vec<ServiceInfo>,
+    /// Ready endpoints per Service (like EndpointSlices, apart from the Services).
+    #[serde(default)]
+    pub endpoints: Vec<ServiceEndpoints>,
 }
 
 impl Lookups for StaticLookups {
@@ -127,6 +140,14 @@ impl Lookups for StaticLookups {
             .filter(|s| s.namespace == namespace)
             .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
             .cloned()
+            .collect()
+    }
+
+    fn ready_endpoints(&self, namespace: &str, service: &str) -> Vec<Endpoint> {
+        self.endpoints
+            .iter()
+            .filter(|e| e.namespace == namespace && e.service == service)
+            .flat_map(|e| e.ready.iter().cloned())
             .collect()
     }
 }

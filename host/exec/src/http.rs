@@ -153,7 +153,8 @@ impl HttpExecutor {
                 "refresh of service {namespace}/{service}: path {path:?} does not start with '/'"
             )));
         }
-        if svc.ready_endpoints.is_empty() {
+        let ready = self.lookups.ready_endpoints(namespace, service);
+        if ready.is_empty() {
             warn!(
                 namespace,
                 service, "refresh: the service has no ready endpoints; nothing to call"
@@ -167,8 +168,7 @@ impl HttpExecutor {
         // Each call owns its label and URL: futures that borrow the
         // endpoint trip the compiler's higher-ranked lifetime checks once
         // this future is boxed behind `Send`.
-        let calls: Vec<_> = svc
-            .ready_endpoints
+        let calls: Vec<_> = ready
             .iter()
             .map(|ep| {
                 let label = pod_label(ep);
@@ -467,7 +467,6 @@ mod tests {
                 .iter()
                 .map(|&port| ServicePort { name: None, port })
                 .collect(),
-            ready_endpoints: vec![],
         }
     }
 

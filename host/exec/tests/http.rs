@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use wasmwatch_apiserver::{Config, Server};
 use wasmwatch_core::action::{Header, HttpMethod};
-use wasmwatch_core::lookups::{Endpoint, ServiceInfo, ServicePort};
+use wasmwatch_core::lookups::{Endpoint, ServiceEndpoints, ServiceInfo, ServicePort};
 use wasmwatch_core::{Lookups, StaticLookups};
 use wasmwatch_exec::ExecError;
 use wasmwatch_exec::http::{HttpExecutor, RefreshReport};
@@ -153,7 +153,7 @@ fn self_signed_acceptor() -> TlsAcceptor {
 
 /// A Service whose ready endpoints are `pods` (named `orders-<i>`).
 fn lookups_for(pods: &[&Pod]) -> Arc<dyn Lookups> {
-    let ready_endpoints = pods
+    let ready = pods
         .iter()
         .enumerate()
         .map(|(i, pod)| Endpoint {
@@ -176,7 +176,11 @@ fn lookups_for(pods: &[&Pod]) -> Arc<dyn Lookups> {
                 name: Some("http".into()),
                 port: 80,
             }],
-            ready_endpoints,
+        }],
+        endpoints: vec![ServiceEndpoints {
+            namespace: "shop".into(),
+            service: "orders".into(),
+            ready,
         }],
     })
 }
@@ -369,7 +373,11 @@ fn lookups_for_addr(addr: SocketAddr) -> Arc<dyn Lookups> {
             labels: Default::default(),
             annotations: Default::default(),
             ports: vec![],
-            ready_endpoints: vec![Endpoint {
+        }],
+        endpoints: vec![ServiceEndpoints {
+            namespace: "shop".into(),
+            service: "orders".into(),
+            ready: vec![Endpoint {
                 address: addr.ip().to_string(),
                 pod: Some("orders-0".into()),
                 ports: vec![ServicePort {

@@ -158,6 +158,10 @@ impl Lookups for KubeLookups {
     ) -> Vec<ServiceInfo> {
         self.read().services_with_labels(namespace, labels)
     }
+
+    fn ready_endpoints(&self, namespace: &str, service: &str) -> Vec<Endpoint> {
+        self.read().ready_endpoints(namespace, service)
+    }
 }
 
 struct StreamCtx<'a> {
@@ -645,7 +649,7 @@ impl Cache {
     pub fn service(&self, namespace: &str, name: &str) -> Option<ServiceInfo> {
         let n = self.namespaces.get(namespace)?;
         let entry = n.services.get(name)?;
-        Some(service_info(n, namespace, name, entry))
+        Some(service_info(namespace, name, entry))
     }
 
     pub fn services_with_labels(
@@ -663,8 +667,36 @@ impl Cache {
                     .iter()
                     .all(|(k, v)| s.labels.iter().any(|(sk, sv)| **sk == **k && **sv == **v))
             })
-            .map(|(name, s)| service_info(n, namespace, name, s))
+            .map(|(name, s)| service_info(namespace, name, s))
             .collect()
+    }
+
+    /// The ready endpoints of a Service's EndpointSlices, without duplicates
+    /// (an endpoint may briefly be in two slices).
+    pub fn ready_endpoints(&self, namespace: &str, service: &str) -> Vec<Endpoint> {
+        let Some(n) = self.namespaces.get(namespace) else {
+            return Vec::new();
+        };
+        let mut ready_endpoints: Vec<Endpoint> = Vec::new();
+        let from = (Box::from(service), Box::from(""));
+        let slices = n
+            .slices_by_service
+            .range(from..)
+            .take_while(|(svc, _)| &**svc == service)
+            .filter_map(|(_, slice)| n.slices.get(slice));
+        for slice in slices {
+            for ready in slice.ready.iter() {
+                let endpoint = Endpoint {
+                    address: ready.address.to_string(),
+                    pod: ready.pod.as_deref().map(str::to_string),
+                    ports: slice.ports.to_vec(),
+                };
+                if !ready_endpoints.contains(&endpoint) {
+                    ready_endpoints.push(endpoint);
+                }
+            }
+        }
+        ready_endpoints
     }
 }
 
@@ -685,34 +717,13 @@ fn workload_info(workload: WorkloadRef, e: &WorkloadEntry) -> WorkloadInfo {
     }
 }
 
-fn service_info(n: &Namespace, namespace: &str, name: &str, s: &ServiceEntry) -> ServiceInfo {
-    let mut ready_endpoints: Vec<Endpoint> = Vec::new();
-    let from = (Box::from(name), Box::from(""));
-    let slices = n
-        .slices_by_service
-        .range(from..)
-        .take_while(|(svc, _)| &**svc == name)
-        .filter_map(|(_, slice)| n.slices.get(slice));
-    for slice in slices {
-        for ready in slice.ready.iter() {
-            let endpoint = Endpoint {
-                address: ready.address.to_string(),
-                pod: ready.pod.as_deref().map(str::to_string),
-                ports: slice.ports.to_vec(),
-            };
-            // The same endpoint may briefly be in two slices.
-            if !ready_endpoints.contains(&endpoint) {
-                ready_endpoints.push(endpoint);
-            }
-        }
-    }
+fn service_info(namespace: &str, name: &str, s: &ServiceEntry) -> ServiceInfo {
     ServiceInfo {
         namespace: namespace.to_string(),
         name: name.to_string(),
         labels: to_map(&s.labels),
         annotations: to_map(&s.annotations),
         ports: s.ports.to_vec(),
-        ready_endpoints,
     }
 }
 
@@ -886,8 +897,8 @@ mod tests {
             serde_json::json!([{"addresses": ["10.9.9.9"]}]),
         ));
         let svc = cache.service("ns", "web").unwrap();
-        let eps: Vec<(&str, Option<&str>)> = svc
-            .ready_endpoints
+        let ready = cache.ready_endpoints("ns", "web");
+        let eps: Vec<(&str, Option<&str>)> = ready
             .iter()
             .map(|e| (e.address.as_str(), e.pod.as_deref()))
             .collect();
@@ -907,7 +918,7 @@ mod tests {
             }]
         );
         assert_eq!(
-            svc.ready_endpoints[0].ports,
+            ready[0].ports,
             [ServicePort {
                 name: Some("http".into()),
                 port: 8080
@@ -920,22 +931,17 @@ mod tests {
             Some("webx"),
             serde_json::json!([{"addresses": ["10.0.0.4"]}]),
         ));
-        assert_eq!(cache.service("ns", "web").unwrap().ready_endpoints.len(), 2);
+        assert_eq!(cache.ready_endpoints("ns", "web").len(), 2);
         // Losing the label removes it.
         cache.apply(&slice(
             "web-1",
             None,
             serde_json::json!([{"addresses": ["10.0.0.1"]}]),
         ));
-        assert!(
-            cache
-                .service("ns", "web")
-                .unwrap()
-                .ready_endpoints
-                .is_empty()
-        );
+        assert!(cache.ready_endpoints("ns", "web").is_empty());
         cache.delete::<Service>("ns", "web");
         assert!(cache.service("ns", "web").is_none());
+        assert!(cache.ready_endpoints("elsewhere", "web").is_empty());
     }
 
     #[test]

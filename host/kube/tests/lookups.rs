@@ -12,7 +12,7 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use wasmwatch_apiserver::{Config, Failure, Server, ServerHandle};
 use wasmwatch_core::action::{WorkloadKind, WorkloadRef};
-use wasmwatch_core::lookups::{ServiceInfo, ServicePort, WorkloadInfo};
+use wasmwatch_core::lookups::{Endpoint, ServicePort, WorkloadInfo};
 use wasmwatch_core::{Lookups, ObjectKind};
 use wasmwatch_kube::lookups::{Cache, KubeLookups};
 
@@ -351,8 +351,8 @@ fn pod_endpoint(ip: &str, pod: &str, ready: Option<bool>) -> Value {
     e
 }
 
-fn endpoints(s: &ServiceInfo) -> Vec<(&str, Option<&str>, Vec<u16>)> {
-    s.ready_endpoints
+fn endpoints(ready: &[Endpoint]) -> Vec<(&str, Option<&str>, Vec<u16>)> {
+    ready
         .iter()
         .map(|e| {
             (
@@ -364,11 +364,12 @@ fn endpoints(s: &ServiceInfo) -> Vec<(&str, Option<&str>, Vec<u16>)> {
         .collect()
 }
 
+/// The Service's ready addresses; `None` if the Service does not exist.
 fn addresses(l: &KubeLookups, ns: &str, name: &str) -> Option<Vec<String>> {
-    l.service(ns, name).map(|s| {
-        s.ready_endpoints
-            .iter()
-            .map(|e| e.address.clone())
+    l.service(ns, name).map(|_| {
+        l.ready_endpoints(ns, name)
+            .into_iter()
+            .map(|e| e.address)
             .collect()
     })
 }
@@ -449,8 +450,9 @@ async fn services_have_their_ready_endpoints_from_every_slice() {
             },
         ]
     );
+    let ready = lookups.ready_endpoints("default", "orders");
     assert_eq!(
-        endpoints(&orders),
+        endpoints(&ready),
         [
             ("10.0.0.1", Some("orders-1"), vec![8080]),
             ("10.0.0.3", Some("orders-3"), vec![8080]),
@@ -458,12 +460,10 @@ async fn services_have_their_ready_endpoints_from_every_slice() {
         ],
         "not-ready 10.0.0.2 excluded, nil ready counts as ready, slices merged"
     );
-    assert_eq!(
-        orders.ready_endpoints[0].ports[0].name.as_deref(),
-        Some("http")
-    );
-    let billing = lookups.service("default", "billing").unwrap();
-    assert!(billing.ready_endpoints.is_empty());
+    assert_eq!(ready[0].ports[0].name.as_deref(), Some("http"));
+    assert!(lookups.service("default", "billing").is_some());
+    assert!(lookups.ready_endpoints("default", "billing").is_empty());
+    assert!(lookups.ready_endpoints("default", "nothing").is_empty());
     assert!(lookups.service("default", "nothing").is_none());
     assert!(lookups.service("kube-system", "orders").is_none());
 

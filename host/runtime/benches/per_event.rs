@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasmwatch_core::action::{Action, HttpMethod};
-use wasmwatch_core::lookups::{Endpoint, Lookups, ServiceInfo, ServicePort, StaticLookups};
+use wasmwatch_core::lookups::{
+    Endpoint, Lookups, ServiceEndpoints, ServiceInfo, ServicePort, StaticLookups,
+};
 use wasmwatch_core::{ChangeEvent, ChangeType, Manifest, ObjectKind, ObjectSnapshot};
 use wasmwatch_runtime::{Runtime, RuntimeConfig};
 
@@ -27,7 +29,12 @@ fn lookups() -> StaticLookups {
             name: None,
             port: 8080,
         }],
-        ready_endpoints: (1..=3)
+    };
+    // http-refresh leaves the pods to the host, so it never asks for these.
+    let endpoints = |name: &str| ServiceEndpoints {
+        namespace: "shop".into(),
+        service: name.into(),
+        ready: (1..=3)
             .map(|i| Endpoint {
                 address: format!("10.1.0.{i}"),
                 pod: Some(format!("{name}-{i}")),
@@ -46,6 +53,7 @@ fn lookups() -> StaticLookups {
                 &[("boot.spring.io/actuator", "http://:9090/manage")],
             ),
         ],
+        endpoints: vec![endpoints("orders"), endpoints("billing")],
         workloads: vec![],
     }
 }

@@ -16,6 +16,12 @@ fn key_values(map: &BTreeMap<String, String>) -> Vec<wit::KeyValue> {
         .collect()
 }
 
+fn key_values_owned(map: BTreeMap<String, String>) -> Vec<wit::KeyValue> {
+    map.into_iter()
+        .map(|(key, value)| wit::KeyValue { key, value })
+        .collect()
+}
+
 pub fn kind_to_wit(k: ObjectKind) -> wit::ObjectKind {
     match k {
         ObjectKind::ConfigMap => wit::ObjectKind::ConfigMap,
@@ -144,10 +150,10 @@ pub fn action_from_wit(a: wit::Action) -> Action {
     }
 }
 
-fn ports(p: &[core_lookups::ServicePort]) -> Vec<wit::ServicePort> {
-    p.iter()
+fn ports(p: Vec<core_lookups::ServicePort>) -> Vec<wit::ServicePort> {
+    p.into_iter()
         .map(|p| wit::ServicePort {
-            name: p.name.clone(),
+            name: p.name,
             port: p.port,
         })
         .collect()
@@ -155,28 +161,27 @@ fn ports(p: &[core_lookups::ServicePort]) -> Vec<wit::ServicePort> {
 
 pub fn service_to_wit(s: core_lookups::ServiceInfo) -> wit::ServiceInfo {
     wit::ServiceInfo {
-        labels: key_values(&s.labels),
-        annotations: key_values(&s.annotations),
-        ports: ports(&s.ports),
-        ready_endpoints: s
-            .ready_endpoints
-            .iter()
-            .map(|e| wit::Endpoint {
-                address: e.address.clone(),
-                pod: e.pod.clone(),
-                ports: ports(&e.ports),
-            })
-            .collect(),
+        labels: key_values_owned(s.labels),
+        annotations: key_values_owned(s.annotations),
+        ports: ports(s.ports),
         namespace: s.namespace,
         name: s.name,
     }
 }
 
+pub fn endpoint_to_wit(e: core_lookups::Endpoint) -> wit::Endpoint {
+    wit::Endpoint {
+        address: e.address,
+        pod: e.pod,
+        ports: ports(e.ports),
+    }
+}
+
 pub fn workload_to_wit(w: core_lookups::WorkloadInfo) -> wit::WorkloadInfo {
     wit::WorkloadInfo {
-        labels: key_values(&w.labels),
-        annotations: key_values(&w.annotations),
-        template_annotations: key_values(&w.template_annotations),
+        labels: key_values_owned(w.labels),
+        annotations: key_values_owned(w.annotations),
+        template_annotations: key_values_owned(w.template_annotations),
         workload: wit::WorkloadRef {
             kind: workload_kind_to_wit(w.workload.kind),
             namespace: w.workload.namespace,

@@ -299,6 +299,15 @@ impl bindings::wasmwatch::plugin::host::Host for SandboxState {
             .map(convert::service_to_wit)
             .collect()
     }
+
+    fn ready_endpoints(&mut self, namespace: String, service: String) -> Vec<wit::Endpoint> {
+        self.plugin
+            .lookups
+            .ready_endpoints(&namespace, &service)
+            .into_iter()
+            .map(convert::endpoint_to_wit)
+            .collect()
+    }
 }
 
 #[cfg(test)]

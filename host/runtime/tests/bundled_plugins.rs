@@ -90,7 +90,6 @@ fn service(namespace: &str, name: &str, labels: &[(&str, &str)]) -> ServiceInfo 
         labels: map(labels),
         annotations: Default::default(),
         ports: vec![],
-        ready_endpoints: vec![],
     }
 }
 
@@ -343,7 +342,7 @@ fn bus_refresh_resolves_apps_like_spring_cloud_kubernetes() {
             service("other", "web2", &[("team", "shop"), ("tier", "web")]),
             service("shop", "web3", &[("team", "shop"), ("tier", "web")]),
         ],
-        workloads: vec![],
+        ..Default::default()
     };
     let plugin = bus_refresh(lookups, "{connection: rabbit}", "rabbit/springCloudBus");
     // Labels annotation: the matching Services in the object's namespace.
@@ -496,7 +495,7 @@ fn rollout(workloads: Vec<WorkloadInfo>, config: &str) -> Plugin {
     load(
         StaticLookups {
             workloads,
-            services: vec![],
+            ..Default::default()
         },
         &format!(
             "name: restart\n    module: {{module:rollout-restart}}\n    sha256: {{sha256:rollout-restart}}\n    config: {config}\n    capabilities: {{restart: [shop]}}"

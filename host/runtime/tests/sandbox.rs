@@ -3,9 +3,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wasmwatch_core::action::{Action, HttpMethod};
-use wasmwatch_core::lookups::{Endpoint, ServiceInfo, ServicePort, StaticLookups};
-use wasmwatch_core::{ChangeEvent, ChangeType, Manifest, ObjectSnapshot, Verdict};
+use wasmwatch_core::action::{Action, HttpMethod, WorkloadKind, WorkloadRef};
+use wasmwatch_core::lookups::{
+    Endpoint, ObjectRef, ServiceEndpoints, ServiceInfo, ServicePort, StaticLookups, WorkloadInfo,
+};
+use wasmwatch_core::{ChangeEvent, ChangeType, Manifest, ObjectKind, ObjectSnapshot, Verdict};
 use wasmwatch_runtime::{LoadError, Plugin, PluginError, Runtime, RuntimeConfig};
 use wasmwatch_testkit::pin;
 
@@ -96,11 +98,6 @@ fn http_refresh_targets_the_apps_services() {
             name: None,
             port: 80,
         }],
-        ready_endpoints: vec![Endpoint {
-            address: "10.0.0.1".into(),
-            pod: None,
-            ports: vec![],
-        }],
     };
     let lookups = StaticLookups {
         services: vec![
@@ -111,7 +108,7 @@ fn http_refresh_targets_the_apps_services() {
             ),
             svc("unrelated", &[]),
         ],
-        workloads: vec![],
+        ..Default::default()
     };
     let rt = runtime_with(lookups);
     let plugin = load(
@@ -297,6 +294,63 @@ fn secret_values_reach_a_plugin_only_with_the_grant() {
         seen[0],
         ("SawData".into(), "application.yaml=greeting: hi".into())
     );
+}
+
+#[test]
+fn host_lookups_reach_the_plugin() {
+    let service = |name: &str| ServiceInfo {
+        namespace: "shop".into(),
+        name: name.into(),
+        labels: Default::default(),
+        annotations: Default::default(),
+        ports: vec![],
+    };
+    let endpoint = |address: &str| Endpoint {
+        address: address.into(),
+        pod: None,
+        ports: vec![],
+    };
+    let lookups = StaticLookups {
+        workloads: vec![WorkloadInfo {
+            workload: WorkloadRef {
+                kind: WorkloadKind::Deployment,
+                namespace: "shop".into(),
+                name: "orders-api".into(),
+            },
+            labels: Default::default(),
+            annotations: Default::default(),
+            template_annotations: Default::default(),
+            references: vec![ObjectRef {
+                kind: ObjectKind::ConfigMap,
+                name: "orders".into(),
+            }],
+        }],
+        services: vec![service("orders"), service("db")],
+        endpoints: vec![
+            ServiceEndpoints {
+                namespace: "shop".into(),
+                service: "orders".into(),
+                ready: vec![endpoint("10.0.0.1"), endpoint("10.0.0.2")],
+            },
+            // Another namespace's Service of the same name is not asked for.
+            ServiceEndpoints {
+                namespace: "other".into(),
+                service: "orders".into(),
+                ready: vec![endpoint("10.9.9.9")],
+            },
+        ],
+    };
+    let rt = runtime_with(lookups);
+    let spy = misbehave(&rt, "spy", "    capabilities: {events: true}");
+    // The spy reports the workloads referencing the object, then the ready
+    // endpoints of the Service named like it.
+    let seen = messages(&spy, &configmap_event());
+    assert_eq!(seen[3], ("SawWorkloads".into(), "orders-api".into()));
+    assert_eq!(seen[4], ("SawEndpoints".into(), "10.0.0.1,10.0.0.2".into()));
+    // A Service without endpoints: none.
+    let seen = messages(&spy, &secret_event());
+    assert_eq!(seen[3], ("SawWorkloads".into(), "".into()));
+    assert_eq!(seen[4], ("SawEndpoints".into(), "".into()));
 }
 
 #[test]

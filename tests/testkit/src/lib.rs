@@ -15,12 +15,23 @@ use std::sync::OnceLock;
 
 use sha2::{Digest, Sha256};
 
-/// The repository's root.
+/// The repository's root: the nearest folder holding `wit/plugin.wit`, up
+/// from the running test's package (cargo sets `CARGO_MANIFEST_DIR` when it
+/// runs tests), else up from this crate's folder as compiled. Not the
+/// compiled-in path alone: a target folder shared between clones can keep a
+/// build of this crate from another clone.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("repo root")
+    let starts = [
+        std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from),
+        Some(PathBuf::from(env!("CARGO_MANIFEST_DIR"))),
+    ];
+    starts
+        .into_iter()
+        .flatten()
+        .flat_map(|start| start.ancestors().map(Path::to_path_buf).collect::<Vec<_>>())
+        .find(|dir| dir.join("wit/plugin.wit").is_file())
+        .and_then(|dir| dir.canonicalize().ok())
+        .expect("the repository root (a folder with wit/plugin.wit) above the test's package")
 }
 
 /// Where plugin builds go: `$WASMWATCH_PLUGIN_TARGET_DIR`, else

@@ -153,9 +153,9 @@ impl Guest for Misbehave {
                         "SawEndpoints",
                         service
                             .map(|s| {
-                                s.ready_endpoints
-                                    .iter()
-                                    .map(|e| e.address.clone())
+                                host::ready_endpoints(&s.namespace, &s.name)
+                                    .into_iter()
+                                    .map(|e| e.address)
                                     .collect::<Vec<_>>()
                                     .join(",")
                             })
