@@ -181,6 +181,17 @@ fn main() {
     assert_eq!(wasm_actions.len(), 2);
 
     let (rounds, per_batch) = (61, 1000);
+    if let Ok(only) = std::env::var("WW_ONLY") {
+        let n: usize = std::env::var("WW_N").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
+        for _ in 0..n {
+            if only == "sandbox" {
+                plugin.sandbox_only().unwrap();
+            } else {
+                black_box(plugin.handle(black_box(&ev)).unwrap());
+            }
+        }
+        return;
+    }
     let [wasm, sandbox, native] = measure(
         rounds,
         per_batch,

@@ -297,6 +297,28 @@ fn secret_values_reach_a_plugin_only_with_the_grant() {
 }
 
 #[test]
+fn every_event_starts_from_a_fresh_memory() {
+    // Memory slots are reused, reset by the pooling allocator (memset of the
+    // pages found resident, the rest given back to the kernel): nothing one
+    // call leaves in linear memory may reach the next, whichever plugin had
+    // the slot in between.
+    let rt = runtime();
+    let remember = misbehave(&rt, "remember", "    capabilities: {events: true}");
+    let other = misbehave(&rt, "spy", "    capabilities: {events: true}");
+    for i in 0..50 {
+        let seen = messages(&remember, &configmap_event());
+        assert_eq!(
+            seen,
+            [("Remembered".to_string(), "calls=1 marked=0".to_string())],
+            "call {i}"
+        );
+        if i % 3 == 0 {
+            messages(&other, &secret_event());
+        }
+    }
+}
+
+#[test]
 fn host_lookups_reach_the_plugin() {
     let service = |name: &str| ServiceInfo {
         namespace: "shop".into(),

@@ -9,11 +9,13 @@
 //! sane grant), `error` (returns an error), `spy` (reports what it saw of the
 //! event and of the host lookups), `echo-url` (one HTTP call to `url`),
 //! `ledger` (POSTs `namespace/name digest change rv` to `url`: the HA tests'
-//! record of what was delivered).
+//! record of what was delivered), `remember` (reports what it finds left over
+//! in its statics from earlier calls, then leaves a mark on 16 pages).
 
 wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU32, Ordering};
 use wasmwatch::plugin::host;
 use wasmwatch::plugin::types::{
     ChangeType, DataValue, EmitEvent, EventType, HttpCall, HttpMethod, LogLevel, ObjectKind,
@@ -41,6 +43,7 @@ const MODES: &[&str] = &[
     "spy",
     "echo-url",
     "ledger",
+    "remember",
 ];
 
 fn parse(json: &str) -> Result<Config, String> {
@@ -186,6 +189,25 @@ impl Guest for Misbehave {
                     headers: vec![],
                     body: Some(line.into_bytes()),
                 })])
+            }
+            "remember" => {
+                // Statics live in linear memory, which a fresh sandbox starts
+                // from the module's image: anything an earlier call left
+                // there shows up here.
+                static CALLS: AtomicU32 = AtomicU32::new(0);
+                static PAGES: [AtomicU32; 16 * 1024] = [const { AtomicU32::new(0) }; 16 * 1024];
+                let calls = CALLS.fetch_add(1, Ordering::Relaxed) + 1;
+                let marked = PAGES
+                    .iter()
+                    .filter(|p| p.load(Ordering::Relaxed) != 0)
+                    .count();
+                for p in PAGES.iter().step_by(1024) {
+                    p.store(calls, Ordering::Relaxed);
+                }
+                Ok(vec![event(
+                    "Remembered",
+                    format!("calls={calls} marked={marked}"),
+                )])
             }
             other => Err(format!("unreachable mode {other}")),
         }
