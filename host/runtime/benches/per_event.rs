@@ -3,6 +3,8 @@
 //! function. Run with `cargo bench -p wasmwatch-runtime` (release profile).
 //!
 //! Prints medians over batches, so a noisy machine moves the numbers less.
+//! To profile one of the runs alone:
+//! `PER_EVENT_PROFILE=handle perf record -g target/release/deps/per_event-* --bench`.
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::path::Path;
@@ -181,9 +183,9 @@ fn main() {
     assert_eq!(wasm_actions.len(), 2);
 
     let (rounds, per_batch) = (61, 1000);
-    if let Ok(only) = std::env::var("WW_ONLY") {
-        let n: usize = std::env::var("WW_N").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
-        for _ in 0..n {
+    // For profilers: PER_EVENT_PROFILE=handle|sandbox runs only that, 200k times.
+    if let Ok(only) = std::env::var("PER_EVENT_PROFILE") {
+        for _ in 0..200_000 {
             if only == "sandbox" {
                 plugin.sandbox_only().unwrap();
             } else {
