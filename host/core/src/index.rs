@@ -32,6 +32,9 @@ struct Handled {
     /// `None` when there are none. One small allocation instead of two
     /// maps: it is kept for every object.
     meta: Option<Box<str>>,
+    /// Loaded from a stored index that may be older than the checkpoint the
+    /// watch resumes from (see [`ObjectIndex::mark_unverified`]).
+    unverified: bool,
 }
 
 /// The labels and annotations remembered of a handled object.
@@ -103,6 +106,7 @@ impl Handled {
                         .into()
                 })
             },
+            unverified: false,
         }
     }
 
@@ -177,6 +181,19 @@ impl ObjectIndex {
         }
     }
 
+    /// Marks every object as possibly out of date: a watch resuming from a
+    /// checkpoint starts from the stored index, which is saved less often
+    /// than the checkpoint, so an object may have changed (A to B, handled
+    /// by the previous leader) after the index was stored. Its next event
+    /// then looks like no change when it returns to A. Every event after a
+    /// checkpoint is a real change, so an unverified object's next event is
+    /// delivered whatever its content; after it the object is verified.
+    pub fn mark_unverified(&mut self) {
+        for h in self.objects.values_mut() {
+            h.unverified = true;
+        }
+    }
+
     /// Keeps only the objects of the namespaces `keep` accepts.
     pub fn retain_namespaces(&mut self, keep: impl Fn(&str) -> bool) {
         self.objects.retain(|(ns, _), _| keep(ns));
@@ -198,10 +215,26 @@ impl ObjectIndex {
         object: ObjectSnapshot,
         metadata_changes: bool,
     ) -> Option<ChangeEvent> {
+        self.apply_noting(seen, object, metadata_changes).0
+    }
+
+    /// [`ObjectIndex::apply`], also saying whether what the index remembers
+    /// changed: a label-only change delivers nothing (without
+    /// `metadata_changes`) but updates the remembered labels, which a stored
+    /// copy of the index must then get too.
+    pub fn apply_noting(
+        &mut self,
+        seen: Seen,
+        object: ObjectSnapshot,
+        metadata_changes: bool,
+    ) -> (Option<ChangeEvent>, bool) {
         let key = (object.namespace.clone(), object.name.clone());
         if seen == Seen::Deleted {
-            self.objects.remove(&key);
-            return Some(ChangeEvent::new(ChangeType::Deleted, object, None));
+            let removed = self.objects.remove(&key).is_some();
+            return (
+                Some(ChangeEvent::new(ChangeType::Deleted, object, None)),
+                removed,
+            );
         }
         let now = Handled::of(&object);
         let previous = self.objects.insert(key, now.clone());
@@ -213,15 +246,15 @@ impl ObjectIndex {
             Some(before) => {
                 let content = before.digest != now.digest;
                 let metadata = metadata_changes && before.metadata != now.metadata;
-                if !(content || metadata) {
-                    return None;
+                if !(content || metadata || before.unverified) {
+                    return (None, before != now);
                 }
                 let mut ev = ChangeEvent::new(ChangeType::Modified, object, None);
                 ev.changed_keys = before.changed_keys(&now);
-                return Some(ev);
+                return (Some(ev), true);
             }
         };
-        Some(ChangeEvent::new(change, object, None))
+        (Some(ChangeEvent::new(change, object, None)), true)
     }
 
     /// After the watch history was lost: compares a fresh list with what was
@@ -380,6 +413,7 @@ impl ObjectIndex {
                     metadata,
                     keys,
                     meta,
+                    unverified: false,
                 },
             );
         }
@@ -450,6 +484,48 @@ mod tests {
             .unwrap();
         assert_eq!(d.change, ChangeType::Deleted);
         assert!(idx.is_empty());
+    }
+
+    #[test]
+    fn an_unverified_object_delivers_its_next_event_whatever_its_content() {
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap);
+        idx.apply(Seen::Added, cm("a", json!({"k": "A"}), json!({})), false);
+        idx.mark_unverified();
+        // Back to A after a B the index never saw: a real change.
+        let ev = idx
+            .apply(Seen::Modified, cm("a", json!({"k": "A"}), json!({})), false)
+            .expect("delivered");
+        assert_eq!(ev.change, ChangeType::Modified);
+        // Verified now.
+        assert!(
+            idx.apply(Seen::Modified, cm("a", json!({"k": "A"}), json!({})), false)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_label_only_change_delivers_nothing_but_changes_what_is_remembered() {
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap);
+        let (ev, changed) =
+            idx.apply_noting(Seen::Added, cm("a", json!({"k": "1"}), json!({})), false);
+        assert!(ev.is_some() && changed);
+        let relabelled = || cm("a", json!({"k": "1"}), json!({"team": "x"}));
+        assert_eq!(
+            idx.apply_noting(Seen::Modified, relabelled(), false),
+            (None, true),
+            "the stored index must learn the new labels"
+        );
+        assert_eq!(
+            idx.apply_noting(Seen::Modified, relabelled(), false),
+            (None, false),
+            "nothing new"
+        );
+        // A deletion found by a resync carries the new labels.
+        let gone = idx.resync(vec![], false);
+        assert_eq!(gone[0].object.labels["team"], "x");
+        // Deleting what is not remembered changes nothing.
+        let (ev, changed) = idx.apply_noting(Seen::Deleted, cm("a", json!({}), json!({})), false);
+        assert!(ev.is_some() && !changed);
     }
 
     #[test]

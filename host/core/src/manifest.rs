@@ -115,6 +115,13 @@ fn default_lease_name() -> String {
 fn default_state_lease_name() -> String {
     "wasmwatch-state".into()
 }
+/// The longest `ha.leaseDuration`.
+pub const MAX_LEASE_DURATION: Duration = Duration::from_secs(3600);
+/// The longest `delivery.debounce`.
+pub const MAX_DEBOUNCE: Duration = Duration::from_secs(3600);
+/// The longest `delivery.backoffMax`.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(24 * 3600);
+
 fn default_lease_duration() -> HumanDuration {
     HumanDuration(Duration::from_secs(15))
 }
@@ -490,6 +497,14 @@ impl Manifest {
         if ha.retry_period.0.is_zero() {
             bad("ha.retryPeriod".into(), "must be greater than 0".into());
         }
+        // Leases count whole seconds in an int32, and the elector adds these
+        // to clock readings: keep them to sane, overflow-free values.
+        if ha.lease_duration.0 > MAX_LEASE_DURATION {
+            bad(
+                "ha.leaseDuration".into(),
+                format!("{} is out of range (at most 1h)", ha.lease_duration),
+            );
+        }
 
         let mut bus_names = BTreeSet::new();
         for (i, b) in self.buses.iter().enumerate() {
@@ -608,6 +623,20 @@ impl Manifest {
                 bad(
                     format!("{at}.delivery.retries"),
                     format!("{} is out of range (0 to 100)", d.retries),
+                );
+            }
+            // The pipeline adds these to clock readings; bounded, they cannot
+            // overflow (a panic there would stall the plugin's deliveries).
+            if d.debounce.0 > MAX_DEBOUNCE {
+                bad(
+                    format!("{at}.delivery.debounce"),
+                    format!("{} is out of range (at most 1h)", d.debounce),
+                );
+            }
+            if d.backoff_max.0 > MAX_BACKOFF {
+                bad(
+                    format!("{at}.delivery.backoffMax"),
+                    format!("{} is out of range (at most 24h)", d.backoff_max),
                 );
             }
             if d.backoff_initial > d.backoff_max {

@@ -22,11 +22,12 @@ impl FromStr for HumanDuration {
         let (n, unit) = number_and_unit(s).ok_or_else(|| {
             format!("invalid duration {s:?}: expected a whole number with a unit, like 100ms, 15s, 2m or 1h")
         })?;
+        let too_large = || format!("invalid duration {s:?}: too large");
         let d = match unit {
             "ms" => Duration::from_millis(n),
             "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
+            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(too_large)?),
+            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(too_large)?),
             "" => {
                 return Err(format!(
                     "invalid duration {s:?}: missing unit (ms, s, m or h)"
@@ -148,6 +149,11 @@ mod tests {
                 .contains("unknown unit")
         );
         assert!("abc".parse::<HumanDuration>().is_err());
+        // 10^16 h does not fit in u64 seconds: an error, not an overflow.
+        assert_eq!(
+            "10000000000000000h".parse::<HumanDuration>().unwrap_err(),
+            "invalid duration \"10000000000000000h\": too large"
+        );
     }
 
     #[test]

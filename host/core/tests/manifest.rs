@@ -213,6 +213,16 @@ fn bad_manifests_name_the_field_and_the_value() {
             "plugins[0].delivery.backoffInitial: 120s must not exceed delivery.backoffMax (30s)",
         ),
         (
+            "delivery: {debounce: 2s,",
+            "delivery: {debounce: 9999999999999h,",
+            "plugins[0].delivery.debounce: 35999999999996400s is out of range (at most 1h)",
+        ),
+        (
+            "backoffMax: 30s",
+            "backoffMax: 25h",
+            "plugins[0].delivery.backoffMax: 90000s is out of range (at most 24h)",
+        ),
+        (
             "    module: plugins/http_refresh.wasm\n",
             "",
             "plugins[0]: missing field `module`",

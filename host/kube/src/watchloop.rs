@@ -170,7 +170,14 @@ impl WatchLoop {
     /// Starts from the index of objects handled before (stored by an
     /// earlier leader) instead of an empty one, so that a resync after a
     /// 410 delivers only what differs from it.
-    pub fn with_index(mut self, index: ObjectIndex) -> WatchLoop {
+    ///
+    /// Resuming from a checkpoint, the stored objects are marked unverified
+    /// (see [`ObjectIndex::mark_unverified`]): the index may be older than
+    /// the checkpoint.
+    pub fn with_index(mut self, mut index: ObjectIndex) -> WatchLoop {
+        if matches!(self.state, State::Resume { .. }) {
+            index.mark_unverified();
+        }
         self.index = index;
         self
     }
@@ -394,12 +401,14 @@ impl WatchLoop {
                         continue;
                     };
                     at = rv.clone();
-                    match self
-                        .index
-                        .apply(seen, snapshot, self.target.metadata_changes)
-                    {
+                    let (event, remembered_changed) =
+                        self.index
+                            .apply_noting(seen, snapshot, self.target.metadata_changes);
+                    // A label-only change delivers nothing but changes what
+                    // the stored index must remember.
+                    self.index_dirty |= remembered_changed;
+                    match event {
                         Some(event) => {
-                            self.index_dirty = true;
                             send(Output::Change {
                                 event: Box::new(event),
                                 resource_version: rv,
