@@ -154,17 +154,32 @@ impl Checkpoints {
     }
 }
 
+/// `holder/transitions/leaseUID` (`holder/transitions` without a UID, as
+/// written before terms had one).
 impl fmt::Display for Term {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.holder, self.transitions)
+        write!(f, "{}/{}", self.holder, self.transitions)?;
+        if !self.lease_uid.is_empty() {
+            write!(f, "/{}", self.lease_uid)?;
+        }
+        Ok(())
     }
 }
 
 fn parse_term(value: &str) -> Option<Term> {
-    let (holder, transitions) = value.rsplit_once('/')?;
+    let (rest, last) = value.rsplit_once('/')?;
+    // A UID is never a number, so a numeric last part is the old form.
+    let (holder, transitions, lease_uid) = match last.parse::<i32>() {
+        Ok(t) => (rest, t, ""),
+        Err(_) => {
+            let (holder, transitions) = rest.rsplit_once('/')?;
+            (holder, transitions.parse().ok()?, last)
+        }
+    };
     Some(Term {
         holder: holder.to_string(),
-        transitions: transitions.parse().ok()?,
+        transitions,
+        lease_uid: lease_uid.to_string(),
     })
 }
 
@@ -185,6 +200,8 @@ pub enum CheckpointError {
 pub struct CheckpointStore {
     api: Api<Lease>,
     name: String,
+    /// The leader Lease the term was taken on (same namespace).
+    leader_lease: String,
     term: Term,
     /// The state Lease as this leader last wrote it.
     lease: Option<Lease>,
@@ -198,10 +215,19 @@ pub struct CheckpointStore {
 }
 
 impl CheckpointStore {
-    pub fn new(client: kube::Client, namespace: &str, name: &str, term: Term) -> Self {
+    /// The store of state Lease `name` for `term`, taken on leader Lease
+    /// `leader_lease`, both in `namespace`.
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        name: &str,
+        leader_lease: &str,
+        term: Term,
+    ) -> Self {
         CheckpointStore {
             api: Api::namespaced(client, namespace),
             name: name.to_string(),
+            leader_lease: leader_lease.to_string(),
             term,
             lease: None,
             claimed: BTreeMap::new(),
@@ -236,6 +262,26 @@ impl CheckpointStore {
             .get_or_insert_with(Default::default);
         if let Some(stored) = annotations.get(TERM_ANNOTATION) {
             match parse_term(stored) {
+                // Terms of two incarnations of the leader Lease (deleted
+                // and created again): transitions do not compare; the term
+                // of the Lease that exists now is the newer one.
+                Some(t)
+                    if !t.lease_uid.is_empty()
+                        && !self.term.lease_uid.is_empty()
+                        && t.lease_uid != self.term.lease_uid =>
+                {
+                    let current = self
+                        .api
+                        .get_opt(&self.leader_lease)
+                        .await?
+                        .and_then(|l| l.metadata.uid);
+                    if current.as_deref() != Some(self.term.lease_uid.as_str()) {
+                        return Err(CheckpointError::Fenced(format!(
+                            "{stored} (and the leader Lease {} is no longer the one this term holds)",
+                            self.leader_lease
+                        )));
+                    }
+                }
                 Some(t) if t.transitions > self.term.transitions => {
                     return Err(CheckpointError::Fenced(stored.clone()));
                 }
@@ -244,7 +290,7 @@ impl CheckpointStore {
                     return Err(CheckpointError::Corrupt {
                         lease: self.name.clone(),
                         message: format!(
-                            "{TERM_ANNOTATION}: cannot read {stored:?}, expected holder/transitions"
+                            "{TERM_ANNOTATION}: cannot read {stored:?}, expected holder/transitions[/leaseUID]"
                         ),
                     });
                 }
@@ -486,10 +532,22 @@ mod tests {
             parse_term("pod-a/7"),
             Some(Term {
                 holder: "pod-a".into(),
-                transitions: 7
+                transitions: 7,
+                lease_uid: String::new(),
             })
         );
+        let t = Term {
+            holder: "ns/pod-a".into(),
+            transitions: 7,
+            lease_uid: "3c1e4a52-8d0b-4d6f-9a51-0f2f6b1f9e10".into(),
+        };
+        assert_eq!(
+            t.to_string(),
+            "ns/pod-a/7/3c1e4a52-8d0b-4d6f-9a51-0f2f6b1f9e10"
+        );
+        assert_eq!(parse_term(&t.to_string()), Some(t));
         assert_eq!(parse_term("pod-a"), None);
+        assert_eq!(parse_term("pod-a/x/uid"), None);
     }
 }
 

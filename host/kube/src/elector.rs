@@ -7,8 +7,9 @@
 //! - Every write is a `replace` carrying the `resourceVersion` read, so two
 //!   candidates racing for an expired lease cannot both win: one gets 409.
 //! - Taking over from another holder (or an empty one) increments
-//!   `leaseTransitions`; the holder and the transitions count form the
-//!   leadership [`Term`], which fences checkpoint writes of a stale leader.
+//!   `leaseTransitions`; the holder, the transitions count and the Lease's
+//!   UID form the leadership [`Term`], which fences checkpoint writes of a
+//!   stale leader.
 //! - The leader renews every `retry_period`; once `renew_deadline` passes
 //!   without a successful renew it stops leading by itself, before any other
 //!   replica can consider the lease expired (`lease_duration > renew_deadline`).
@@ -90,12 +91,16 @@ pub fn default_identity() -> String {
         .unwrap_or_else(|| "wasmwatch".into())
 }
 
-/// One leadership term: who holds the lease, and its transitions count when
-/// they took it.
+/// One leadership term: who holds the lease, its transitions count when
+/// they took it, and the Lease's UID: a Lease deleted and created again
+/// starts counting transitions from 0, so counts compare only within one
+/// Lease.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Term {
     pub holder: String,
     pub transitions: i32,
+    /// The leader Lease's `metadata.uid`; empty when unknown.
+    pub lease_uid: String,
 }
 
 /// What this replica knows about leadership, published on every change.
@@ -308,6 +313,7 @@ impl Elector {
         let term = Term {
             holder: record.holder.clone(),
             transitions: record.transitions,
+            lease_uid: lease.metadata.uid.clone().unwrap_or_default(),
         };
         self.observer.observe(record, now);
         self.lease = Some(lease);

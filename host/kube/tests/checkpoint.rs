@@ -5,15 +5,42 @@ use wasmwatch_core::index::ObjectIndex;
 use wasmwatch_kube::checkpoint::{CheckpointError, CheckpointStore, StreamIndex};
 use wasmwatch_kube::elector::Term;
 
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+
 fn term(holder: &str, transitions: i32) -> Term {
     Term {
         holder: holder.into(),
         transitions,
+        lease_uid: String::new(),
     }
 }
 
 fn store(server: &ServerHandle, t: Term) -> CheckpointStore {
-    CheckpointStore::new(server.client().unwrap(), "default", "wasmwatch-state", t)
+    CheckpointStore::new(
+        server.client().unwrap(),
+        "default",
+        "wasmwatch-state",
+        "wasmwatch-leader",
+        t,
+    )
+}
+
+/// Creates the leader Lease and returns its UID.
+async fn leader_lease(server: &ServerHandle) -> String {
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "wasmwatch-leader"},
+        "spec": {"holderIdentity": "x"}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &lease)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap()
 }
 
 fn annotation(server: &ServerHandle, key: &str) -> serde_json::Value {
@@ -54,6 +81,62 @@ async fn checkpoints_round_trip_through_the_state_lease() {
     assert_eq!(read.get(ObjectKind::ConfigMap, "default"), Some("123"));
     assert_eq!(read.get(ObjectKind::Secret, "default"), Some("120"));
     assert_eq!(annotation(&server, "wasmwatch.io/term"), "pod-b/1");
+}
+
+#[tokio::test]
+async fn a_leader_lease_created_again_starts_a_new_line_of_terms() {
+    // Terms counted on the first leader Lease reached 5; then the Lease was
+    // deleted and created again, and its transitions count restarts at 0.
+    let server = Server::start(Config::default()).await.unwrap();
+    let first = leader_lease(&server).await;
+    let on = |holder: &str, transitions: i32, uid: &str| Term {
+        lease_uid: uid.to_string(),
+        ..term(holder, transitions)
+    };
+    let mut old = store(&server, on("pod-a", 5, &first));
+    let mut cps = old.claim().await.unwrap().checkpoints;
+    cps.set(ObjectKind::ConfigMap, "default", "10");
+    old.save(&cps, &[]).await.unwrap();
+
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    api.delete("wasmwatch-leader", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = leader_lease(&server).await;
+    assert_ne!(first, second);
+
+    // The leader of the new Lease claims despite the lower count, and keeps
+    // the checkpoints.
+    let mut new = store(&server, on("pod-b", 0, &second));
+    let claimed = new.claim().await.unwrap();
+    assert_eq!(
+        claimed.checkpoints.get(ObjectKind::ConfigMap, "default"),
+        Some("10")
+    );
+    assert!(
+        annotation(&server, "wasmwatch.io/term")
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("pod-b/0/{second}"))
+    );
+    // The leader of the old Lease is fenced, writing or claiming.
+    let err = old.save(&cps, &[]).await.unwrap_err();
+    assert!(matches!(err, CheckpointError::Fenced(_)), "{err}");
+    let err = store(&server, on("pod-a", 6, &first))
+        .claim()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no longer the one"), "{err}");
+    // Within one Lease, counts still decide.
+    store(&server, on("pod-c", 1, &second))
+        .claim()
+        .await
+        .unwrap();
+    let err = store(&server, on("pod-b", 0, &second))
+        .claim()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("pod-c/1"), "{err}");
 }
 
 #[tokio::test]

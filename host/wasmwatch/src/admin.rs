@@ -65,7 +65,7 @@ fn handle(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> 
                 let body = serde_json::json!({
                     "leading": l.leading,
                     "holder": l.holder,
-                    "term": l.term.map(|t| serde_json::json!({"holder": t.holder, "transitions": t.transitions})),
+                    "term": l.term.map(|t| serde_json::json!({"holder": t.holder, "transitions": t.transitions, "leaseUid": t.lease_uid})),
                 });
                 text(StatusCode::OK, format!("{body}\n"), "application/json")
             } else {

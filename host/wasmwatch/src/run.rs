@@ -456,6 +456,7 @@ impl Service {
                 self.client.clone(),
                 &self.lease_namespace,
                 &self.manifest.ha.state_lease_name,
+                &self.manifest.ha.lease_name,
                 term.clone(),
             );
             let mut failures = 0;

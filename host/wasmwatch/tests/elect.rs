@@ -101,6 +101,13 @@ async fn sidecars_elect_one_leader_and_hand_over_on_sigterm_within_a_second() {
     assert_eq!(json["leading"], true);
     assert_eq!(json["holder"], name);
     assert_eq!(json["term"]["holder"], name);
+    // The term names the Lease it was taken on (the Lease's UID).
+    assert!(
+        json["term"]["leaseUid"]
+            .as_str()
+            .is_some_and(|u| !u.is_empty()),
+        "{json}"
+    );
     // The follower learns the holder from its next look at the Lease (its
     // watch or its retry period): wait for it rather than race it.
     let deadline = Instant::now() + Duration::from_secs(5);
