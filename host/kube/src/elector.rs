@@ -419,7 +419,15 @@ impl Elector {
                     self.fence.set(Some(attempt_started + cfg.renew_deadline));
                     self.publish(Some(term));
                 }
-                Err(ElectError::Held(_)) => {}
+                // Someone else holds the Lease now: whoever took it judged
+                // ours expired, so stop at once rather than act on until
+                // our renew deadline.
+                Err(ElectError::Held(holder)) => {
+                    if last_renew.take().is_some() {
+                        tracing::warn!(identity = %cfg.identity, %holder, "the lease was taken over; stopping leader work");
+                        self.publish(None);
+                    }
+                }
                 Err(e) => {
                     if last_renew.is_some() {
                         tracing::warn!(identity = %cfg.identity, "renewing the lease failed: {e}");

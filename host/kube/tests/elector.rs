@@ -220,3 +220,34 @@ async fn the_leader_stops_acting_when_the_api_server_is_gone() {
     .await;
     assert_never_two_leaders(&log, &[]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_lease_was_taken_over_stops_at_once() {
+    let server = server().await;
+    let log = Log::default();
+    let replica = start(&server, 0, &log);
+    wait_for_leader(&[&replica], Duration::from_secs(5)).await;
+    // Another holder writes the Lease (as a replica that judged ours expired
+    // would): ours must stop at its next look, not at its renew deadline.
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    let mut taken = lease(&server).await;
+    let spec = taken.spec.as_mut().unwrap();
+    spec.holder_identity = Some("intruder".into());
+    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+    spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    let taken_at = Instant::now();
+    api.replace("wasmwatch-leader", &Default::default(), &taken)
+        .await
+        .unwrap();
+    let mut rx = replica.rx.clone();
+    tokio::time::timeout(RENEW, rx.wait_for(|l| !l.leading))
+        .await
+        .expect("still leading at the renew deadline")
+        .unwrap();
+    let stopped = taken_at.elapsed();
+    assert!(!replica.fence.may_act());
+    assert!(stopped <= RETRY * 3, "stopped after {stopped:?}");
+    assert_eq!(rx.borrow().holder.as_deref(), Some("intruder"));
+}
