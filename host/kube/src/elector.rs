@@ -385,6 +385,10 @@ impl Elector {
             changed.clone(),
         )));
         let mut last_renew: Option<Instant> = None;
+        // A 409 while leading: someone wrote the Lease between our read and
+        // our write (another replica, or a harmless annotation). Look again
+        // at once, once; the renew deadline still bounds how long we act.
+        let mut retry_now = false;
         loop {
             let cfg = self.config.clone();
             // Stop leading the moment the renew deadline passes.
@@ -428,6 +432,11 @@ impl Elector {
                         self.publish(None);
                     }
                 }
+                Err(ElectError::Conflict) if last_renew.is_some() && !retry_now => {
+                    tracing::debug!(identity = %cfg.identity, "renewing the lease conflicted; looking again");
+                    retry_now = true;
+                    continue;
+                }
                 Err(e) => {
                     if last_renew.is_some() {
                         tracing::warn!(identity = %cfg.identity, "renewing the lease failed: {e}");
@@ -443,6 +452,7 @@ impl Elector {
                     }
                 }
             }
+            retry_now = false;
             let mut wake = Instant::now() + cfg.retry_period;
             if let Some(last) = last_renew {
                 wake = wake.min(last + cfg.renew_deadline);

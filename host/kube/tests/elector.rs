@@ -251,3 +251,42 @@ async fn a_leader_whose_lease_was_taken_over_stops_at_once() {
     assert!(stopped <= RETRY * 3, "stopped after {stopped:?}");
     assert_eq!(rx.borrow().holder.as_deref(), Some("intruder"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_renew_is_retried_at_once() {
+    let server = server().await;
+    let log = Log::default();
+    let replica = start(&server, 0, &log);
+    wait_for_leader(&[&replica], Duration::from_secs(5)).await;
+    let renews = || {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.verb == "update" && r.name.as_deref() == Some("wasmwatch-leader"))
+            .count()
+    };
+    // Wait for a renew to have just happened, then make the next one conflict.
+    let wait_for = |n: usize| async move {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while renews() <= n {
+            assert!(Instant::now() < deadline, "no renew");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Instant::now()
+    };
+    let n = renews();
+    wait_for(n).await;
+    server
+        .faults()
+        .conflict_next_write("leases", "default", "wasmwatch-leader");
+    let n = renews();
+    let conflicted = wait_for(n).await;
+    let renewed = wait_for(n + 1).await;
+    assert!(
+        renewed - conflicted < RETRY / 2,
+        "retried after {:?}",
+        renewed - conflicted
+    );
+    assert!(replica.rx.borrow().leading && replica.fence.may_act());
+    assert_never_two_leaders(&log, &[]);
+}
