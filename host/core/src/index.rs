@@ -110,6 +110,17 @@ impl Handled {
         }
     }
 
+    /// Every key of `now` and of `self`, sorted.
+    fn all_keys(&self, now: &Handled) -> Vec<String> {
+        let keys: std::collections::BTreeSet<&str> = self
+            .keys
+            .iter()
+            .chain(&now.keys)
+            .map(|(k, _)| k.as_str())
+            .collect();
+        keys.into_iter().map(str::to_string).collect()
+    }
+
     fn changed_keys(&self, now: &Handled) -> Vec<String> {
         let before: BTreeMap<&str, u64> = self.keys.iter().map(|(k, h)| (k.as_str(), *h)).collect();
         let after: BTreeMap<&str, u64> = now.keys.iter().map(|(k, h)| (k.as_str(), *h)).collect();
@@ -250,7 +261,13 @@ impl ObjectIndex {
                     return (None, before != now);
                 }
                 let mut ev = ChangeEvent::new(ChangeType::Modified, object, None);
-                ev.changed_keys = before.changed_keys(&now);
+                ev.changed_keys = if before.unverified {
+                    // What changed since the last handled version is
+                    // unknown: every key may have.
+                    before.all_keys(&now)
+                } else {
+                    before.changed_keys(&now)
+                };
                 return (Some(ev), true);
             }
         };
@@ -489,17 +506,31 @@ mod tests {
     #[test]
     fn an_unverified_object_delivers_its_next_event_whatever_its_content() {
         let mut idx = ObjectIndex::new(ObjectKind::ConfigMap);
-        idx.apply(Seen::Added, cm("a", json!({"k": "A"}), json!({})), false);
+        idx.apply(
+            Seen::Added,
+            cm("a", json!({"k": "A", "old": "x"}), json!({})),
+            false,
+        );
         idx.mark_unverified();
-        // Back to A after a B the index never saw: a real change.
+        // Back to A after a B the index never saw: a real change, and any
+        // key may have changed since the last handled version.
         let ev = idx
-            .apply(Seen::Modified, cm("a", json!({"k": "A"}), json!({})), false)
+            .apply(
+                Seen::Modified,
+                cm("a", json!({"k": "A", "new": "y"}), json!({})),
+                false,
+            )
             .expect("delivered");
         assert_eq!(ev.change, ChangeType::Modified);
+        assert_eq!(ev.changed_keys, ["k", "new", "old"]);
         // Verified now.
         assert!(
-            idx.apply(Seen::Modified, cm("a", json!({"k": "A"}), json!({})), false)
-                .is_none()
+            idx.apply(
+                Seen::Modified,
+                cm("a", json!({"k": "A", "new": "y"}), json!({})),
+                false
+            )
+            .is_none()
         );
     }
 

@@ -499,6 +499,13 @@ impl Manifest {
         }
         // Leases count whole seconds in an int32, and the elector adds these
         // to clock readings: keep them to sane, overflow-free values.
+        // A Lease holds its duration in whole seconds.
+        if ha.lease_duration.0.subsec_nanos() != 0 {
+            bad(
+                "ha.leaseDuration".into(),
+                format!("{} must be whole seconds", ha.lease_duration),
+            );
+        }
         if ha.lease_duration.0 > MAX_LEASE_DURATION {
             bad(
                 "ha.leaseDuration".into(),

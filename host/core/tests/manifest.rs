@@ -218,6 +218,11 @@ fn bad_manifests_name_the_field_and_the_value() {
             "plugins[0].delivery.debounce: 35999999999996400s is out of range (at most 1h)",
         ),
         (
+            "  leaseDuration: 15s",
+            "  leaseDuration: 15500ms",
+            "ha.leaseDuration: 15500ms must be whole seconds",
+        ),
+        (
             "backoffMax: 30s",
             "backoffMax: 25h",
             "plugins[0].delivery.backoffMax: 90000s is out of range (at most 24h)",

@@ -48,6 +48,8 @@ use wasmwatch_core::index::ObjectIndex;
 use crate::elector::Term;
 
 pub const TERM_ANNOTATION: &str = "wasmwatch.io/term";
+/// The UID of the leader Lease the stored term was taken on.
+pub const TERM_LEASE_UID_ANNOTATION: &str = "wasmwatch.io/term-lease-uid";
 /// On an index shard Lease: that shard's part of the encoded index.
 pub const INDEX_ANNOTATION: &str = "wasmwatch.io/index";
 /// Largest shard text; Kubernetes allows 256 KiB of annotations per object.
@@ -154,31 +156,20 @@ impl Checkpoints {
     }
 }
 
-/// `holder/transitions/leaseUID` (`holder/transitions` without a UID, as
-/// written before terms had one).
+/// `holder/transitions`, the form of [`TERM_ANNOTATION`] (the Lease UID has
+/// an annotation of its own, [`TERM_LEASE_UID_ANNOTATION`], so that a binary
+/// from before it still reads the term: rollbacks keep working).
 impl fmt::Display for Term {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.holder, self.transitions)?;
-        if !self.lease_uid.is_empty() {
-            write!(f, "/{}", self.lease_uid)?;
-        }
-        Ok(())
+        write!(f, "{}/{}", self.holder, self.transitions)
     }
 }
 
-fn parse_term(value: &str) -> Option<Term> {
-    let (rest, last) = value.rsplit_once('/')?;
-    // A UID is never a number, so a numeric last part is the old form.
-    let (holder, transitions, lease_uid) = match last.parse::<i32>() {
-        Ok(t) => (rest, t, ""),
-        Err(_) => {
-            let (holder, transitions) = rest.rsplit_once('/')?;
-            (holder, transitions.parse().ok()?, last)
-        }
-    };
+fn parse_term(value: &str, lease_uid: &str) -> Option<Term> {
+    let (holder, transitions) = value.rsplit_once('/')?;
     Some(Term {
         holder: holder.to_string(),
-        transitions,
+        transitions: transitions.parse().ok()?,
         lease_uid: lease_uid.to_string(),
     })
 }
@@ -261,7 +252,10 @@ impl CheckpointStore {
             .annotations
             .get_or_insert_with(Default::default);
         if let Some(stored) = annotations.get(TERM_ANNOTATION) {
-            match parse_term(stored) {
+            let stored_uid = annotations
+                .get(TERM_LEASE_UID_ANNOTATION)
+                .map_or("", String::as_str);
+            match parse_term(stored, stored_uid) {
                 // Terms of two incarnations of the leader Lease (deleted
                 // and created again): transitions do not compare; the term
                 // of the Lease that exists now is the newer one.
@@ -290,7 +284,7 @@ impl CheckpointStore {
                     return Err(CheckpointError::Corrupt {
                         lease: self.name.clone(),
                         message: format!(
-                            "{TERM_ANNOTATION}: cannot read {stored:?}, expected holder/transitions[/leaseUID]"
+                            "{TERM_ANNOTATION}: cannot read {stored:?}, expected holder/transitions"
                         ),
                     });
                 }
@@ -318,6 +312,14 @@ impl CheckpointStore {
             }
         }
         annotations.insert(TERM_ANNOTATION.to_string(), self.term.to_string());
+        if self.term.lease_uid.is_empty() {
+            annotations.remove(TERM_LEASE_UID_ANNOTATION);
+        } else {
+            annotations.insert(
+                TERM_LEASE_UID_ANNOTATION.to_string(),
+                self.term.lease_uid.clone(),
+            );
+        }
         self.lease = Some(self.replace(&lease).await?);
         // The indexes are read after the claim, so no older leader writes
         // them any more (it would be fenced at its next state write; a shard
@@ -529,25 +531,15 @@ mod tests {
                 .is_none()
         );
         assert_eq!(
-            parse_term("pod-a/7"),
+            parse_term("ns/pod-a/7", "3c1e4a52"),
             Some(Term {
-                holder: "pod-a".into(),
+                holder: "ns/pod-a".into(),
                 transitions: 7,
-                lease_uid: String::new(),
+                lease_uid: "3c1e4a52".into(),
             })
         );
-        let t = Term {
-            holder: "ns/pod-a".into(),
-            transitions: 7,
-            lease_uid: "3c1e4a52-8d0b-4d6f-9a51-0f2f6b1f9e10".into(),
-        };
-        assert_eq!(
-            t.to_string(),
-            "ns/pod-a/7/3c1e4a52-8d0b-4d6f-9a51-0f2f6b1f9e10"
-        );
-        assert_eq!(parse_term(&t.to_string()), Some(t));
-        assert_eq!(parse_term("pod-a"), None);
-        assert_eq!(parse_term("pod-a/x/uid"), None);
+        assert_eq!(parse_term("pod-a", ""), None);
+        assert_eq!(parse_term("pod-a/x", ""), None);
     }
 }
 

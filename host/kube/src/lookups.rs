@@ -674,7 +674,13 @@ impl Cache {
     /// The ready endpoints of a Service's EndpointSlices, without duplicates
     /// (an endpoint may briefly be in two slices).
     pub fn ready_endpoints(&self, namespace: &str, service: &str) -> Vec<Endpoint> {
-        let Some(n) = self.namespaces.get(namespace) else {
+        // EndpointSlices of a deleted Service linger until garbage
+        // collected: no Service, no endpoints.
+        let Some(n) = self
+            .namespaces
+            .get(namespace)
+            .filter(|n| n.services.contains_key(service))
+        else {
             return Vec::new();
         };
         let mut ready_endpoints: Vec<Endpoint> = Vec::new();
@@ -939,9 +945,17 @@ mod tests {
             serde_json::json!([{"addresses": ["10.0.0.1"]}]),
         ));
         assert!(cache.ready_endpoints("ns", "web").is_empty());
+        assert!(cache.ready_endpoints("elsewhere", "web").is_empty());
+        // The Service goes; its (labelled) slice lingers, its pods do not count.
+        cache.apply(&slice(
+            "web-1",
+            Some("web"),
+            serde_json::json!([{"addresses": ["10.0.0.1"]}]),
+        ));
+        assert_eq!(cache.ready_endpoints("ns", "web").len(), 1);
         cache.delete::<Service>("ns", "web");
         assert!(cache.service("ns", "web").is_none());
-        assert!(cache.ready_endpoints("elsewhere", "web").is_empty());
+        assert!(cache.ready_endpoints("ns", "web").is_empty());
     }
 
     #[test]

@@ -113,12 +113,9 @@ async fn a_leader_lease_created_again_starts_a_new_line_of_terms() {
         claimed.checkpoints.get(ObjectKind::ConfigMap, "default"),
         Some("10")
     );
-    assert!(
-        annotation(&server, "wasmwatch.io/term")
-            .as_str()
-            .unwrap()
-            .ends_with(&format!("pod-b/0/{second}"))
-    );
+    // The term keeps its old form (older binaries read it); the UID is apart.
+    assert_eq!(annotation(&server, "wasmwatch.io/term"), "pod-b/0");
+    assert_eq!(annotation(&server, "wasmwatch.io/term-lease-uid"), second);
     // The leader of the old Lease is fenced, writing or claiming.
     let err = old.save(&cps, &[]).await.unwrap_err();
     assert!(matches!(err, CheckpointError::Fenced(_)), "{err}");

@@ -75,16 +75,18 @@ impl Runtime {
             .max_memory_size(wasmwatch_core::manifest::MAX_MEMORY as usize)
             // Reset up to 256 KiB of a freed slot's memory with memset
             // instead of giving the pages back to the kernel and faulting them
-            // in again on the next event, and (Linux 6.7+, PAGEMAP_SCAN) only
-            // the pages that are resident, not all of it: a plugin touches a
-            // few pages per event. Our plugins link with a 64 KiB shadow stack
-            // (plugins/.cargo/config.toml), so their stack, data and small
-            // heap live in the first 128 KiB. Measured (benches/per_event.rs,
-            // fresh sandbox + trivial call): keeping 0 B: ~82 us; 256 KiB:
-            // ~10.2 us; 256 KiB with the page scan: ~8.7 us; 128 KiB to 4 MiB
-            // with the scan: the same.
+            // in again on the next event. Our plugins link with a 64 KiB
+            // shadow stack (plugins/.cargo/config.toml), so their stack, data
+            // and small heap live in the first 128 KiB. Measured
+            // (benches/per_event.rs, fresh sandbox + trivial call): keeping
+            // 0 B: ~82 us; 256 KiB: ~10.2 us; 256 KiB resetting only the
+            // resident pages (PAGEMAP_SCAN, Linux 6.7+): ~8.7 us.
             .linear_memory_keep_resident(256 << 10)
-            .pagemap_scan(wasmtime::Enabled::Auto)
+            .pagemap_scan(if swap_is_off() {
+                wasmtime::Enabled::Auto
+            } else {
+                wasmtime::Enabled::No
+            })
             .table_keep_resident(64 << 10);
         let mut cfg = Config::new();
         cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
@@ -135,6 +137,20 @@ impl Runtime {
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
     }
+}
+
+/// Whether no swap area is active. The page scan resets only the pages it
+/// finds resident and written; in wasmtime 48 a page swapped out in between
+/// is neither reset nor given back, so one event's data could reach the
+/// next (wasmtime PR #14357). Kubernetes nodes run without swap unless
+/// configured otherwise; with swap the scan stays off.
+fn swap_is_off() -> bool {
+    std::fs::read_to_string("/proc/swaps").is_ok_and(|s| no_swap_areas(&s))
+}
+
+/// `/proc/swaps` lists no area below its header line.
+fn no_swap_areas(proc_swaps: &str) -> bool {
+    proc_swaps.lines().skip(1).all(|l| l.trim().is_empty())
 }
 
 /// Imports a plugin may have: `package/interface[@version]` names from the
@@ -318,6 +334,15 @@ impl bindings::wasmwatch::plugin::host::Host for SandboxState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swap_areas_are_read_from_proc_swaps() {
+        let header = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n";
+        assert!(no_swap_areas(header));
+        assert!(!no_swap_areas(&format!(
+            "{header}/swapfile                               file\t\t2097148\t\t0\t\t-2\n"
+        )));
+    }
 
     #[test]
     fn import_policy() {

@@ -73,6 +73,16 @@ enum Command {
     },
 }
 
+/// `--checkpoint-interval`: a duration from 1ms to 1h (0 would make the
+/// save timer panic).
+fn checkpoint_interval(s: &str) -> Result<HumanDuration, String> {
+    let d: HumanDuration = s.parse()?;
+    if d.0.is_zero() || d.0 > std::time::Duration::from_secs(3600) {
+        return Err(format!("{d} is out of range (1ms to 1h)"));
+    }
+    Ok(d)
+}
+
 #[derive(Debug, clap::Args)]
 struct RunArgs {
     #[arg(long)]
@@ -92,8 +102,8 @@ struct RunArgs {
     /// Print every executed, retried or dead-lettered action as a JSON line.
     #[arg(long)]
     print_actions: bool,
-    /// How often the leader writes its checkpoints when they moved.
-    #[arg(long, default_value = "2s")]
+    /// How often the leader writes its checkpoints when they moved (1ms to 1h).
+    #[arg(long, default_value = "2s", value_parser = checkpoint_interval)]
     checkpoint_interval: HumanDuration,
 }
 

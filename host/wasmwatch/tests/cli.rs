@@ -204,3 +204,20 @@ fn plugin_run_names_what_is_wrong() {
         "{err}"
     );
 }
+
+#[test]
+fn a_zero_checkpoint_interval_is_refused_naming_the_flag() {
+    let out = wasmwatch(&[
+        "run",
+        "--manifest",
+        "/nonexistent.yaml",
+        "--checkpoint-interval",
+        "0s",
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--checkpoint-interval") && err.contains("0s is out of range (1ms to 1h)"),
+        "{err}"
+    );
+}
