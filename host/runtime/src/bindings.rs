@@ -7,7 +7,7 @@ wasmtime::component::bindgen!({
 pub use wasmwatch::plugin::types as wit;
 
 /// The WIT world this host implements, for error messages.
-pub const WORLD: &str = "wasmwatch:plugin/plugin@0.1.0";
+pub const WORLD: &str = "wasmwatch:plugin/plugin@0.2.0";
 
 impl<T: 'static> PluginPre<T> {
     /// Instantiates like [`PluginPre::instantiate`] but without checking the

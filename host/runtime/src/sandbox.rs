@@ -347,7 +347,7 @@ mod tests {
     #[test]
     fn import_policy() {
         for ok in [
-            "wasmwatch:plugin/host@0.1.0",
+            "wasmwatch:plugin/host@0.2.0",
             "wasi:io/streams@0.2.6",
             "wasi:cli/stderr@0.2.0",
             "wasi:random/random@0.2.6",

@@ -414,7 +414,7 @@ fn a_component_of_another_world_fails_to_load() {
     assert!(matches!(err, LoadError::WrongWorld { .. }), "{err}");
     assert!(
         err.to_string().starts_with(
-            "plugin `other`: is not a component of the wasmwatch:plugin/plugin@0.1.0 world:"
+            "plugin `other`: is not a component of the wasmwatch:plugin/plugin@0.2.0 world:"
         ),
         "{err}"
     );

@@ -1,7 +1,7 @@
 //! wasmwatch-plugin-sdk: write a wasmwatch plugin in a few lines of Rust.
 //!
 //! The crate runs `wit-bindgen` on `wit/plugin.wit` (world
-//! `wasmwatch:plugin/plugin@0.1.0`) and re-exports the generated types, the
+//! `wasmwatch:plugin/plugin@0.2.0`) and re-exports the generated types, the
 //! [`Guest`] trait and the [`host`] imports, plus a few helpers:
 //!
 //! - [`EventExt`]: annotation/label lookup, data values as text, kind checks;

@@ -46,6 +46,12 @@ pub fn plugin_target_dir() -> PathBuf {
     target.join("plugins")
 }
 
+/// Builds plugins/ (a no-op when nothing changed). Caveat for a target
+/// folder shared by two clones: cargo remembers `wit/plugin.wit` (outside
+/// the plugins workspace) by the absolute path of the clone that built last,
+/// so a WIT change in the other clone alone does not rebuild the plugins
+/// that read it with `wit_bindgen::generate!`; touch their sources. A fresh
+/// clone (CI) always rebuilds: its files are newer than the build.
 fn build_plugins() -> PathBuf {
     let target = plugin_target_dir();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
