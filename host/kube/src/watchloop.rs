@@ -174,11 +174,16 @@ impl WatchLoop {
     /// Resuming from a checkpoint, the stored objects are marked unverified
     /// (see [`ObjectIndex::mark_unverified`]): the index may be older than
     /// the checkpoint.
+    ///
+    /// Without a checkpoint the loop takes a baseline, which lists every
+    /// object anyway: a stored index is not used then (objects deleted since
+    /// it was stored would stay in it and come out as deletions at the next
+    /// relist).
     pub fn with_index(mut self, mut index: ObjectIndex) -> WatchLoop {
         if matches!(self.state, State::Resume { .. }) {
             index.mark_unverified();
+            self.index = index;
         }
-        self.index = index;
         self
     }
 

@@ -323,6 +323,30 @@ async fn a_change_back_to_the_stored_content_after_the_checkpoint_is_delivered()
 }
 
 #[tokio::test]
+async fn a_baseline_does_not_keep_objects_of_a_stored_index_that_are_gone() {
+    // An index stored with o0..o2; o2 is deleted; a loop without a checkpoint
+    // (a baseline) is handed the index anyway.
+    let (server, api) = setup(3).await;
+    let mut first = WatchLoop::new(server.client().unwrap(), target(Some("default")), None);
+    let (tx, mut rx) = mpsc::channel(1000);
+    first.step(&tx).await.unwrap();
+    let Some(Output::Index(stored)) = drain(&mut rx).pop() else {
+        panic!("no index after the baseline")
+    };
+    drop(first);
+    api.delete("o2", &DeleteParams::default()).await.unwrap();
+    let mut next =
+        WatchLoop::new(server.client().unwrap(), target(Some("default")), None).with_index(stored);
+    next.step(&tx).await.unwrap(); // baseline: delivers nothing
+    assert_eq!(changes(&drain(&mut rx)), vec![]);
+    // The history is lost: the relist finds nothing gone, o2 included.
+    server.faults().compact_history();
+    next.step(&tx).await.unwrap(); // watch: 410
+    next.step(&tx).await.unwrap(); // relist
+    assert_eq!(changes(&drain(&mut rx)), vec![]);
+}
+
+#[tokio::test]
 async fn the_index_is_sent_while_changes_come_at_most_every_interval() {
     let (server, api) = setup(3).await;
     let mut lp = WatchLoop::new(server.client().unwrap(), target(Some("default")), None);
