@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use wasmwatch_apiserver::{Config, Server, ServerHandle};
+use wasmwatch_apiserver::ServerHandle;
 use wasmwatch_testkit::brokers;
 
 const NS: &str = "shop";
@@ -49,23 +49,20 @@ struct Env {
 }
 
 async fn env(manifest: &str) -> Env {
-    let server = Server::start(Config::default().bookmark_interval(Duration::from_secs(1)))
-        .await
-        .unwrap();
-    let client = server.client().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let path = dir.path().join("manifest.yaml");
-    std::fs::write(&path, wasmwatch_testkit::pin(manifest)).unwrap();
-    namespace(&client, NS).await;
+    let TestEnv {
+        server,
+        client,
+        dir,
+        kubeconfig,
+        manifest,
+    } = test_env(manifest, NS).await;
     Env {
         cms: Api::namespaced(client.clone(), NS),
         server,
         client,
         _dir: dir,
         kubeconfig,
-        manifest: path,
+        manifest,
     }
 }
 

@@ -9,7 +9,6 @@ use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use wasmwatch_apiserver::{Config, Server};
 
 const MANIFEST: &str = "apiVersion: wasmwatch.io/v1alpha1
 kind: PluginManifest
@@ -36,16 +35,13 @@ struct Cluster {
 }
 
 async fn cluster() -> Cluster {
-    let server = Server::start(Config::default().bookmark_interval(Duration::from_secs(1)))
-        .await
-        .unwrap();
-    let client = server.client().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let manifest = dir.path().join("manifest.yaml");
-    std::fs::write(&manifest, wasmwatch_testkit::pin(MANIFEST)).unwrap();
-    namespace(&client, "shop").await;
+    let TestEnv {
+        server,
+        client,
+        dir,
+        kubeconfig,
+        manifest,
+    } = test_env(MANIFEST, "shop").await;
     let orders = vec![Pod::start().await, Pod::start().await];
     let billing = Pod::start().await;
     service(&client, "shop", "orders", &[&orders[0], &orders[1]], &[]).await;

@@ -107,6 +107,38 @@ pub async fn namespace(client: &kube::Client, name: &str) {
     .await;
 }
 
+/// A test API server (a bookmark every second) with namespace `ns`, and in
+/// a temporary folder a kubeconfig for it and `manifest`, pinned.
+pub struct TestEnv {
+    pub server: wasmwatch_apiserver::ServerHandle,
+    pub client: kube::Client,
+    pub dir: tempfile::TempDir,
+    pub kubeconfig: std::path::PathBuf,
+    pub manifest: std::path::PathBuf,
+}
+
+pub async fn test_env(manifest: &str, ns: &str) -> TestEnv {
+    let server = wasmwatch_apiserver::Server::start(
+        wasmwatch_apiserver::Config::default().bookmark_interval(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let client = server.client().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let path = dir.path().join("manifest.yaml");
+    std::fs::write(&path, wasmwatch_testkit::pin(manifest)).unwrap();
+    namespace(&client, ns).await;
+    TestEnv {
+        server,
+        client,
+        dir,
+        kubeconfig,
+        manifest: path,
+    }
+}
+
 /// A Service `name` in `ns` whose ready endpoints are the given pods (one
 /// EndpointSlice per pod, each with that pod's port), plus `not_ready`
 /// endpoints listed as not ready.
