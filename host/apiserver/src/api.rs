@@ -20,6 +20,7 @@ use crate::patch::{self, PatchType};
 use crate::resources::{RESOURCES, ResourceId, ResourceType};
 use crate::selector::{FieldSelector, LabelSelector, Selectors};
 use crate::store::{Key, StoreError, rv_of};
+use crate::table::{self, TableRequest};
 use crate::watch::{self, StartAt, WatchRequest};
 
 /// A request's target: resource, namespace, optional name and subresource.
@@ -124,9 +125,12 @@ pub fn parse_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
     }
 }
 
-pub fn get(sh: &Shared, t: &Target) -> Result<Reply, ApiError> {
+pub fn get(sh: &Shared, t: &Target, table: Option<TableRequest>) -> Result<Reply, ApiError> {
     match sh.store.get(t.resource, t.ns(), t.name()) {
-        Some(o) => Ok(Reply::Stored(200, o)),
+        Some(o) => Ok(match table {
+            None => Reply::Stored(200, o),
+            Some(req) => Reply::Json(200, table::object(t.rt(), &o, req, true)),
+        }),
         None => Err(ApiError::not_found(t.rt(), t.name())),
     }
 }
@@ -168,7 +172,12 @@ fn decode_continue(s: &str) -> Result<ContinueToken, ApiError> {
         .ok_or_else(|| ApiError::bad_request("continue key is not valid: invalid token"))
 }
 
-pub fn list(sh: &Shared, t: &Target, q: &Query) -> Result<Reply, ApiError> {
+pub fn list(
+    sh: &Shared,
+    t: &Target,
+    q: &Query,
+    table: Option<TableRequest>,
+) -> Result<Reply, ApiError> {
     let rt = t.rt();
     let sel = selectors(rt, q, None)?;
     let rv_param = q.get("resourceVersion").map(String::as_str).unwrap_or("");
@@ -251,6 +260,10 @@ pub fn list(sh: &Shared, t: &Target, q: &Query) -> Result<Reply, ApiError> {
             meta["remainingItemCount"] = json!(1 + iter.count());
         }
     }
+    if let Some(req) = table {
+        let items = page.iter().map(|(_, o)| o.as_ref());
+        return Ok(Reply::Json(200, table::list(rt, items, meta, req)));
+    }
     // Serialise by hand to avoid deep-cloning every item.
     let mut buf = Vec::with_capacity(128 + page.len() * 512);
     buf.extend_from_slice(b"{\"kind\":");
@@ -270,7 +283,12 @@ pub fn list(sh: &Shared, t: &Target, q: &Query) -> Result<Reply, ApiError> {
     Ok(Reply::Raw(200, Bytes::from(buf)))
 }
 
-pub fn watch(sh: &Shared, t: &Target, q: &Query) -> Result<Reply, ApiError> {
+pub fn watch(
+    sh: &Shared,
+    t: &Target,
+    q: &Query,
+    table: Option<TableRequest>,
+) -> Result<Reply, ApiError> {
     let rt = t.rt();
     let sel = selectors(rt, q, t.name.as_deref())?;
     let flag = |k: &str| q.get(k).is_some_and(|v| v == "true" || v == "1");
@@ -296,6 +314,7 @@ pub fn watch(sh: &Shared, t: &Target, q: &Query) -> Result<Reply, ApiError> {
         bookmarks: flag("allowWatchBookmarks"),
         initial_events_end: send_initial == Some("true"),
         timeout,
+        table,
     };
     let from = match start {
         StartAt::After(n) => Some(n),

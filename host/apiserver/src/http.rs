@@ -13,7 +13,7 @@ use futures_util::StreamExt as _;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER, USER_AGENT};
+use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderValue, RETRY_AFTER, USER_AGENT};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -30,6 +30,7 @@ use crate::error::ApiError;
 use crate::faults::{ConflictRequest, Control, DurationRequest, FailRequest, Failure, WatchClose};
 use crate::patch::PatchType;
 use crate::resources::{self, RESOURCES};
+use crate::table;
 use crate::watch::Chunks;
 
 /// Response body: a full document or a watch stream.
@@ -202,10 +203,15 @@ async fn handle_resource(
     }
     let is_watch = legacy_watch || q.get("watch").is_some_and(|v| v == "true" || v == "1");
     let method = req.method().clone();
+    // kubectl asks for a Table when it prints columns; others get the objects.
+    let table = || {
+        let accept = req.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+        table::requested(accept, &q)
+    };
     match (method, t.name.is_some()) {
-        (Method::GET, _) if is_watch => api::watch(sh, &t, &q),
-        (Method::GET, false) => api::list(sh, &t, &q),
-        (Method::GET, true) => api::get(sh, &t),
+        (Method::GET, _) if is_watch => api::watch(sh, &t, &q, table()?),
+        (Method::GET, false) => api::list(sh, &t, &q, table()?),
+        (Method::GET, true) => api::get(sh, &t, table()?),
         (Method::POST, false) => {
             let (ct, body) = read_body(req).await?;
             api::create(sh, &t, &q, api::parse_body(&ct, &body)?)

@@ -24,7 +24,8 @@
 //! * [`api`] implements the verbs with kube-apiserver's optimistic update
 //!   loop; [`patch`] the three patch formats; [`selector`] label and field
 //!   selectors; [`watch`] the streaming watch responses; [`discovery`] the
-//!   discovery documents.
+//!   discovery documents; [`table`] the `Table` answers kubectl asks for
+//!   to print columns (kube-apiserver's printers).
 //! * [`http`] is the hyper server: routing, the accept loop and `/_faults`.
 //! * [`audit`] records every request answered as Kubernetes authorization
 //!   sees it (verb, group, resource, namespace, name), for tests that check
@@ -63,6 +64,7 @@ pub mod patch;
 pub mod resources;
 pub mod selector;
 pub mod store;
+pub mod table;
 pub mod watch;
 
 use std::net::SocketAddr;

@@ -25,6 +25,7 @@ use crate::faults::WatchClose;
 use crate::resources::{RESOURCES, ResourceId};
 use crate::selector::Selectors;
 use crate::store::{Change, ChangeType, WatchGuard, WatchStart, bookmark_object, event_line};
+use crate::table::{self, Include, TableRequest};
 
 /// Where a watch starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +49,8 @@ pub struct WatchRequest {
     /// Send the `k8s.io/initial-events-end` bookmark after the synthetic events.
     pub initial_events_end: bool,
     pub timeout: Option<Duration>,
+    /// Send each event's object as a Table (`kubectl get -w`).
+    pub table: Option<TableRequest>,
 }
 
 /// The chunk stream backing a watch response body.
@@ -67,6 +70,10 @@ struct Filter {
     namespace: Option<String>,
     selectors: Selectors,
     trivial: bool,
+    /// Render each event's object as a Table of one row.
+    table: Option<TableRequest>,
+    /// Like kube-apiserver, only the first Table carries column definitions.
+    headers_sent: bool,
 }
 
 impl Filter {
@@ -75,44 +82,60 @@ impl Filter {
     }
 
     /// Append the event `c` means for this watch, if any.
-    fn append(&self, c: &Change, buf: &mut BytesMut) {
+    fn append(&mut self, c: &Change, buf: &mut BytesMut) {
         if !self.in_scope(c) {
             return;
         }
-        if self.trivial {
-            buf.extend_from_slice(c.line());
-            return;
-        }
-        let now = self.selectors.matches(&c.object);
-        let before = c.prev.as_deref().is_some_and(|p| self.selectors.matches(p));
-        let kind = match c.kind {
-            ChangeType::Added if now => ChangeType::Added,
-            ChangeType::Modified if now && before => ChangeType::Modified,
-            ChangeType::Modified if now => ChangeType::Added,
-            ChangeType::Modified if before => ChangeType::Deleted,
-            ChangeType::Deleted if before || now => ChangeType::Deleted,
-            _ => return,
+        let kind = if self.trivial {
+            c.kind
+        } else {
+            let now = self.selectors.matches(&c.object);
+            let before = c.prev.as_deref().is_some_and(|p| self.selectors.matches(p));
+            match c.kind {
+                ChangeType::Added if now => ChangeType::Added,
+                ChangeType::Modified if now && before => ChangeType::Modified,
+                ChangeType::Modified if now => ChangeType::Added,
+                ChangeType::Modified if before => ChangeType::Deleted,
+                ChangeType::Deleted if before || now => ChangeType::Deleted,
+                _ => return,
+            }
         };
-        if kind == c.kind {
+        if kind == c.kind && self.table.is_none() {
             buf.extend_from_slice(c.line());
         } else {
-            buf.extend_from_slice(&event_line(kind.as_str(), &c.object));
+            self.push(kind.as_str(), &c.object, buf);
         }
     }
-}
 
-fn bookmark(resource: ResourceId, rv: u64, initial_end: bool) -> Bytes {
-    let rt = &RESOURCES[resource];
-    event_line(
-        "BOOKMARK",
-        &bookmark_object(&rt.api_version(), rt.kind, rv, initial_end),
-    )
+    /// Append one event with `object`, as a Table if the watch asked for one.
+    fn push(&mut self, kind: &str, object: &Value, buf: &mut BytesMut) {
+        let Some(mut req) = self.table else {
+            buf.extend_from_slice(&event_line(kind, object));
+            return;
+        };
+        // The initial-events-end bookmark keeps its annotation visible.
+        if kind == "BOOKMARK"
+            && object
+                .pointer("/metadata/annotations/k8s.io~1initial-events-end")
+                .is_some()
+        {
+            req.include = Include::Metadata;
+        }
+        let t = table::object(&RESOURCES[self.resource], object, req, !self.headers_sent);
+        self.headers_sent = true;
+        buf.extend_from_slice(&event_line(kind, &t));
+    }
+
+    fn bookmark(&mut self, rv: u64, initial_end: bool, buf: &mut BytesMut) {
+        let rt = &RESOURCES[self.resource];
+        let obj = bookmark_object(&rt.api_version(), rt.kind, rv, initial_end);
+        self.push("BOOKMARK", &obj, buf);
+    }
 }
 
 /// A running watch.
 struct WatchState {
     filter: Filter,
-    resource: ResourceId,
     bookmarks: bool,
     rx: broadcast::Receiver<std::sync::Arc<Change>>,
     last_rv: u64,
@@ -136,11 +159,13 @@ pub fn stream(
     mut close: watch::Receiver<(u64, WatchClose)>,
 ) -> Chunks {
     close.mark_unchanged();
-    let filter = Filter {
+    let mut filter = Filter {
         resource: req.resource,
         namespace: req.namespace.clone(),
         trivial: req.selectors.labels.is_empty() && req.selectors.fields.is_empty(),
         selectors: req.selectors,
+        table: req.table,
+        headers_sent: false,
     };
     let WatchStart {
         initial,
@@ -158,13 +183,13 @@ pub fn stream(
         {
             continue;
         }
-        buf.extend_from_slice(&event_line("ADDED", obj));
+        filter.push("ADDED", obj, &mut buf);
         if buf.len() >= FLUSH_AT {
             pending.push_back(buf.split().freeze());
         }
     }
     if req.initial_events_end {
-        buf.extend_from_slice(&bookmark(req.resource, last_rv, true));
+        filter.bookmark(last_rv, true, &mut buf);
     }
     for c in &replay {
         last_rv = last_rv.max(c.rv);
@@ -181,7 +206,6 @@ pub fn stream(
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let state = WatchState {
         filter,
-        resource: req.resource,
         bookmarks: req.bookmarks,
         rx,
         last_rv,
@@ -223,12 +247,12 @@ impl WatchState {
                 _ = sleep_until_opt(self.deadline) => {
                     self.done = true;
                     if self.bookmarks {
-                        self.buf.extend_from_slice(&bookmark(self.resource, self.last_rv, false));
+                        self.filter.bookmark(self.last_rv, false, &mut self.buf);
                     }
                     return self.take();
                 }
                 _ = self.ticker.tick(), if self.bookmarks => {
-                    self.buf.extend_from_slice(&bookmark(self.resource, self.last_rv, false));
+                    self.filter.bookmark(self.last_rv, false, &mut self.buf);
                     return self.take();
                 }
                 r = self.rx.recv() => {

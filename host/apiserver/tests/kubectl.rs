@@ -329,3 +329,194 @@ async fn kubectl_get_watch_sees_changes() {
     }
     child.kill().await.unwrap();
 }
+
+/// The whitespace-separated cells of the line whose first cell is `first`.
+fn row<'a>(out: &'a str, first: &str) -> Vec<&'a str> {
+    out.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cells| cells.first() == Some(&first))
+        .unwrap_or_else(|| panic!("no row {first:?} in:\n{out}"))
+}
+
+/// The header line that starts with `first`, squeezed to single spaces.
+fn header(out: &str, first: &str) -> String {
+    out.lines()
+        .find(|l| l.starts_with(first))
+        .unwrap_or_else(|| panic!("no header {first:?} in:\n{out}"))
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn objects_to_print() -> String {
+    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ");
+    format!(
+        r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: orders, labels: {{app: orders}}}}
+data: {{greeting: hello, mode: blue}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: orders-db}}
+stringData: {{password: hunter2}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: orders}}
+spec:
+  replicas: 3
+  selector: {{matchLabels: {{app: orders}}}}
+  template:
+    metadata: {{labels: {{app: orders}}}}
+    spec:
+      containers:
+      - {{name: app, image: "shop/orders:1.4"}}
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {{name: wasmwatch-leader}}
+spec: {{holderIdentity: replica-a, leaseDurationSeconds: 15}}
+---
+apiVersion: v1
+kind: Event
+metadata: {{name: orders.17f3a}}
+involvedObject: {{apiVersion: apps/v1, kind: Deployment, name: orders, namespace: default}}
+reason: Restarted
+message: rolled out a restart for configmap/orders
+type: Normal
+source: {{component: wasmwatch}}
+firstTimestamp: "{now}"
+lastTimestamp: "{now}"
+count: 1
+"#
+    )
+}
+
+#[tokio::test]
+async fn kubectl_get_prints_the_columns_a_cluster_prints() {
+    let server = common::start().await;
+    let Some(k) = Kubectl::new(&server) else {
+        return;
+    };
+    let file = k.file("objects.yaml", &objects_to_print());
+    k.ok(&["apply", "-f", &file]).await;
+    k.ok(&[
+        "patch",
+        "deployment",
+        "orders",
+        "--subresource=status",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"status":{"replicas":3,"readyReplicas":2,"updatedReplicas":3,"availableReplicas":2}}"#,
+    ])
+    .await;
+
+    let out = k.ok(&["get", "events,cm,deploy,lease,secrets"]).await;
+    eprintln!("{out}");
+    assert_eq!(
+        header(&out, "LAST SEEN"),
+        "LAST SEEN TYPE REASON OBJECT MESSAGE"
+    );
+    let ev = out
+        .lines()
+        .find(|l| l.contains("Restarted"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let ev: Vec<&str> = ev.split_whitespace().collect();
+    assert!(ev[0].ends_with('s'), "LAST SEEN is an age: {ev:?}");
+    assert_eq!(
+        ev[1..].join(" "),
+        "Normal Restarted deployment/orders rolled out a restart for configmap/orders"
+    );
+    assert_eq!(header(&out, "NAME  "), "NAME DATA AGE");
+    assert_eq!(row(&out, "configmap/orders")[1], "2");
+    assert_eq!(
+        header(&out, "NAME                     READY"),
+        "NAME READY UP-TO-DATE AVAILABLE AGE"
+    );
+    assert_eq!(row(&out, "deployment.apps/orders")[1..4], ["2/3", "3", "2"]);
+    assert!(out.contains("HOLDER"), "{out}");
+    assert_eq!(
+        row(&out, "lease.coordination.k8s.io/wasmwatch-leader")[1],
+        "replica-a"
+    );
+    assert!(
+        out.contains("NAME               TYPE     DATA   AGE"),
+        "{out}"
+    );
+    assert_eq!(row(&out, "secret/orders-db")[1..3], ["Opaque", "1"]);
+
+    // Wide adds the priority-1 columns; -A the namespace (from the row's
+    // object metadata); --show-labels the labels.
+    let out = k.ok(&["get", "deploy", "-o", "wide"]).await;
+    assert_eq!(
+        header(&out, "NAME"),
+        "NAME READY UP-TO-DATE AVAILABLE AGE CONTAINERS IMAGES SELECTOR"
+    );
+    assert_eq!(
+        row(&out, "orders")[5..],
+        ["app", "shop/orders:1.4", "app=orders"]
+    );
+    let out = k.ok(&["get", "events", "-o", "wide"]).await;
+    assert_eq!(
+        header(&out, "LAST SEEN"),
+        "LAST SEEN TYPE REASON OBJECT SUBOBJECT SOURCE MESSAGE FIRST SEEN COUNT NAME"
+    );
+    assert!(out.contains("wasmwatch"), "{out}");
+    let out = k.ok(&["get", "cm", "-A", "--show-labels"]).await;
+    assert_eq!(header(&out, "NAMESPACE"), "NAMESPACE NAME DATA AGE LABELS");
+    assert_eq!(row(&out, "default")[1..3], ["orders", "2"]);
+    assert!(out.contains("app=orders"), "{out}");
+    // One object by name, and a label selector.
+    let out = k.ok(&["get", "lease", "wasmwatch-leader"]).await;
+    assert_eq!(header(&out, "NAME"), "NAME HOLDER AGE");
+    let out = k
+        .ok(&["get", "cm", "-l", "app=orders", "--no-headers"])
+        .await;
+    assert_eq!(out.lines().count(), 1, "{out}");
+}
+
+#[tokio::test]
+async fn kubectl_get_watch_prints_table_rows() {
+    let server = common::start().await;
+    let Some(k) = Kubectl::new(&server) else {
+        return;
+    };
+    let client = server.client().unwrap();
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::default_namespaced(client);
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "w"}, "data": {"a": "1"}})).unwrap();
+    api.create(&Default::default(), &cm).await.unwrap();
+
+    let mut child = k
+        .command(&["get", "configmap", "-w"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("kubectl printed in time")
+            .unwrap()
+            .expect("kubectl still running")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(next().await, ["NAME", "DATA", "AGE"]);
+    assert_eq!(next().await[..2], ["w", "1"]);
+    api.patch(
+        "w",
+        &Default::default(),
+        &kube::api::Patch::Merge(json!({"data": {"b": "2"}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(next().await[..2], ["w", "2"]);
+    child.kill().await.unwrap();
+}

@@ -71,6 +71,32 @@ pub async fn get(http: &Http, url: &str) -> Resp {
     send(http, "GET", url, "application/json", None).await
 }
 
+/// What kubectl sends when it prints columns.
+pub const ACCEPT_TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+
+/// A GET with an Accept header; the body as raw bytes and parsed.
+pub async fn get_accept(http: &Http, url: &str, accept: &str) -> (Resp, Bytes) {
+    let req = Request::builder()
+        .method("GET")
+        .uri(url)
+        .header("accept", accept)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = http.request(req).await.expect("request");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (
+        Resp {
+            status,
+            headers,
+            body,
+        },
+        bytes,
+    )
+}
+
 pub async fn post(http: &Http, url: &str, body: &Value) -> Resp {
     send(http, "POST", url, "application/json", Some(body)).await
 }
@@ -92,8 +118,13 @@ pub struct Watch {
 
 impl Watch {
     pub async fn open(http: &Http, url: &str) -> Watch {
+        Self::open_accept(http, url, "application/json").await
+    }
+
+    pub async fn open_accept(http: &Http, url: &str, accept: &str) -> Watch {
         let req = Request::builder()
             .uri(url)
+            .header("accept", accept)
             .body(Full::new(Bytes::new()))
             .unwrap();
         let resp = http.request(req).await.expect("watch request");
