@@ -165,17 +165,39 @@ pub fn main() -> ExitCode {
     match run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
 }
 
+/// An error and its causes on one line, `: `-separated, leaving out a cause
+/// whose text the one before already contains (kube and others print their
+/// source in their own message, and `{:#}` would repeat it at every level).
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut previous = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !previous.contains(&text) && !parts.last().is_some_and(|l| l.contains(&text)) {
+            parts.push(text.clone());
+        }
+        previous = text;
+    }
+    parts.join(": ")
+}
+
 fn init_tracing(format: LogFormat, default_level: &str) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // Colours only for a person at a terminal: not in files, pipes or
+    // container logs, and not when NO_COLOR is set.
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),

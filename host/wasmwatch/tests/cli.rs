@@ -221,3 +221,117 @@ fn a_zero_checkpoint_interval_is_refused_naming_the_flag() {
         "{err}"
     );
 }
+
+const SPY_ONLY: &str = "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+plugins:
+  - name: spy
+    module: {module:misbehave}
+    sha256: {sha256:misbehave}
+    config: {mode: ok}
+    capabilities: {events: true}
+";
+
+/// `wasmwatch run` with this kubeconfig and no in-cluster environment.
+fn run_with_kubeconfig(manifest: &Path, kubeconfig: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+        .args(["run", "--manifest", manifest.to_str().unwrap()])
+        .args(["--admin-addr", "127.0.0.1:0"])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .expect("run wasmwatch")
+}
+
+#[test]
+fn a_kubernetes_client_that_cannot_be_configured_is_one_plain_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(dir.path(), "m.yaml", &pin(SPY_ONLY));
+    let bad_url = write(
+        dir.path(),
+        "kubeconfig",
+        "apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: 'http://bad host:6443'}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+users: [{name: u, user: {}}]
+current-context: c
+",
+    );
+    for (kubeconfig, problem) in [
+        (
+            Path::new("/nonexistent/kubeconfig"),
+            "failed to read kubeconfig from '\"/nonexistent/kubeconfig\"': No such file or directory",
+        ),
+        (bad_url.as_path(), "failed to parse cluster url"),
+    ] {
+        let out = run_with_kubeconfig(&m, kubeconfig);
+        assert!(!out.status.success());
+        let err = text(&out.stderr);
+        assert!(!err.contains("\x1b["), "no colour codes: {err:?}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "one line: {err}");
+        assert!(
+            lines[0].starts_with("error: cannot configure the Kubernetes client: "),
+            "{err}"
+        );
+        assert_eq!(lines[0].matches(problem).count(), 1, "named once: {err}");
+        assert_eq!(
+            lines[0].matches("failed to infer config").count(),
+            1,
+            "no cause repeated: {err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_to_a_pipe_carry_no_colour_codes() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let server = wasmwatch_apiserver::Server::start(Default::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let m = write(dir.path(), "m.yaml", &pin(SPY_ONLY));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+        .args(["run", "--manifest", m.to_str().unwrap()])
+        .args(["--admin-addr", "127.0.0.1:0"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("admin port listening"))
+    {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => seen.push(line),
+            Err(_) => panic!("no startup log in time: {seen:?}"),
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = seen.join("\n");
+    assert!(log.contains(" INFO "), "{log}");
+    assert!(!log.contains('\x1b'), "no colour codes: {log:?}");
+}
