@@ -20,6 +20,7 @@ pub mod index;
 pub mod lookups;
 pub mod manifest;
 pub mod selector;
+pub mod text;
 pub mod units;
 
 pub use action::Action;
