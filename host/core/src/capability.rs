@@ -58,7 +58,8 @@ impl Capabilities {
     /// Checks one action against the grants.
     pub fn check(&self, action: &Action) -> Verdict {
         match action {
-            Action::Http { url, .. } => match url::Url::parse(url) {
+            Action::Http { url, headers, .. } => match url::Url::parse(url) {
+                _ if let Some(why) = header_problem(headers) => refused("http", why),
                 Err(e) => refused("http", format!("invalid URL {url:?}: {e}")),
                 Ok(u) if self.http.iter().any(|p| p.matches(&u)) => Verdict::Allowed,
                 Ok(_) => refused("http", format!("URL {url} matches no granted http pattern")),
@@ -116,6 +117,44 @@ impl Capabilities {
             }
         }
     }
+}
+
+/// Headers the host sets itself (the target and the message framing), which
+/// a plugin may not set: a `Host` of its own would reach another virtual
+/// host behind a shared ingress than the granted URL names.
+const HOST_HEADERS: [&str; 4] = ["host", "content-length", "transfer-encoding", "connection"];
+
+/// Why these headers may not be sent, if they may not: a header the host
+/// sets, the same name twice, or a name or value that is not valid HTTP.
+fn header_problem(headers: &[crate::action::Header]) -> Option<String> {
+    let mut seen = std::collections::HashSet::new();
+    for h in headers {
+        let name = crate::text::bounded_line(&h.name, 64);
+        let lower = h.name.to_ascii_lowercase();
+        if HOST_HEADERS.contains(&lower.as_str()) {
+            return Some(format!(
+                "header {name:?} is set by wasmwatch and may not be set by a plugin"
+            ));
+        }
+        let token = |c: u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c);
+        if h.name.is_empty() || !h.name.bytes().all(token) {
+            return Some(format!(
+                "header name {name:?} is not a valid HTTP header name"
+            ));
+        }
+        if h.value
+            .bytes()
+            .any(|c| (c < 0x20 && c != b'\t') || c == 0x7f)
+        {
+            return Some(format!(
+                "header {name:?} has a control character in its value"
+            ));
+        }
+        if !seen.insert(lower) {
+            return Some(format!("header {name:?} is set twice"));
+        }
+    }
+    None
 }
 
 /// An exact name, or `*` for any.
@@ -224,6 +263,15 @@ impl std::str::FromStr for UrlPattern {
             || host[1..].contains('*')
         {
             return Err(bad("host must be a name, an address, * or *.suffix"));
+        }
+        // A trailing `*` is what operators write for "anything below":
+        // `/hooks/*` is the prefix `/hooks/`. Elsewhere it would be taken
+        // literally and match nothing, so it is refused.
+        let path = path.strip_suffix('*').unwrap_or(path);
+        if path.contains('*') {
+            return Err(bad(
+                "`*` may only end the path (a prefix: /hooks/* or /hooks/); for any path write /",
+            ));
         }
         Ok(UrlPattern {
             raw: s.to_string(),
@@ -369,5 +417,133 @@ mod tests {
         assert!(!caps.check(&publish("rabbit", "other")).is_allowed());
         assert!(caps.check(&publish("nats", "anything")).is_allowed());
         assert!("nobus".parse::<BusPattern>().is_err());
+    }
+}
+
+#[cfg(test)]
+mod hostile_tests {
+    use super::*;
+    use crate::action::{Header, HttpMethod};
+
+    fn http(url: &str, headers: &[(&str, &str)]) -> Action {
+        Action::Http {
+            method: HttpMethod::Post,
+            url: url.into(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| Header {
+                    name: n.to_string(),
+                    value: v.to_string(),
+                })
+                .collect(),
+            body: None,
+        }
+    }
+
+    fn caps(grant: &str) -> Capabilities {
+        Capabilities {
+            http: vec![grant.parse().unwrap()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_trailing_star_in_the_path_is_a_prefix() {
+        let c = caps("https://allowed.example.com/hooks/*");
+        assert!(
+            c.check(&http("https://allowed.example.com/hooks/a/b", &[]))
+                .is_allowed()
+        );
+        assert!(
+            !c.check(&http("https://allowed.example.com/admin", &[]))
+                .is_allowed()
+        );
+        // The url crate resolves dot segments before the prefix is compared.
+        assert!(
+            !c.check(&http("https://allowed.example.com/hooks/../admin", &[]))
+                .is_allowed()
+        );
+        assert!(
+            !c.check(&http("https://allowed.example.com.evil.net/hooks/", &[]))
+                .is_allowed()
+        );
+        let wild = caps("https://*.example.com/*");
+        assert!(
+            wild.check(&http("https://a.example.com/x", &[]))
+                .is_allowed()
+        );
+        assert!(!wild.check(&http("https://example.com/x", &[])).is_allowed());
+        assert!(
+            !wild
+                .check(&http("https://evilexample.com/x", &[]))
+                .is_allowed()
+        );
+    }
+
+    #[test]
+    fn a_star_inside_the_path_is_refused_saying_what_to_write() {
+        let err = "https://h/hooks/*/refresh"
+            .parse::<UrlPattern>()
+            .unwrap_err();
+        assert!(err.contains("`*` may only end the path"), "{err}");
+    }
+
+    #[test]
+    fn host_framing_duplicate_and_invalid_headers_are_refused_by_name() {
+        let c = caps("http://127.0.0.1:*/");
+        let url = "http://127.0.0.1:8080/x";
+        for (headers, expect) in [
+            (
+                vec![("Host", "admin.internal")],
+                "header \"Host\" is set by wasmwatch",
+            ),
+            (
+                vec![("content-length", "5")],
+                "header \"content-length\" is set by wasmwatch",
+            ),
+            (
+                vec![("Transfer-Encoding", "chunked")],
+                "\"Transfer-Encoding\" is set by wasmwatch",
+            ),
+            (
+                vec![("Connection", "close")],
+                "\"Connection\" is set by wasmwatch",
+            ),
+            (
+                vec![("X-A", "1"), ("x-a", "2")],
+                "header \"x-a\" is set twice",
+            ),
+            (vec![("X-A", "1\r\nHost: evil")], "control character"),
+            (vec![("Bad Name", "1")], "not a valid HTTP header name"),
+            (vec![("", "")], "not a valid HTTP header name"),
+        ] {
+            match c.check(&http(url, &headers)) {
+                Verdict::Refused { capability, reason } => {
+                    assert_eq!(capability, "http");
+                    assert!(reason.contains(expect), "{reason}");
+                }
+                Verdict::Allowed => panic!("{headers:?} allowed"),
+            }
+        }
+        assert!(c.check(&http(url, &[("X-Token", "abc\tdef")])).is_allowed());
+    }
+
+    #[test]
+    fn a_million_empty_headers_count_as_output() {
+        let headers = vec![
+            Header {
+                name: String::new(),
+                value: String::new(),
+            };
+            1_000_000
+        ];
+        let a = Action::Http {
+            method: HttpMethod::Post,
+            url: "http://x/".into(),
+            headers,
+            body: None,
+        };
+        assert!(a.approx_size() > 1 << 20, "{}", a.approx_size());
+        assert!(http("http://x/", &[("A", "b")]).approx_size() < 200);
     }
 }
