@@ -136,25 +136,22 @@ fn native_decision(ev: &ChangeEvent, config_json: &str, lookups: &dyn Lookups) -
 }
 
 /// Median per-iteration time of each of `runs`, over `rounds` rounds of
-/// `per_batch` iterations each. The runs take turns batch by batch, so a
-/// noisy neighbour slows all of them alike and their ratios hold.
+/// `per_batch` iterations each (a run is given the batch size). The runs
+/// take turns batch by batch, so a noisy neighbour slows all of them alike
+/// and their ratios hold.
 fn measure<const N: usize>(
     rounds: usize,
     per_batch: usize,
-    mut runs: [&mut dyn FnMut(); N],
+    mut runs: [&mut dyn FnMut(usize); N],
 ) -> [Duration; N] {
     for run in runs.iter_mut() {
-        for _ in 0..per_batch {
-            run();
-        }
+        run(per_batch);
     }
     let mut samples: [Vec<Duration>; N] = std::array::from_fn(|_| Vec::with_capacity(rounds));
     for _ in 0..rounds {
         for (run, samples) in runs.iter_mut().zip(samples.iter_mut()) {
             let start = Instant::now();
-            for _ in 0..per_batch {
-                run();
-            }
+            run(per_batch);
             samples.push(start.elapsed() / per_batch as u32);
         }
     }
@@ -172,12 +169,37 @@ fn main() {
     let entry = &manifest.plugins[0];
     let lookups = Arc::new(lookups());
     let rt = Runtime::new(RuntimeConfig::default(), lookups.clone()).unwrap();
-    let plugin = rt.load(entry, &manifest.base_dir).unwrap();
+    let plugin = rt.load_blocking(entry, &manifest.base_dir).unwrap();
     let ev = event();
     let config_json = entry.config.to_string();
+    // Calls are futures, as in the service: each batch runs on one thread
+    // (a current-thread runtime), so what is measured is the call itself.
+    let tokio_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = |n: usize| {
+        tokio_rt.block_on(async {
+            for _ in 0..n {
+                black_box(plugin.handle(black_box(&ev)).await.unwrap());
+            }
+        })
+    };
+    let sandbox = |n: usize| {
+        tokio_rt.block_on(async {
+            for _ in 0..n {
+                plugin.sandbox_only().await.unwrap();
+            }
+        })
+    };
 
     // Both make the same decision.
-    let wasm_actions: Vec<Action> = plugin.handle(&ev).unwrap().allowed().cloned().collect();
+    let wasm_actions: Vec<Action> = plugin
+        .handle_blocking(&ev)
+        .unwrap()
+        .allowed()
+        .cloned()
+        .collect();
     let native_actions = native_decision(&ev, &config_json, lookups.as_ref());
     assert_eq!(wasm_actions, native_actions);
     assert_eq!(wasm_actions.len(), 2);
@@ -185,24 +207,18 @@ fn main() {
     let (rounds, per_batch) = (61, 1000);
     // For profilers: PER_EVENT_PROFILE=handle|sandbox runs only that, 200k times.
     if let Ok(only) = std::env::var("PER_EVENT_PROFILE") {
-        for _ in 0..200_000 {
-            if only == "sandbox" {
-                plugin.sandbox_only().unwrap();
-            } else {
-                black_box(plugin.handle(black_box(&ev)).unwrap());
-            }
+        if only == "sandbox" {
+            sandbox(200_000);
+        } else {
+            handle(200_000);
         }
         return;
     }
     let [wasm, sandbox, native] = measure(
         rounds,
         per_batch,
-        [
-            &mut || {
-                black_box(plugin.handle(black_box(&ev)).unwrap());
-            },
-            &mut || plugin.sandbox_only().unwrap(),
-            &mut || {
+        [&mut { handle }, &mut { sandbox }, &mut |n| {
+            for _ in 0..n {
                 let actions = native_decision(black_box(&ev), &config_json, lookups.as_ref());
                 // The host checks capabilities either way.
                 let verdicts: Vec<_> = actions
@@ -210,8 +226,8 @@ fn main() {
                     .map(|a| entry.capabilities.check(a))
                     .collect();
                 black_box(verdicts);
-            },
-        ],
+            }
+        }],
     );
     println!("per event (median of {rounds} interleaved batches x {per_batch}):");
     println!(

@@ -193,3 +193,35 @@ pub fn workload_to_wit(w: core_lookups::WorkloadInfo) -> wit::WorkloadInfo {
 pub fn labels_from_wit(l: Vec<wit::KeyValue>) -> BTreeMap<String, String> {
     l.into_iter().map(|kv| (kv.key, kv.value)).collect()
 }
+
+/// Roughly the bytes a lookup answer takes once copied into the sandbox:
+/// the strings plus each list element's slot (a string is 8 bytes there).
+fn map_size(m: &BTreeMap<String, String>) -> usize {
+    m.iter().map(|(k, v)| 16 + k.len() + v.len()).sum()
+}
+
+fn ports_size(p: &[core_lookups::ServicePort]) -> usize {
+    p.iter()
+        .map(|p| 16 + p.name.as_ref().map_or(0, String::len))
+        .sum()
+}
+
+pub fn service_size(s: &core_lookups::ServiceInfo) -> usize {
+    64 + s.namespace.len()
+        + s.name.len()
+        + map_size(&s.labels)
+        + map_size(&s.annotations)
+        + ports_size(&s.ports)
+}
+
+pub fn endpoint_size(e: &core_lookups::Endpoint) -> usize {
+    32 + e.address.len() + e.pod.as_ref().map_or(0, String::len) + ports_size(&e.ports)
+}
+
+pub fn workload_size(w: &core_lookups::WorkloadInfo) -> usize {
+    64 + w.workload.namespace.len()
+        + w.workload.name.len()
+        + map_size(&w.labels)
+        + map_size(&w.annotations)
+        + map_size(&w.template_annotations)
+}

@@ -1,21 +1,26 @@
 //! A loaded plugin, and one call into it.
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::ResourceTable;
-use wasmtime::{Store, Trap};
+use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmwatch_core::manifest::{EventFilter, Limits, PluginEntry};
+use wasmwatch_core::text::{MAX_MESSAGE_BYTES, bounded_line};
 use wasmwatch_core::{Action, Capabilities, ChangeEvent, Verdict};
 
 use crate::bindings::{self, PluginPre, WORLD};
 use crate::convert;
 use crate::error::{LoadError, PluginError};
-use crate::sandbox::{Limiter, PluginShared, Runtime, SandboxState, allowed_import};
+use crate::sandbox::{
+    Limiter, MAX_RANDOM_BYTES, PluginShared, Runtime, SandboxState, allowed_import,
+};
 
 /// What the plugin's stdout and stderr may hold per call.
 const PIPE_CAPACITY: usize = 16 * 1024;
@@ -57,6 +62,8 @@ pub struct Plugin {
     filter: EventFilter,
     module_sha256: String,
     refused: AtomicU64,
+    /// This plugin's share of the sandbox slots.
+    permits: Arc<tokio::sync::Semaphore>,
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -64,10 +71,11 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 impl Runtime {
-    /// Loads a plugin from its manifest entry: checks the pin, compiles (or
-    /// takes the cached artifact), checks imports and world, and calls the
-    /// plugin's `check-config`.
-    pub fn load(&self, entry: &PluginEntry, base_dir: &Path) -> Result<Plugin, LoadError> {
+    /// Loads a plugin from its manifest entry: checks the pin, refuses
+    /// forbidden imports, compiles (or takes the cached artifact, off the
+    /// async workers), checks the world, and calls the plugin's
+    /// `check-config` (within the plugin's time limit).
+    pub async fn load(&self, entry: &PluginEntry, base_dir: &Path) -> Result<Plugin, LoadError> {
         let plugin = entry.name.clone();
         let path = entry.module_path(base_dir);
         let bytes = std::fs::read(&path).map_err(|source| LoadError::Read {
@@ -91,28 +99,40 @@ impl Runtime {
         if bytes[6..8] == [0, 0] {
             return Err(LoadError::CoreModule { plugin, path });
         }
+        // Before compiling: a refused component costs no compile time.
+        match component_imports(&bytes) {
+            Ok(imports) => {
+                if let Some(import) = imports.into_iter().find(|name| !allowed_import(name)) {
+                    return Err(LoadError::ForbiddenImport { plugin, import });
+                }
+            }
+            Err(message) => {
+                return Err(LoadError::Compile {
+                    plugin,
+                    path,
+                    message,
+                });
+            }
+        }
         let inner = &self.inner;
-        let component = crate::cache::compile(
-            &inner.engine,
-            inner.config.cache_dir.as_deref(),
-            &bytes,
-            &actual,
-        )
+        let compiled = {
+            let engine = inner.engine.clone();
+            let cache_dir = inner.config.cache_dir.clone();
+            let digest = actual.clone();
+            tokio::task::spawn_blocking(move || {
+                crate::cache::compile(&engine, cache_dir.as_deref(), &bytes, &digest)
+            })
+            .await
+        };
+        let component = match compiled {
+            Ok(r) => r,
+            Err(join) => std::panic::resume_unwind(join.into_panic()),
+        }
         .map_err(|e| LoadError::Compile {
             plugin: plugin.clone(),
             path: path.clone(),
             message: format!("{e:#}"),
         })?;
-        let ty = component.component_type();
-        if let Some((import, _)) = ty
-            .imports(&inner.engine)
-            .find(|(name, _)| !allowed_import(name))
-        {
-            return Err(LoadError::ForbiddenImport {
-                plugin,
-                import: import.to_string(),
-            });
-        }
         let wrong_world = |e: wasmtime::Error| LoadError::WrongWorld {
             plugin: plugin.clone(),
             world: WORLD,
@@ -131,6 +151,9 @@ impl Runtime {
                 config_json: entry.config.to_string(),
                 lookups: inner.lookups.clone(),
             }),
+            permits: Arc::new(tokio::sync::Semaphore::new(
+                inner.config.plugin_concurrency.max(1) as usize,
+            )),
             limits: entry.limits,
             capabilities: entry.capabilities.clone(),
             filter: entry.events.clone(),
@@ -138,19 +161,57 @@ impl Runtime {
             refused: AtomicU64::new(0),
         };
         // The first instantiation checks the exports' types; later ones rely on it.
-        let check = loaded.call_inner(true, |b, s| {
-            b.call_check_config(s, &loaded.shared.config_json)
-        });
+        let config = loaded.shared.config_json.clone();
+        let check = loaded
+            .call(true, move |b, s| {
+                Box::pin(async move { b.call_check_config(s, &config).await })
+            })
+            .await;
         match check {
             Ok(Ok(())) => Ok(loaded),
-            Ok(Err(message)) => Err(LoadError::ConfigRejected { plugin, message }),
+            Ok(Err(message)) => Err(LoadError::ConfigRejected {
+                plugin,
+                message: bounded_line(&message, MAX_MESSAGE_BYTES).into_owned(),
+            }),
             Err(e) => Err(LoadError::ConfigCheck {
                 plugin,
                 source: Box::new(e),
             }),
         }
     }
+
+    /// [`Runtime::load`] for callers outside any async runtime.
+    pub fn load_blocking(&self, entry: &PluginEntry, base_dir: &Path) -> Result<Plugin, LoadError> {
+        self.block_on(self.load(entry, base_dir))
+    }
 }
+
+/// The names a component imports at its top level (what the host must
+/// provide), read without compiling it.
+fn component_imports(bytes: &[u8]) -> Result<Vec<String>, String> {
+    let mut depth = 0usize;
+    let mut names = Vec::new();
+    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+        match payload.map_err(|e| format!("not a valid component: {e}"))? {
+            wasmparser::Payload::Version { .. } => depth += 1,
+            wasmparser::Payload::End(_) => depth = depth.saturating_sub(1),
+            wasmparser::Payload::ComponentImportSection(reader) if depth == 1 => {
+                for import in reader {
+                    let import = import.map_err(|e| format!("not a valid component: {e}"))?;
+                    // Type imports (a world's `use`d types) are not
+                    // something the host provides.
+                    if !matches!(import.ty, wasmparser::ComponentTypeRef::Type(_)) {
+                        names.push(import.name.name.to_string());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(names)
+}
+
+type CallFuture<'s, R> = Pin<Box<dyn Future<Output = wasmtime::Result<R>> + Send + 's>>;
 
 impl Plugin {
     pub fn name(&self) -> &str {
@@ -176,14 +237,19 @@ impl Plugin {
     }
 
     /// Runs the plugin on one event in a fresh sandbox and checks every
-    /// returned action against its capabilities. Blocks the calling thread
-    /// (at most the plugin's timeout, plus waiting for a free sandbox slot).
-    pub fn handle(&self, event: &ChangeEvent) -> Result<Decision, PluginError> {
+    /// returned action against its capabilities. Takes at most the
+    /// plugin's timeout once a sandbox slot is free, whatever the plugin
+    /// calls; dropping the future ends the call at once.
+    pub async fn handle(&self, event: &ChangeEvent) -> Result<Decision, PluginError> {
         let wit_event = convert::event_to_wit(event, self.capabilities.secret_values);
-        let result = self.call(|b, s| b.call_handle(s, &wit_event))?;
+        let result = self
+            .call(false, move |b, s| {
+                Box::pin(async move { b.call_handle(s, &wit_event).await })
+            })
+            .await?;
         let actions = result.map_err(|message| PluginError::Returned {
             plugin: self.name().to_string(),
-            message,
+            message: bounded_line(&message, MAX_MESSAGE_BYTES).into_owned(),
         })?;
         if actions.len() > self.limits.max_actions as usize {
             return Err(PluginError::OutputTooLarge {
@@ -213,7 +279,8 @@ impl Plugin {
                         plugin = self.name(),
                         capability,
                         action = action.type_name(),
-                        "refused action: {reason}"
+                        "refused action: {}",
+                        bounded_line(reason, MAX_MESSAGE_BYTES)
                     );
                 }
                 CheckedAction { action, verdict }
@@ -225,48 +292,49 @@ impl Plugin {
         })
     }
 
+    /// [`Plugin::handle`] for callers outside any async runtime.
+    pub fn handle_blocking(&self, event: &ChangeEvent) -> Result<Decision, PluginError> {
+        self.runtime.block_on(self.handle(event))
+    }
+
     /// A fresh sandbox and the cheapest call (`check-config`), for benchmarks
     /// that separate the sandbox's cost from the plugin's work.
     #[doc(hidden)]
-    pub fn sandbox_only(&self) -> Result<(), PluginError> {
-        self.call(|b, s| b.call_check_config(s, "{}")).map(|_| ())
-    }
-
-    /// Like [`Plugin::handle`], on tokio's blocking pool.
-    pub async fn handle_async(
-        self: &Arc<Self>,
-        event: ChangeEvent,
-    ) -> Result<Decision, PluginError> {
-        let me = self.clone();
-        match tokio::task::spawn_blocking(move || me.handle(&event)).await {
-            Ok(r) => r,
-            Err(join) => std::panic::resume_unwind(join.into_panic()),
-        }
+    pub async fn sandbox_only(&self) -> Result<(), PluginError> {
+        self.call(false, |b, s| {
+            Box::pin(async move { b.call_check_config(s, "{}").await })
+        })
+        .await
+        .map(|_| ())
     }
 
     /// One call in a fresh sandbox, with the deadline and the memory limit.
-    fn call<R>(
-        &self,
-        f: impl FnOnce(&bindings::Plugin, &mut Store<SandboxState>) -> wasmtime::Result<R>,
-    ) -> Result<R, PluginError> {
-        self.call_inner(false, f)
-    }
-
-    /// [`Plugin::call`]; `check_types` type-checks the exports (load does,
-    /// once; see [`bindings::PluginPre::instantiate_prechecked`]).
-    fn call_inner<R>(
+    /// `check_types` type-checks the exports (load does, once; see
+    /// [`bindings::PluginPre::instantiate_prechecked`]).
+    ///
+    /// The deadline holds two ways: wasm code meets the epoch callback at
+    /// every tick (it yields to other tasks, and traps once the time is
+    /// up), and the whole call is a future dropped at the deadline, which
+    /// also ends a call waiting in a host function (a wasi:clocks poll).
+    async fn call<R: Send>(
         &self,
         check_types: bool,
-        f: impl FnOnce(&bindings::Plugin, &mut Store<SandboxState>) -> wasmtime::Result<R>,
+        f: impl FnOnce(bindings::Plugin, &mut Store<SandboxState>) -> CallFuture<'_, R> + Send,
     ) -> Result<R, PluginError> {
         let inner = &self.runtime.inner;
-        let _permit = inner.permits.acquire();
+        // Waiting for a slot is not the plugin's time. The semaphores are
+        // never closed.
+        let _mine = self.permits.acquire().await.expect("permits never close");
+        let _slot = inner.permits.acquire().await.expect("permits never close");
         let stdout = MemoryOutputPipe::new(PIPE_CAPACITY);
         let stderr = MemoryOutputPipe::new(PIPE_CAPACITY);
         let wasi = WasiCtxBuilder::new()
             .stdout(stdout.clone())
             .stderr(stderr.clone())
+            .max_random_size(MAX_RANDOM_BYTES)
             .build();
+        let timeout = self.limits.timeout.0;
+        let deadline = Instant::now() + timeout;
         let mut store = Store::new(
             &inner.engine,
             SandboxState {
@@ -277,23 +345,44 @@ impl Plugin {
                     memory_refused: false,
                 },
                 plugin: self.shared.clone(),
+                deadline,
+                log_lines: 0,
+                log_bytes: 0,
             },
         );
         store.limiter(|s| &mut s.limiter);
-        let tick = inner.config.epoch_tick;
-        store.set_epoch_deadline(ticks(self.limits.timeout.0, tick));
-        store.epoch_deadline_trap();
-        let instance = if check_types {
-            self.pre.instantiate(&mut store)
-        } else {
-            self.pre.instantiate_prechecked(&mut store)
+        store.epoch_deadline_callback(move |_| {
+            Ok(if Instant::now() >= deadline {
+                UpdateDeadline::Interrupt
+            } else {
+                UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
+            })
+        });
+        store.set_epoch_deadline(1);
+        let run = async {
+            let bindings = if check_types {
+                self.pre.instantiate_async(&mut store).await
+            } else {
+                self.pre.instantiate_prechecked(&mut store).await
+            }?;
+            f(bindings, &mut store).await
         };
-        let result = instance.and_then(|bindings| f(&bindings, &mut store));
+        let result = tokio::time::timeout_at(deadline.into(), run).await;
         let out = String::from_utf8_lossy(&stdout.contents()).into_owned();
         if !out.trim().is_empty() {
-            tracing::debug!(plugin = self.name(), "stdout: {}", out.trim());
+            tracing::debug!(
+                plugin = self.name(),
+                "stdout: {}",
+                bounded_line(out.trim(), MAX_MESSAGE_BYTES)
+            );
         }
-        result.map_err(|e| self.classify(e, store.data().limiter.memory_refused, &stderr))
+        match result {
+            Ok(r) => r.map_err(|e| self.classify(e, store.data().limiter.memory_refused, &stderr)),
+            Err(_elapsed) => Err(PluginError::Timeout {
+                plugin: self.name().to_string(),
+                limit: timeout,
+            }),
+        }
     }
 
     fn classify(
@@ -303,9 +392,11 @@ impl Plugin {
         stderr: &MemoryOutputPipe,
     ) -> PluginError {
         let plugin = self.name().to_string();
-        let stderr = String::from_utf8_lossy(&stderr.contents())
-            .trim()
-            .to_string();
+        let stderr = bounded_line(
+            String::from_utf8_lossy(&stderr.contents()).trim(),
+            MAX_MESSAGE_BYTES,
+        )
+        .into_owned();
         match e.downcast_ref::<Trap>() {
             Some(Trap::Interrupt) => PluginError::Timeout {
                 plugin,
@@ -319,16 +410,11 @@ impl Plugin {
             },
             _ => PluginError::Trap {
                 plugin,
-                trap: describe_trap(&e),
+                trap: bounded_line(&describe_trap(&e), MAX_MESSAGE_BYTES).into_owned(),
                 stderr,
             },
         }
     }
-}
-
-/// Epoch ticks for a timeout, rounded up (the first tick may come early, so a call gets between n-1 and n ticks).
-fn ticks(timeout: Duration, tick: Duration) -> u64 {
-    (timeout.as_nanos().div_ceil(tick.as_nanos().max(1)) as u64).max(1)
 }
 
 /// The trap's cause, then its (short) wasm backtrace, on one line.

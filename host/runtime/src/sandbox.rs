@@ -1,8 +1,8 @@
 //! The engine, the linker and the per-call sandbox state.
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use wasmtime::component::{Linker, ResourceTable};
 use wasmtime::{
@@ -10,6 +10,7 @@ use wasmtime::{
 };
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmwatch_core::Lookups;
+use wasmwatch_core::text::{MAX_MESSAGE_BYTES, bounded_line};
 
 use crate::bindings::{self, wit};
 use crate::convert;
@@ -22,6 +23,10 @@ pub struct RuntimeConfig {
     pub cache_dir: Option<PathBuf>,
     /// Sandboxes alive at once, across all plugins; more calls wait.
     pub max_concurrency: u32,
+    /// Sandboxes one plugin may have alive at once, so that one slow or
+    /// hostile plugin cannot take every slot from the others. Size
+    /// `max_concurrency` as this times the number of plugins.
+    pub plugin_concurrency: u32,
     /// Granularity of the epoch deadline.
     pub epoch_tick: Duration,
 }
@@ -31,6 +36,7 @@ impl Default for RuntimeConfig {
         RuntimeConfig {
             cache_dir: None,
             max_concurrency: 16,
+            plugin_concurrency: 4,
             epoch_tick: Duration::from_millis(1),
         }
     }
@@ -48,13 +54,21 @@ pub(crate) struct RuntimeInner {
     pub linker: Linker<SandboxState>,
     pub config: RuntimeConfig,
     pub lookups: Arc<dyn Lookups>,
-    pub permits: Permits,
+    /// Free sandbox slots, across all plugins.
+    pub permits: Arc<tokio::sync::Semaphore>,
     ticker_stop: Arc<AtomicBool>,
+    /// Drives the blocking entry points ([`Runtime::load_blocking`],
+    /// `Plugin::handle_blocking`) for callers outside any async runtime.
+    blocking: OnceLock<tokio::runtime::Runtime>,
 }
 
 impl Drop for RuntimeInner {
     fn drop(&mut self) {
         self.ticker_stop.store(true, Ordering::Relaxed);
+        // Never blocks, so the last clone may be dropped in async code too.
+        if let Some(rt) = self.blocking.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
@@ -89,6 +103,9 @@ impl Runtime {
             })
             .table_keep_resident(64 << 10);
         let mut cfg = Config::new();
+        // Calls run as futures on fibers (`call_async`): a call can then be
+        // dropped at its deadline whatever it waits in, and a looping plugin
+        // yields to other tasks at every epoch tick.
         cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
             .epoch_interruption(true)
             // Trap messages carry a short backtrace, not thousands of frames.
@@ -100,9 +117,10 @@ impl Runtime {
         // Every WASI interface is linked so that components from any
         // toolchain link, but the context grants nothing: no preopened
         // directories, no network, no environment, no arguments. Components
-        // importing files, sockets or HTTP are refused before linking anyway
-        // (see `allowed_import`).
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        // importing files, sockets or HTTP are refused before compiling
+        // anyway (see `allowed_import`). Async, so that a wasi:io poll (a
+        // plugin's `sleep`) is a future the deadline can drop.
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         bindings::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)?;
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
@@ -126,16 +144,34 @@ impl Runtime {
             inner: Arc::new(RuntimeInner {
                 engine,
                 linker,
-                permits: Permits::new(n),
+                permits: Arc::new(tokio::sync::Semaphore::new(n as usize)),
                 config,
                 lookups,
                 ticker_stop,
+                blocking: OnceLock::new(),
             }),
         })
     }
 
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
+    }
+
+    /// Runs `f` to completion for a caller outside any async runtime (the
+    /// CLI, tests, benchmarks). Panics inside an async runtime: there,
+    /// await the async methods.
+    pub(crate) fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.inner
+            .blocking
+            .get_or_init(|| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("wasm-blocking")
+                    .enable_all()
+                    .build()
+                    .expect("cannot start the plugin runtime's timer thread")
+            })
+            .block_on(f)
     }
 }
 
@@ -179,39 +215,6 @@ pub(crate) fn allowed_import(name: &str) -> bool {
     }
 }
 
-/// A counting semaphore for blocking callers.
-pub(crate) struct Permits {
-    free: Mutex<u32>,
-    cv: Condvar,
-}
-
-pub(crate) struct Permit<'a>(&'a Permits);
-
-impl Permits {
-    fn new(n: u32) -> Self {
-        Permits {
-            free: Mutex::new(n),
-            cv: Condvar::new(),
-        }
-    }
-
-    pub fn acquire(&self) -> Permit<'_> {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        while *free == 0 {
-            free = self.cv.wait(free).unwrap_or_else(|e| e.into_inner());
-        }
-        *free -= 1;
-        Permit(self)
-    }
-}
-
-impl Drop for Permit<'_> {
-    fn drop(&mut self) {
-        *self.0.free.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.0.cv.notify_one();
-    }
-}
-
 /// Limits one sandbox's memory and tables, and remembers a refused growth so
 /// that the resulting trap is reported as what it is.
 pub(crate) struct Limiter {
@@ -252,12 +255,32 @@ pub(crate) struct PluginShared {
     pub lookups: Arc<dyn Lookups>,
 }
 
+/// What one call may write to the host's log through `host::log`: beyond
+/// it, messages are dropped (and one warning says so).
+pub(crate) const LOG_LINES_PER_CALL: u32 = 32;
+pub(crate) const LOG_BYTES_PER_CALL: usize = 16 * 1024;
+
+/// Bytes of `wasi:random` one request may ask for (wasmtime's default is
+/// 64 MiB, ~230 ms of work the deadline cannot stop).
+pub(crate) const MAX_RANDOM_BYTES: u64 = 64 * 1024;
+
+/// Bytes one host lookup may answer (and never more than the plugin's
+/// memory limit): copying an answer into the sandbox cannot be interrupted,
+/// so its size bounds how late a call past its deadline ends (a 4 MiB
+/// answer takes a few ms).
+pub(crate) const MAX_LOOKUP_BYTES: u64 = 4 << 20;
+
 /// The store's data for one call.
 pub(crate) struct SandboxState {
     pub wasi: WasiCtx,
     pub table: ResourceTable,
     pub limiter: Limiter,
     pub plugin: Arc<PluginShared>,
+    /// When the call's time is up; host lookups check it first.
+    pub deadline: Instant,
+    /// `host::log` lines and bytes written so far in this call.
+    pub log_lines: u32,
+    pub log_bytes: usize,
 }
 
 impl WasiView for SandboxState {
@@ -269,11 +292,57 @@ impl WasiView for SandboxState {
     }
 }
 
+impl SandboxState {
+    /// A host call made past the deadline ends the call as a timeout
+    /// instead of doing work nobody waits for.
+    fn in_time(&self) -> wasmtime::Result<()> {
+        if Instant::now() >= self.deadline {
+            return Err(wasmtime::Trap::Interrupt.into());
+        }
+        Ok(())
+    }
+
+    /// A lookup answer must fit the plugin's memory and MAX_LOOKUP_BYTES:
+    /// copying a larger one into the sandbox could only fail, or take time
+    /// the deadline cannot interrupt.
+    fn fits<T>(
+        &self,
+        lookup: &str,
+        items: Vec<T>,
+        size: impl Fn(&T) -> usize,
+    ) -> wasmtime::Result<Vec<T>> {
+        let bytes: usize = items.iter().map(size).sum();
+        let limit = self.limiter.memory_limit.min(MAX_LOOKUP_BYTES);
+        if bytes as u64 > limit {
+            return Err(wasmtime::format_err!(
+                "host lookup `{lookup}` answered {} items, {bytes} bytes, more than the {limit} bytes a lookup may answer (the plugin's memory limit, at most {MAX_LOOKUP_BYTES})",
+                items.len(),
+            ));
+        }
+        self.in_time()?;
+        Ok(items)
+    }
+}
+
 impl wit::Host for SandboxState {}
 
 impl bindings::wasmwatch::plugin::host::Host for SandboxState {
-    fn log(&mut self, level: wit::LogLevel, message: String) {
+    fn log(&mut self, level: wit::LogLevel, message: String) -> wasmtime::Result<()> {
         let plugin = self.plugin.name.as_str();
+        if self.log_lines >= LOG_LINES_PER_CALL || self.log_bytes >= LOG_BYTES_PER_CALL {
+            if self.log_lines == LOG_LINES_PER_CALL || self.log_bytes < usize::MAX {
+                tracing::warn!(
+                    plugin,
+                    "log limit of this call reached ({LOG_LINES_PER_CALL} lines or {LOG_BYTES_PER_CALL} bytes): dropping its further messages"
+                );
+                self.log_lines = LOG_LINES_PER_CALL + 1;
+                self.log_bytes = usize::MAX;
+            }
+            return Ok(());
+        }
+        let message = bounded_line(&message, MAX_MESSAGE_BYTES);
+        self.log_lines += 1;
+        self.log_bytes = self.log_bytes.saturating_add(message.len());
         match level {
             wit::LogLevel::Trace => tracing::trace!(plugin, "{message}"),
             wit::LogLevel::Debug => tracing::debug!(plugin, "{message}"),
@@ -281,10 +350,11 @@ impl bindings::wasmwatch::plugin::host::Host for SandboxState {
             wit::LogLevel::Warn => tracing::warn!(plugin, "{message}"),
             wit::LogLevel::Error => tracing::error!(plugin, "{message}"),
         }
+        Ok(())
     }
 
-    fn config(&mut self) -> String {
-        self.plugin.config_json.clone()
+    fn config(&mut self) -> wasmtime::Result<String> {
+        Ok(self.plugin.config_json.clone())
     }
 
     fn workloads_referencing(
@@ -292,42 +362,53 @@ impl bindings::wasmwatch::plugin::host::Host for SandboxState {
         kind: wit::ObjectKind,
         namespace: String,
         name: String,
-    ) -> Vec<wit::WorkloadInfo> {
-        self.plugin
-            .lookups
-            .workloads_referencing(convert::kind_from_wit(kind), &namespace, &name)
-            .into_iter()
-            .map(convert::workload_to_wit)
-            .collect()
+    ) -> wasmtime::Result<Vec<wit::WorkloadInfo>> {
+        self.in_time()?;
+        let found = self.plugin.lookups.workloads_referencing(
+            convert::kind_from_wit(kind),
+            &namespace,
+            &name,
+        );
+        let found = self.fits("workloads-referencing", found, convert::workload_size)?;
+        Ok(found.into_iter().map(convert::workload_to_wit).collect())
     }
 
-    fn service(&mut self, namespace: String, name: String) -> Option<wit::ServiceInfo> {
-        self.plugin
+    fn service(
+        &mut self,
+        namespace: String,
+        name: String,
+    ) -> wasmtime::Result<Option<wit::ServiceInfo>> {
+        self.in_time()?;
+        Ok(self
+            .plugin
             .lookups
             .service(&namespace, &name)
-            .map(convert::service_to_wit)
+            .map(convert::service_to_wit))
     }
 
     fn services_with_labels(
         &mut self,
         namespace: String,
         labels: Vec<wit::KeyValue>,
-    ) -> Vec<wit::ServiceInfo> {
-        self.plugin
+    ) -> wasmtime::Result<Vec<wit::ServiceInfo>> {
+        self.in_time()?;
+        let found = self
+            .plugin
             .lookups
-            .services_with_labels(&namespace, &convert::labels_from_wit(labels))
-            .into_iter()
-            .map(convert::service_to_wit)
-            .collect()
+            .services_with_labels(&namespace, &convert::labels_from_wit(labels));
+        let found = self.fits("services-with-labels", found, convert::service_size)?;
+        Ok(found.into_iter().map(convert::service_to_wit).collect())
     }
 
-    fn ready_endpoints(&mut self, namespace: String, service: String) -> Vec<wit::Endpoint> {
-        self.plugin
-            .lookups
-            .ready_endpoints(&namespace, &service)
-            .into_iter()
-            .map(convert::endpoint_to_wit)
-            .collect()
+    fn ready_endpoints(
+        &mut self,
+        namespace: String,
+        service: String,
+    ) -> wasmtime::Result<Vec<wit::Endpoint>> {
+        self.in_time()?;
+        let found = self.plugin.lookups.ready_endpoints(&namespace, &service);
+        let found = self.fits("ready-endpoints", found, convert::endpoint_size)?;
+        Ok(found.into_iter().map(convert::endpoint_to_wit).collect())
     }
 }
 

@@ -24,7 +24,7 @@ fn manifest(entry: &str) -> Manifest {
 fn try_load(lookups: StaticLookups, entry: &str) -> Result<Plugin, LoadError> {
     let rt = Runtime::new(RuntimeConfig::default(), Arc::new(lookups)).unwrap();
     let m = manifest(entry);
-    rt.load(&m.plugins[0], &m.base_dir)
+    rt.load_blocking(&m.plugins[0], &m.base_dir)
 }
 
 fn load(lookups: StaticLookups, entry: &str) -> Plugin {
@@ -126,7 +126,7 @@ impl Published {
 
 fn published(plugin: &Plugin, ev: &ChangeEvent) -> Vec<Published> {
     plugin
-        .handle(ev)
+        .handle_blocking(ev)
         .unwrap()
         .actions
         .into_iter()
@@ -517,7 +517,7 @@ fn restarted(plugin: &Plugin, ev: &ChangeEvent) -> Vec<String> {
         _ => ev.digest.as_str(),
     };
     plugin
-        .handle(ev)
+        .handle_blocking(ev)
         .unwrap()
         .actions
         .into_iter()
@@ -590,7 +590,7 @@ fn rollout_restart_auto_restarts_referencing_workloads() {
         "{}",
     );
     let ev = modified(&ORDERS);
-    let decision = plugin.handle(&ev).unwrap();
+    let decision = plugin.handle_blocking(&ev).unwrap();
     let kinds: Vec<_> = decision
         .actions
         .iter()
@@ -627,7 +627,7 @@ fn rollout_restart_the_hash_identifies_the_content() {
         )],
         "{}",
     );
-    let hash = |ev: &ChangeEvent| match &plugin.handle(ev).unwrap().actions[0].action {
+    let hash = |ev: &ChangeEvent| match &plugin.handle_blocking(ev).unwrap().actions[0].action {
         Action::Restart { content_hash, .. } => content_hash.clone(),
         other => panic!("unexpected {other:?}"),
     };
@@ -930,7 +930,7 @@ fn rollout_restart_outside_the_granted_namespaces_is_refused() {
         namespace: "payments",
         ..ORDERS
     });
-    let decision = plugin.handle(&ev).unwrap();
+    let decision = plugin.handle_blocking(&ev).unwrap();
     assert_eq!(decision.actions.len(), 1);
     assert_eq!(
         decision.actions[0].verdict,

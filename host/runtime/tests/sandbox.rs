@@ -30,7 +30,7 @@ fn manifest(entry: &str) -> Manifest {
 
 fn load(rt: &Runtime, entry: &str) -> Result<Plugin, LoadError> {
     let m = manifest(entry);
-    rt.load(&m.plugins[0], &m.base_dir)
+    rt.load_blocking(&m.plugins[0], &m.base_dir)
 }
 
 fn misbehave(rt: &Runtime, mode: &str, extra: &str) -> Plugin {
@@ -71,7 +71,7 @@ fn secret_event() -> ChangeEvent {
 
 fn messages(plugin: &Plugin, ev: &ChangeEvent) -> Vec<(String, String)> {
     plugin
-        .handle(ev)
+        .handle_blocking(ev)
         .unwrap()
         .actions
         .into_iter()
@@ -116,7 +116,7 @@ fn http_refresh_targets_the_apps_services() {
         "name: http-refresh\n    module: {module:http-refresh}\n    sha256: {sha256:http-refresh}\n    capabilities: {refresh: [shop]}",
     )
     .unwrap();
-    let decision = plugin.handle(&configmap_event()).unwrap();
+    let decision = plugin.handle_blocking(&configmap_event()).unwrap();
     let got: Vec<_> = decision
         .actions
         .iter()
@@ -152,7 +152,7 @@ fn infinite_loop_is_stopped_and_the_host_goes_on() {
     let rt = runtime();
     let looping = misbehave(&rt, "loop", "    limits: {timeout: 50ms}");
     let start = Instant::now();
-    let err = looping.handle(&configmap_event()).unwrap_err();
+    let err = looping.handle_blocking(&configmap_event()).unwrap_err();
     let took = start.elapsed();
     assert!(matches!(err, PluginError::Timeout { .. }), "{err}");
     assert_eq!(
@@ -171,7 +171,7 @@ fn infinite_loop_is_stopped_and_the_host_goes_on() {
         vec![("Seen".to_string(), "shop/orders".to_string())]
     );
     assert!(matches!(
-        looping.handle(&configmap_event()),
+        looping.handle_blocking(&configmap_event()),
         Err(PluginError::Timeout { .. })
     ));
 }
@@ -180,7 +180,7 @@ fn infinite_loop_is_stopped_and_the_host_goes_on() {
 fn memory_bomb_hits_its_limit() {
     let rt = runtime();
     let bomb = misbehave(&rt, "bomb", "    limits: {memory: 8Mi, timeout: 5s}");
-    let err = bomb.handle(&configmap_event()).unwrap_err();
+    let err = bomb.handle_blocking(&configmap_event()).unwrap_err();
     assert!(
         matches!(err, PluginError::MemoryLimit { limit, .. } if limit == 8 << 20),
         "{err}"
@@ -196,7 +196,7 @@ fn memory_bomb_hits_its_limit() {
 fn panic_is_a_trap_with_the_plugins_message() {
     let rt = runtime();
     let err = misbehave(&rt, "trap", "")
-        .handle(&configmap_event())
+        .handle_blocking(&configmap_event())
         .unwrap_err();
     assert!(matches!(err, PluginError::Trap { .. }), "{err}");
     let msg = err.to_string();
@@ -211,7 +211,7 @@ fn panic_is_a_trap_with_the_plugins_message() {
 fn deep_recursion_overflows_the_stack_safely() {
     let rt = runtime();
     let err = misbehave(&rt, "recurse", "    limits: {timeout: 5s}")
-        .handle(&configmap_event())
+        .handle_blocking(&configmap_event())
         .unwrap_err();
     assert!(matches!(err, PluginError::StackOverflow { .. }), "{err}");
     assert_eq!(
@@ -224,7 +224,7 @@ fn deep_recursion_overflows_the_stack_safely() {
 fn huge_output_is_refused() {
     let rt = runtime();
     let err = misbehave(&rt, "huge", "    limits: {timeout: 5s}")
-        .handle(&configmap_event())
+        .handle_blocking(&configmap_event())
         .unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -236,7 +236,7 @@ fn huge_output_is_refused() {
 fn plugin_errors_are_reported() {
     let rt = runtime();
     let err = misbehave(&rt, "error", "")
-        .handle(&configmap_event())
+        .handle_blocking(&configmap_event())
         .unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -252,7 +252,7 @@ fn actions_outside_the_capabilities_are_refused_and_named() {
         "forbidden",
         "    capabilities: {http: [\"http://127.0.0.1:*/\"], restart: [shop]}",
     );
-    let decision = plugin.handle(&configmap_event()).unwrap();
+    let decision = plugin.handle_blocking(&configmap_event()).unwrap();
     let verdicts: Vec<_> = decision.actions.iter().map(|c| c.verdict.clone()).collect();
     assert_eq!(
         verdicts,
@@ -600,7 +600,7 @@ fn concurrent_calls_are_bounded_and_all_served() {
             let p = plugin.clone();
             std::thread::spawn(move || {
                 (0..20)
-                    .map(|_| p.handle(&configmap_event()).unwrap().actions.len())
+                    .map(|_| p.handle_blocking(&configmap_event()).unwrap().actions.len())
                     .sum::<usize>()
             })
         })

@@ -221,7 +221,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             let rt = runtime(args.cache_dir, StaticLookups::default())?;
             let mut failed = false;
             for entry in &m.plugins {
-                match rt.load(entry, &m.base_dir) {
+                match rt.load_blocking(entry, &m.base_dir) {
                     Ok(_) => println!(
                         "plugin {}: ok ({})",
                         entry.name,
@@ -270,13 +270,13 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             };
             let event = crate::event_file::read(&event, change)?;
             let rt = runtime(args.cache_dir, lookups)?;
-            let loaded = rt.load(entry, &m.base_dir)?;
+            let loaded = rt.load_blocking(entry, &m.base_dir)?;
             if !loaded.filter().matches(&event) {
                 eprintln!(
                     "note: plugin {plugin:?} would not get this event (its manifest entry's `events` filter does not select it); running it anyway"
                 );
             }
-            let decision = loaded.handle(&event)?;
+            let decision = loaded.handle_blocking(&event)?;
             println!("{}", serde_json::to_string_pretty(&decision)?);
             Ok(ExitCode::SUCCESS)
         }

@@ -28,11 +28,10 @@ pub async fn run(
         Arc::new(StaticLookups::default()),
     )
     .map_err(|e| anyhow::anyhow!("cannot start the plugin runtime: {e:#}"))?;
-    let plugins: Vec<Arc<Plugin>> = manifest
-        .plugins
-        .iter()
-        .map(|entry| runtime.load(entry, &manifest.base_dir).map(Arc::new))
-        .collect::<Result<_, _>>()?;
+    let mut plugins: Vec<Arc<Plugin>> = Vec::new();
+    for entry in &manifest.plugins {
+        plugins.push(Arc::new(runtime.load(entry, &manifest.base_dir).await?));
+    }
     let client = kube::Client::try_default()
         .await
         .context("cannot configure the Kubernetes client")?;
@@ -90,7 +89,7 @@ pub async fn run(
             continue;
         };
         for plugin in plugins.iter().filter(|p| p.filter().matches(&event)) {
-            let line = match plugin.handle_async((*event).clone()).await {
+            let line = match plugin.handle(&event).await {
                 Ok(decision) => serde_json::json!({
                     "object": format!("{}/{}", event.object.namespace, event.object.name),
                     "kind": event.object.kind.as_str(),

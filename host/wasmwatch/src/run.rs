@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use anyhow::Context;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::Instrument;
 use wasmwatch_core::action::EventType;
 use wasmwatch_core::{Action, ChangeEvent, Lookups, Manifest, ObjectKind};
@@ -239,24 +239,26 @@ pub async fn run(
     };
     let namespaces = watched_namespaces(&manifest);
     let lookups = KubeLookups::start(client.clone(), namespaces.clone());
+    let defaults = RuntimeConfig::default();
     let runtime = Runtime::new(
         RuntimeConfig {
             cache_dir: options.cache_dir.clone(),
-            ..Default::default()
+            // Every plugin has its share of sandboxes, whatever the others do.
+            max_concurrency: defaults
+                .max_concurrency
+                .max(defaults.plugin_concurrency * manifest.plugins.len() as u32),
+            ..defaults
         },
         lookups.clone() as Arc<dyn Lookups>,
     )
     .map_err(|e| anyhow::anyhow!("cannot start the plugin runtime: {e:#}"))?;
-    let plugins: Vec<Loaded> = manifest
-        .plugins
-        .iter()
-        .map(|entry| {
-            runtime.load(entry, &manifest.base_dir).map(|p| Loaded {
-                plugin: Arc::new(p),
-                policy: Policy::from(&entry.delivery),
-            })
-        })
-        .collect::<Result<_, _>>()?;
+    let mut plugins: Vec<Loaded> = Vec::new();
+    for entry in &manifest.plugins {
+        plugins.push(Loaded {
+            plugin: Arc::new(runtime.load(entry, &manifest.base_dir).await?),
+            policy: Policy::from(&entry.delivery),
+        });
+    }
     let buses = wasmwatch_bus::Buses::new(&manifest.buses)?;
     let executors = Arc::new(Executors {
         http: wasmwatch_exec::http::HttpExecutor::new(
@@ -604,8 +606,19 @@ impl Service {
         let metrics = self.metrics.clone();
         let mut save_tick = tokio::time::interval(self.options.checkpoint_interval);
         save_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The plugin calls of this term, and per plugin and object the
+        // latest call's turn (see `dispatch`).
+        let mut calls = tokio::task::JoinSet::new();
+        let mut order: HashMap<OrderKey, oneshot::Receiver<()>> = HashMap::new();
         let end = loop {
             tokio::select! {
+                Some(joined) = calls.join_next(), if !calls.is_empty() => {
+                    if let Err(e) = joined
+                        && e.is_panic()
+                    {
+                        std::panic::resume_unwind(e.into_panic());
+                    }
+                }
                 o = outputs.recv() => {
                     let Some((id, output)) = o else { break End::Lost };
                     match output {
@@ -633,7 +646,9 @@ impl Service {
                                 resource_version = %resource_version,
                                 replay = event.replay,
                             );
-                            let n = self.dispatch(*event, ticket, &pipeline, &done_tx).instrument(span).await;
+                            let n = span.in_scope(|| {
+                                self.dispatch(*event, ticket, &pipeline, &done_tx, &mut calls, &mut order)
+                            });
                             if n == 0 {
                                 progress.complete(ticket);
                                 metrics.events_handled.inc(&[kind.as_str()]);
@@ -666,6 +681,8 @@ impl Service {
                         tracing::warn!("actions were abandoned while the fence was closed; starting a new term to replay them");
                         break End::Lost;
                     }
+                    // Forget the turns of calls that are over.
+                    order.retain(|_, turn| matches!(turn.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
                     metrics.queue_depth.set(&[], pipeline.stats().queued.load(std::sync::atomic::Ordering::Relaxed) as f64);
                     metrics.checkpoint_lag_versions.set(&[], progress.in_flight() as f64);
                     for (kind, stats, restarts, resyncs) in watch_stats.iter_mut() {
@@ -693,8 +710,11 @@ impl Service {
                 _ = &mut *shutdown => break End::Shutdown,
             }
         };
-        // Stop watching and executing first, then save what is complete.
+        // Stop watching, deciding and executing first, then save what is
+        // complete. Dropping a plugin call ends its sandbox at once.
         drop(tasks);
+        calls.abort_all();
+        drop(calls);
         drop(pipeline);
         while let Ok(ticket) = done.try_recv() {
             finish(&mut outstanding, &mut progress, &metrics, ticket);
@@ -710,100 +730,152 @@ impl Service {
 
     /// Hands the change to every plugin that selects it; returns how many
     /// decisions will complete on the `done` channel.
-    async fn dispatch(
+    ///
+    /// Each plugin decides in a task of its own (in `calls`, which the term
+    /// drops when it ends), so a slow or blocked plugin delays neither the
+    /// other plugins nor this loop (nor shutdown). Per plugin and object,
+    /// `order` chains the calls: a change is decided, and its actions
+    /// submitted, only after the plugin's decision on the previous change
+    /// of the same object.
+    fn dispatch(
         self: &Arc<Self>,
         event: ChangeEvent,
         ticket: Ticket,
         pipeline: &Pipeline<Ticket>,
         done: &mpsc::UnboundedSender<Ticket>,
+        calls: &mut tokio::task::JoinSet<()>,
+        order: &mut HashMap<OrderKey, oneshot::Receiver<()>>,
     ) -> usize {
-        let origin = |plugin: &str| Origin {
-            kind: event.object.kind,
-            namespace: event.object.namespace.clone(),
-            name: event.object.name.clone(),
-            uid: event.object.uid.clone(),
-            resource_version: event.object.resource_version.clone(),
-            plugin: plugin.to_string(),
-        };
+        let event = Arc::new(event);
         let mut n = 0;
-        for loaded in self
-            .plugins
-            .iter()
-            .filter(|l| l.plugin.filter().matches(&event))
-        {
-            n += 1;
-            let origin = origin(loaded.plugin.name());
-            let started = Instant::now();
-            let result = loaded.plugin.handle_async(event.clone()).await;
-            let outcome = if result.is_ok() { "ok" } else { "error" };
-            self.metrics
-                .plugin_invocations
-                .inc(&[loaded.plugin.name(), outcome]);
-            self.metrics.plugin_duration.observe(
-                &[loaded.plugin.name(), outcome],
-                started.elapsed().as_secs_f64(),
-            );
-            match result {
-                Ok(decision) => pipeline.submit(Submission {
-                    ticket,
-                    origin,
-                    actions: decision.allowed().cloned().collect(),
-                    policy: loaded.policy,
-                }),
-                Err(e) => {
-                    // Retry the plugin per its policy, off the main loop.
-                    tracing::warn!(plugin = loaded.plugin.name(), object = %format!("{}/{}", origin.namespace, origin.name), "plugin failed: {e}");
-                    let plugin = loaded.plugin.clone();
-                    let policy = loaded.policy;
-                    let event = event.clone();
-                    let executors = self.executors.clone();
-                    let submit = pipeline.submitter();
-                    let done = done.clone();
-                    tokio::spawn(async move {
-                        for attempt in 1..=policy.retries {
-                            // The term is over (its loop dropped `done`): stop.
-                            if done.is_closed() {
-                                return;
-                            }
-                            tokio::time::sleep(wasmwatch_exec::pipeline::retry_delay(
-                                &policy, attempt,
-                            ))
-                            .await;
-                            match plugin.handle_async(event.clone()).await {
-                                Ok(decision) => {
-                                    submit.submit(Submission {
-                                        ticket,
-                                        origin,
-                                        actions: decision.allowed().cloned().collect(),
-                                        policy,
-                                    });
-                                    return;
-                                }
-                                Err(e) => tracing::warn!(
-                                    plugin = plugin.name(),
-                                    attempt,
-                                    "plugin failed again: {e}"
-                                ),
-                            }
-                        }
-                        let error =
-                            ExecError::Permanent(format!("plugin {} failed: {e}", plugin.name()));
-                        tracing::error!(plugin = plugin.name(), object = %format!("{}/{}", origin.namespace, origin.name), "dead-lettered: {error}");
-                        let action = Action::Event {
-                            event_type: EventType::Warning,
-                            reason: "PluginFailed".into(),
-                            message: error.to_string(),
-                        };
-                        if done.is_closed() {
-                            return;
-                        }
-                        executors.dead_letter(&origin, &action, &error).await;
-                        let _ = done.send(ticket);
-                    });
-                }
+        for (index, loaded) in self.plugins.iter().enumerate() {
+            if !loaded.plugin.filter().matches(&event) {
+                continue;
             }
+            n += 1;
+            let key = (
+                index,
+                event.object.kind,
+                event.object.namespace.clone(),
+                event.object.name.clone(),
+            );
+            let (turn_done, turn) = oneshot::channel::<()>();
+            let previous = order.insert(key, turn);
+            let call = PluginCall {
+                plugin: loaded.plugin.clone(),
+                policy: loaded.policy,
+                origin: Origin {
+                    kind: event.object.kind,
+                    namespace: event.object.namespace.clone(),
+                    name: event.object.name.clone(),
+                    uid: event.object.uid.clone(),
+                    resource_version: event.object.resource_version.clone(),
+                    plugin: loaded.plugin.name().to_string(),
+                },
+                event: event.clone(),
+                ticket,
+                submit: pipeline.submitter(),
+                done: done.clone(),
+                executors: self.executors.clone(),
+                metrics: self.metrics.clone(),
+            };
+            calls.spawn(
+                call.run(previous, turn_done)
+                    .instrument(tracing::Span::current()),
+            );
         }
         n
+    }
+}
+
+/// Which calls must keep their order: plugin (its index), kind, namespace, name.
+type OrderKey = (usize, ObjectKind, String, String);
+
+/// One plugin's decision on one change, and what follows from it.
+struct PluginCall {
+    plugin: Arc<Plugin>,
+    policy: Policy,
+    origin: Origin,
+    event: Arc<ChangeEvent>,
+    ticket: Ticket,
+    submit: wasmwatch_exec::pipeline::Submitter<Ticket>,
+    done: mpsc::UnboundedSender<Ticket>,
+    executors: Arc<Executors>,
+    metrics: Arc<Metrics>,
+}
+
+impl PluginCall {
+    /// Waits for the plugin's previous call on the same object (`previous`),
+    /// decides, submits the allowed actions, then lets the next call on the
+    /// object go (`turn_done`). A failed call is retried per the plugin's
+    /// delivery policy off that order (a newer change of the object need
+    /// not wait for it), then dead-lettered.
+    async fn run(self, previous: Option<oneshot::Receiver<()>>, turn_done: oneshot::Sender<()>) {
+        if let Some(previous) = previous {
+            // Sent or dropped: either way the previous call is over.
+            let _ = previous.await;
+        }
+        let name = self.plugin.name();
+        let object = format!("{}/{}", self.origin.namespace, self.origin.name);
+        let result = self.decide().await;
+        let error = match result {
+            Ok(decision) => {
+                self.submit_decision(decision);
+                return;
+            }
+            Err(e) => e,
+        };
+        drop(turn_done);
+        tracing::warn!(plugin = name, object = %object, "plugin failed: {error}");
+        for attempt in 1..=self.policy.retries {
+            // The term is over (its loop dropped `done`): stop.
+            if self.done.is_closed() {
+                return;
+            }
+            tokio::time::sleep(wasmwatch_exec::pipeline::retry_delay(&self.policy, attempt)).await;
+            match self.decide().await {
+                Ok(decision) => {
+                    self.submit_decision(decision);
+                    return;
+                }
+                Err(e) => tracing::warn!(plugin = name, attempt, "plugin failed again: {e}"),
+            }
+        }
+        let error = ExecError::Permanent(format!("plugin {name} failed: {error}"));
+        tracing::error!(plugin = name, object = %object, "dead-lettered: {error}");
+        let action = Action::Event {
+            event_type: EventType::Warning,
+            reason: "PluginFailed".into(),
+            message: error.to_string(),
+        };
+        if self.done.is_closed() {
+            return;
+        }
+        self.executors
+            .dead_letter(&self.origin, &action, &error)
+            .await;
+        let _ = self.done.send(self.ticket);
+    }
+
+    async fn decide(&self) -> Result<wasmwatch_runtime::Decision, wasmwatch_runtime::PluginError> {
+        let started = Instant::now();
+        let result = self.plugin.handle(&self.event).await;
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        let name = self.plugin.name();
+        self.metrics.plugin_invocations.inc(&[name, outcome]);
+        self.metrics
+            .plugin_duration
+            .observe(&[name, outcome], started.elapsed().as_secs_f64());
+        result
+    }
+
+    fn submit_decision(&self, decision: wasmwatch_runtime::Decision) {
+        self.submit.submit(Submission {
+            ticket: self.ticket,
+            origin: self.origin.clone(),
+            actions: decision.allowed().cloned().collect(),
+            policy: self.policy,
+        });
     }
 }
 

@@ -10,7 +10,13 @@
 //! event and of the host lookups), `echo-url` (one HTTP call to `url`),
 //! `ledger` (POSTs `namespace/name digest change rv` to `url`: the HA tests'
 //! record of what was delivered), `remember` (reports what it finds left over
-//! in its statics from earlier calls, then leaves a mark on 16 pages).
+//! in its statics from earlier calls, then leaves a mark on 16 pages),
+//! `sleep` (blocks 30 s in a wasi:clocks poll, `std::thread::sleep`),
+//! `sleep-check` (the same in `check-config`), `random` (asks wasi:random for
+//! 64 MiB at once), `lookups` (calls `services-with-labels` without end),
+//! `headers` (one HTTP action with 1,000,000 empty headers), `host-header`
+//! (an allowed HTTP call with its own `Host` headers), `big-error` (returns a
+//! 100 MiB error), `log-flood` (logs forged lines without end).
 
 wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
 
@@ -18,7 +24,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU32, Ordering};
 use wasmwatch::plugin::host;
 use wasmwatch::plugin::types::{
-    ChangeType, DataValue, EmitEvent, EventType, HttpCall, HttpMethod, LogLevel, ObjectKind,
+    ChangeType, DataValue, EmitEvent, EventType, Header, HttpCall, HttpMethod, LogLevel, ObjectKind,
     RestartWorkload, WorkloadKind, WorkloadRef,
 };
 
@@ -44,6 +50,14 @@ const MODES: &[&str] = &[
     "echo-url",
     "ledger",
     "remember",
+    "sleep",
+    "sleep-check",
+    "random",
+    "lookups",
+    "headers",
+    "host-header",
+    "big-error",
+    "log-flood",
 ];
 
 fn parse(json: &str) -> Result<Config, String> {
@@ -80,7 +94,11 @@ struct Misbehave;
 
 impl Guest for Misbehave {
     fn check_config(config: String) -> Result<(), String> {
-        parse(&config).map(|_| ())
+        let c = parse(&config)?;
+        if c.mode == "sleep-check" {
+            std::thread::sleep(std::time::Duration::from_secs(30));
+        }
+        Ok(())
     }
 
     fn handle(ev: ChangeEvent) -> Result<Vec<Action>, String> {
@@ -209,6 +227,56 @@ impl Guest for Misbehave {
                     format!("calls={calls} marked={marked}"),
                 )])
             }
+            "sleep" | "sleep-check" => {
+                std::thread::sleep(std::time::Duration::from_secs(30));
+                Ok(vec![event("Slept", "30s".into())])
+            }
+            "random" => {
+                let bytes = wasip2::random::random::get_random_bytes(64 << 20);
+                Ok(vec![event("Random", bytes.len().to_string())])
+            }
+            "lookups" => {
+                let mut seen = 0usize;
+                loop {
+                    seen = black_box(seen + host::services_with_labels(&ev.namespace, &[]).len());
+                }
+            }
+            "headers" => Ok(vec![Action::Http(HttpCall {
+                method: HttpMethod::Post,
+                url: config.url.unwrap_or_default(),
+                headers: (0..1_000_000)
+                    .map(|_| Header {
+                        name: String::new(),
+                        value: String::new(),
+                    })
+                    .collect(),
+                body: None,
+            })]),
+            "host-header" => Ok(vec![Action::Http(HttpCall {
+                method: HttpMethod::Post,
+                url: config.url.unwrap_or_default(),
+                headers: vec![
+                    Header {
+                        name: "Host".into(),
+                        value: "admin.internal".into(),
+                    },
+                    Header {
+                        name: "host".into(),
+                        value: "other.internal".into(),
+                    },
+                ],
+                body: None,
+            })]),
+            "big-error" => Err("E".repeat(100 << 20)),
+            "log-flood" => loop {
+                host::log(
+                    LogLevel::Error,
+                    &format!(
+                        "{}\nERROR wasmwatch: leader lost, shutting down\n",
+                        "x".repeat(4096)
+                    ),
+                );
+            },
             other => Err(format!("unreachable mode {other}")),
         }
     }
