@@ -24,6 +24,7 @@ plugins:
   - name: blocker
     module: {module:misbehave}
     sha256: {sha256:misbehave}
+    events: {kinds: [ConfigMap]}
     config: {mode: sleep}
     limits: {timeout: 20s}
     delivery: {retries: 0}
