@@ -53,11 +53,11 @@ async fn a_blocked_plugin_delays_neither_another_plugins_refresh_nor_shutdown() 
         .await
         .unwrap();
     eventually(Duration::from_secs(20), "r0 leads", || replica.leading()).await;
-    // Its ConfigMap watch is open (the lookups open five more).
-    tokio::time::timeout(Duration::from_secs(15), env.server.wait_for_watches(6))
-        .await
-        .expect("watches open");
-
+    // Its ConfigMap watch has taken its baseline (saved at once).
+    eventually(Duration::from_secs(20), "the baseline checkpoint", || async {
+        checkpoint(&env.client, NS).await.is_some()
+    })
+    .await;
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), NS);
     for (round, value) in ["hi", "hey"].into_iter().enumerate() {
         cms.patch(
