@@ -638,8 +638,11 @@ async fn kubectl_lists_the_events() {
     ])
     .await;
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(names.contains("app-config."), "{names}");
-    assert!(names.contains("web."), "{names}");
+    // The test API server answers kubectl's Table request like a cluster:
+    // LAST SEEN, TYPE, REASON, OBJECT, MESSAGE.
+    assert!(names.contains("configmap/app-config"), "{names}");
+    assert!(names.contains("deployment/web"), "{names}");
+    assert!(names.contains("RefreshFailed"), "{names}");
     let rows: Vec<Vec<&str>> = columns
         .lines()
         .map(|l| l.split_whitespace().collect())
