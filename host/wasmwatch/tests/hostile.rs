@@ -54,9 +54,11 @@ async fn a_blocked_plugin_delays_neither_another_plugins_refresh_nor_shutdown() 
         .unwrap();
     eventually(Duration::from_secs(20), "r0 leads", || replica.leading()).await;
     // Its ConfigMap watch has taken its baseline (saved at once).
-    eventually(Duration::from_secs(20), "the baseline checkpoint", || async {
-        checkpoint(&env.client, NS).await.is_some()
-    })
+    eventually(
+        Duration::from_secs(20),
+        "the baseline checkpoint",
+        || async { checkpoint(&env.client, NS).await.is_some() },
+    )
     .await;
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), NS);
     for (round, value) in ["hi", "hey"].into_iter().enumerate() {

@@ -24,8 +24,8 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU32, Ordering};
 use wasmwatch::plugin::host;
 use wasmwatch::plugin::types::{
-    ChangeType, DataValue, EmitEvent, EventType, Header, HttpCall, HttpMethod, LogLevel, ObjectKind,
-    RestartWorkload, WorkloadKind, WorkloadRef,
+    ChangeType, DataValue, EmitEvent, EventType, Header, HttpCall, HttpMethod, LogLevel,
+    ObjectKind, RestartWorkload, WorkloadKind, WorkloadRef,
 };
 
 #[derive(serde::Deserialize)]
