@@ -8,10 +8,9 @@
 //!        remade after a failure) ─▶ Ok once the broker has the message
 //! ```
 //!
-//! Both clients are small and hand-written over tokio (see `amqp` and `nats`
-//! for what they speak): a publisher needs a handful of protocol methods, and
-//! this keeps the dependency tree to what the workspace already builds (rustls
-//! with ring for `amqps://`, no system OpenSSL).
+//! The protocols are the ecosystem's clients, `lapin` (AMQP 0-9-1) and
+//! `async-nats`, both on rustls with ring (no system OpenSSL); this crate is
+//! the glue: URLs and secrets, sessions, timeouts and error classification.
 //!
 //! ## Semantics
 //!
@@ -59,7 +58,6 @@
 #![forbid(unsafe_code)]
 
 mod amqp;
-mod io;
 mod nats;
 #[doc(hidden)]
 pub mod testing;
@@ -171,8 +169,8 @@ impl Buses {
                 problem,
             };
             let kind = match (&c.amqp, &c.nats) {
-                (Some(a), None) => Kind::Amqp(amqp::Target::parse(&a.url, &c.name).map_err(bad)?),
-                (None, Some(n)) => Kind::Nats(nats::Target::parse(&n.url, &c.name).map_err(bad)?),
+                (Some(a), None) => Kind::Amqp(amqp::Target::parse(a, &c.name).map_err(bad)?),
+                (None, Some(n)) => Kind::Nats(nats::Target::parse(n, &c.name).map_err(bad)?),
                 _ => return Err(bad("must have exactly one of amqp or nats".into())),
             };
             let address = match &kind {
@@ -438,6 +436,18 @@ pub(crate) fn parse_url(raw: &str) -> Result<ParsedUrl, String> {
     })
 }
 
+/// A secret from a file (a mounted Secret's key): its text without the
+/// trailing line break.
+pub(crate) fn read_secret(path: &std::path::Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = text.trim_end_matches(['\r', '\n']);
+    if text.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(text.to_string())
+}
+
 fn percent_decode(s: &str) -> Result<String, String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -467,7 +477,10 @@ mod tests {
     fn amqp(name: &str, url: &str) -> BusConnection {
         BusConnection {
             name: name.into(),
-            amqp: Some(AmqpSpec { url: url.into() }),
+            amqp: Some(AmqpSpec {
+                url: url.into(),
+                ..Default::default()
+            }),
             nats: None,
         }
     }
@@ -476,7 +489,10 @@ mod tests {
         BusConnection {
             name: name.into(),
             amqp: None,
-            nats: Some(NatsSpec { url: url.into() }),
+            nats: Some(NatsSpec {
+                url: url.into(),
+                ..Default::default()
+            }),
         }
     }
 
@@ -525,15 +541,17 @@ mod tests {
         assert!(e.contains("no host"), "{e}");
         let e = problem(amqp("x", "amqp://rabbit/a/b"));
         assert!(e.contains("more than one segment"), "{e}");
-        let e = problem(amqp("x", "amqp://rabbit?heartbeat=10"));
+        let e = problem(amqp("x", "amqp://rabbit?heartbeat=often"));
         assert!(e.contains("heartbeat"), "{e}");
+        let e = problem(amqp("x", "amqp://rabbit?frame=1"));
+        assert!(e.contains("\"frame\""), "{e}");
         let e = problem(amqp("x", "amqp://rabbit?cacertfile=/x"));
         assert!(e.contains("amqps"), "{e}");
         let e = problem(amqp("x", "amqps://rabbit?cacertfile=/nonexistent/ca.pem"));
         assert!(e.contains("/nonexistent/ca.pem"), "{e}");
         let e = problem(nats("y", "nats://nats/sub"));
         assert!(e.contains("\"y\"") && e.contains("path"), "{e}");
-        let e = problem(nats("y", "tls://nats"));
+        let e = problem(nats("y", "http://nats"));
         assert!(e.contains("nats://"), "{e}");
         let e = problem(BusConnection {
             name: "z".into(),

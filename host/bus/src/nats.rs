@@ -1,73 +1,139 @@
-//! A NATS publisher (core NATS, text protocol) over one TCP connection.
+//! NATS on `async-nats`: one client per bus.
 //!
 //! ```text
-//! connect: ◀ INFO {..}   ▶ CONNECT {"verbose":false,"headers":true,..} PING
-//!          ◀ PONG (or -ERR, e.g. an authorization violation)
-//! publish: ▶ PUB <subject> <n> / HPUB <subject> <h> <n> + payload, PING
-//!          ◀ PONG: the server has processed the message (an -ERR for it,
-//!            such as a permissions violation, would come first)
+//! connect: async-nats connect (user/password, token, NKey or creds file;
+//!          TLS when the URL is tls:// or the spec names TLS files)
+//! publish: PUB / HPUB, then PUB of a marker to this client's own inbox
+//!          ─▶ the marker comes back: the server has processed the message
+//!          (an -ERR for it, such as a permissions violation, comes first and
+//!          is reported by the client's event callback)
 //! ```
 //!
-//! Server `PING`s are answered while publishing and, for an idle connection,
-//! before it is reused (with anything else the server sent meanwhile, such
-//! as `-ERR 'Stale Connection'` before it closed the connection). No TLS: a
-//! server that requires it is refused with a clear error.
-use tracing::debug;
+//! The marker stands in for the PING/PONG a hand-written client would send:
+//! async-nats's `flush` only means "written to the socket". A server
+//! processes one connection's messages in order, so the marker's return
+//! proves the message before it was processed. Users restricted by
+//! permissions must be allowed to publish and subscribe to `_INBOX.>` (as
+//! request/reply needs anyway).
+//!
+//! async-nats reconnects on its own in the background; a publish does not
+//! wait for that: a client found disconnected is replaced by a fresh
+//! connection (which fails at once while the server is down), so a publish
+//! never hangs on a dead server longer than its timeout.
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use crate::io::Conn;
-use crate::{Message, Problem, parse_url};
+use async_nats::{ConnectErrorKind, ConnectOptions, Event, HeaderMap, ServerError};
+use bytes::Bytes;
+use tokio::sync::watch;
+use wasmwatch_core::manifest::NatsSpec;
 
-/// The longest protocol line accepted (an `INFO` of a big cluster is long).
-const MAX_LINE: usize = 1 << 20;
+use crate::{Message, Problem, parse_url, read_secret};
 
 /// Where and how to connect.
 pub(crate) struct Target {
-    host: String,
-    host_in_url: String,
-    port: u16,
-    user: Option<String>,
-    password: Option<String>,
-    token: Option<String>,
+    server: String,
+    address: String,
+    auth: Auth,
+    tls: Option<wasmwatch_core::manifest::TlsFiles>,
+    require_tls: bool,
     connection_name: String,
 }
 
+#[derive(Clone)]
+enum Auth {
+    None,
+    UserPassword(String, String),
+    Token(String),
+    NKey(String),
+    Creds(String),
+}
+
 impl Target {
-    /// `nats://[user:password@|token@]host[:port]` (default port 4222).
-    pub(crate) fn parse(url: &str, name: &str) -> Result<Target, String> {
+    /// `nats://[user:password@|token@]host[:port]` (default port 4222), or
+    /// `tls://...` to require TLS. Secrets may come from files instead
+    /// (`passwordFile`, `tokenFile`, `nkeyFile`, `credsFile`); at most one
+    /// way to authenticate.
+    pub(crate) fn parse(spec: &NatsSpec, name: &str) -> Result<Target, String> {
+        let url = &spec.url;
         let p = parse_url(url)?;
-        if p.scheme != "nats" {
-            return Err(format!("{url:?} must start with nats://"));
-        }
+        let require_tls = match p.scheme.as_str() {
+            "nats" => false,
+            "tls" => true,
+            _ => return Err(format!("{url:?} must start with nats:// or tls://")),
+        };
         if p.path.is_some() {
             return Err(format!("{url:?} must not have a path"));
         }
         if !p.query.is_empty() {
             return Err(format!("{url:?} must not have query parameters"));
         }
-        let (user, password, token) = match (p.user, p.password) {
-            (Some(u), Some(pw)) => (Some(u), Some(pw), None),
-            (Some(token), None) => (None, None, Some(token)),
-            _ => (None, None, None),
+        let mut ways: Vec<(&str, Auth)> = Vec::new();
+        let file_password = spec.password_file.as_deref().map(read_secret).transpose()?;
+        match (p.user.clone(), p.password.or(file_password)) {
+            (Some(u), Some(pw)) => ways.push(("user and password", Auth::UserPassword(u, pw))),
+            (Some(token), None) => ways.push(("token in the URL", Auth::Token(token))),
+            (None, Some(_)) => return Err("passwordFile needs a user in the URL".into()),
+            (None, None) => {}
+        }
+        if let Some(f) = &spec.token_file {
+            ways.push(("tokenFile", Auth::Token(read_secret(f)?)));
+        }
+        if let Some(f) = &spec.nkey_file {
+            let seed = read_secret(f)?;
+            if !seed.starts_with("SU") {
+                return Err(format!(
+                    "{} does not hold an NKey user seed (it starts with SU)",
+                    f.display()
+                ));
+            }
+            ways.push(("nkeyFile", Auth::NKey(seed)));
+        }
+        if let Some(f) = &spec.creds_file {
+            let text = std::fs::read_to_string(f)
+                .map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+            // Checked now, so that a bad file is a start-up error.
+            ConnectOptions::with_credentials(&text)
+                .map_err(|e| format!("{} is not a NATS credentials file: {e}", f.display()))?;
+            ways.push(("credsFile", Auth::Creds(text)));
+        }
+        if ways.len() > 1 {
+            let names: Vec<&str> = ways.iter().map(|(n, _)| *n).collect();
+            return Err(format!(
+                "more than one way to authenticate: {} (choose one)",
+                names.join(", ")
+            ));
+        }
+        let auth = ways.pop().map(|(_, a)| a).unwrap_or(Auth::None);
+        if let Some(t) = &spec.tls {
+            for f in [&t.ca_file, &t.cert_file, &t.key_file]
+                .into_iter()
+                .flatten()
+            {
+                std::fs::metadata(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+            }
+            if t.cert_file.is_some() != t.key_file.is_some() {
+                return Err("a client certificate needs both a certificate and a key file".into());
+            }
+        }
+        let port = p.port.unwrap_or(4222);
+        let user = match &auth {
+            Auth::UserPassword(u, _) => format!("{u}@"),
+            _ => String::new(),
         };
         Ok(Target {
-            host: p.host,
-            host_in_url: p.host_in_url,
-            port: p.port.unwrap_or(4222),
-            user,
-            password,
-            token,
+            server: format!("{}://{}:{port}", p.scheme, p.host_in_url),
+            address: format!("{}://{user}{}:{port}", p.scheme, p.host_in_url),
+            auth,
+            tls: spec.tls.clone(),
+            require_tls,
             connection_name: format!("wasmwatch/{name}"),
         })
     }
 
     /// The server's address for messages: no password, no token.
     pub(crate) fn address(&self) -> String {
-        let user = self
-            .user
-            .as_ref()
-            .map(|u| format!("{u}@"))
-            .unwrap_or_default();
-        format!("nats://{user}{}:{}", self.host_in_url, self.port)
+        self.address.clone()
     }
 }
 
@@ -144,185 +210,179 @@ fn server_error(line: &str) -> Problem {
     }
 }
 
-/// One line off the front of `buf` (without CR LF), if complete.
-fn take_line(buf: &mut Vec<u8>) -> Result<Option<String>, Problem> {
-    match buf.windows(2).position(|w| w == b"\r\n") {
-        Some(i) => {
-            let line = String::from_utf8_lossy(&buf[..i]).into_owned();
-            buf.drain(..i + 2);
-            Ok(Some(line))
-        }
-        None if buf.len() > MAX_LINE => Err(Problem::Broken(
-            "the server sent an over-long protocol line".into(),
-        )),
-        None => Ok(None),
-    }
-}
-
 /// A connected publisher.
 pub(crate) struct Session {
-    io: Conn,
-    max_payload: usize,
-    headers: bool,
+    client: async_nats::Client,
+    /// This client's inbox for markers, and the next marker.
+    inbox: String,
+    markers: async_nats::Subscriber,
+    next_marker: u64,
+    /// The last `-ERR` the server sent (counted so that a new one is seen).
+    errors: Arc<Mutex<(u64, Option<String>)>>,
+    /// Flips to false when the client loses its connection.
+    connected: watch::Receiver<bool>,
 }
 
 impl Session {
     pub(crate) async fn connect(t: &Target) -> Result<Session, Problem> {
-        let io = Conn::connect(&t.host, t.port, None)
-            .await
-            .map_err(|e| Problem::Connect(e.to_string()))?;
-        let mut s = Session {
-            io,
-            max_payload: 1 << 20,
-            headers: false,
-        };
-        s.handshake(t).await.map_err(|p| match p {
-            Problem::Broken(s) => Problem::Connect(format!("handshake failed: {s}")),
-            p => p,
-        })?;
-        Ok(s)
-    }
-
-    async fn handshake(&mut self, t: &Target) -> Result<(), Problem> {
-        let line = self.read_line().await?;
-        let Some(info) = line.strip_prefix("INFO ") else {
-            return Err(Problem::Broken(format!(
-                "expected INFO from a NATS server, got {:?}",
-                truncate(&line)
-            )));
-        };
-        let info: serde_json::Value = serde_json::from_str(info)
-            .map_err(|e| Problem::Broken(format!("unreadable INFO: {e}")))?;
-        if info["tls_required"].as_bool() == Some(true) {
-            return Err(Problem::Refused {
-                text: "the server requires TLS, which wasmwatch's NATS client does not support"
-                    .into(),
-                retryable: false,
-            });
-        }
-        if let Some(n) = info["max_payload"].as_u64() {
-            self.max_payload = n as usize;
-        }
-        self.headers = info["headers"].as_bool() == Some(true);
-
-        let mut connect = serde_json::json!({
-            "verbose": false,
-            "pedantic": false,
-            "tls_required": false,
-            "name": t.connection_name,
-            "lang": "rust",
-            "version": env!("CARGO_PKG_VERSION"),
-            "protocol": 1,
-            "headers": true,
-            "no_responders": false,
-        });
-        if let (Some(u), Some(p)) = (&t.user, &t.password) {
-            connect["user"] = u.clone().into();
-            connect["pass"] = p.clone().into();
-        }
-        if let Some(tok) = &t.token {
-            connect["auth_token"] = tok.clone().into();
-        }
-        let out = format!("CONNECT {connect}\r\nPING\r\n");
-        self.send(out.as_bytes()).await?;
-        self.await_pong().await
-    }
-
-    async fn send(&mut self, bytes: &[u8]) -> Result<(), Problem> {
-        self.io
-            .send(bytes)
-            .await
-            .map_err(|e| Problem::Broken(e.to_string()))
-    }
-
-    async fn read_line(&mut self) -> Result<String, Problem> {
-        loop {
-            if let Some(line) = take_line(&mut self.io.rbuf)? {
-                return Ok(line);
+        let mut opts = match &t.auth {
+            Auth::None => ConnectOptions::new(),
+            Auth::UserPassword(u, p) => {
+                ConnectOptions::with_user_and_password(u.clone(), p.clone())
             }
-            self.io
-                .fill()
-                .await
-                .map_err(|e| Problem::Broken(e.to_string()))?;
-        }
-    }
-
-    /// Reads until `PONG`, answering `PING`s; `-ERR` fails.
-    async fn await_pong(&mut self) -> Result<(), Problem> {
-        loop {
-            let line = self.read_line().await?;
-            match line.split(' ').next().unwrap_or("") {
-                "PONG" => return Ok(()),
-                "PING" => self.send(b"PONG\r\n").await?,
-                "-ERR" => return Err(server_error(&line)),
-                _ => {} // +OK, INFO updates
+            Auth::Token(tok) => ConnectOptions::with_token(tok.clone()),
+            Auth::NKey(seed) => ConnectOptions::with_nkey(seed.clone()),
+            Auth::Creds(text) => ConnectOptions::with_credentials(text)
+                .map_err(|e| Problem::Connect(format!("credentials: {e}")))?,
+        };
+        if let Some(tls) = &t.tls {
+            if let Some(ca) = &tls.ca_file {
+                opts = opts.add_root_certificates(ca.clone());
+            }
+            if let (Some(c), Some(k)) = (&tls.cert_file, &tls.key_file) {
+                opts = opts.add_client_certificate(c.clone(), k.clone());
             }
         }
-    }
-
-    pub(crate) async fn usable(&mut self) -> bool {
-        let r: Result<(), Problem> = async {
-            loop {
-                while let Some(line) = take_line(&mut self.io.rbuf)? {
-                    match line.split(' ').next().unwrap_or("") {
-                        "PING" => self.send(b"PONG\r\n").await?,
-                        "-ERR" => return Err(server_error(&line)),
+        let errors: Arc<Mutex<(u64, Option<String>)>> = Arc::default();
+        let (tx, connected) = watch::channel(true);
+        let seen = errors.clone();
+        opts = opts
+            .name(&t.connection_name)
+            .require_tls(t.require_tls || t.tls.is_some())
+            // The caller's stage timeout bounds connecting.
+            .connection_timeout(Duration::from_secs(60))
+            .ignore_discovered_servers()
+            .event_callback(move |event| {
+                let seen = seen.clone();
+                let tx = tx.clone();
+                async move {
+                    match event {
+                        Event::Disconnected | Event::Closed => {
+                            let _ = tx.send(false);
+                        }
+                        Event::Connected => {
+                            let _ = tx.send(true);
+                        }
+                        Event::ServerError(e) => {
+                            let text = match e {
+                                ServerError::AuthorizationViolation => {
+                                    "Authorization Violation".to_string()
+                                }
+                                ServerError::SlowConsumer(_) => return,
+                                ServerError::Other(s) => s,
+                            };
+                            let mut g = seen.lock().unwrap_or_else(|p| p.into_inner());
+                            g.0 += 1;
+                            g.1 = Some(text);
+                        }
                         _ => {}
                     }
                 }
-                let more = self
-                    .io
-                    .fill_now()
-                    .await
-                    .map_err(|e| Problem::Broken(e.to_string()))?;
-                if !more {
-                    return Ok(());
+            });
+        let client = opts.connect(t.server.as_str()).await.map_err(|e| {
+            let text = e.to_string();
+            match e.kind() {
+                ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
+                    Problem::Refused {
+                        text: format!(
+                            "{text} (Authorization Violation: wrong user, password, token or key?)"
+                        ),
+                        retryable: false,
+                    }
                 }
+                _ => Problem::Connect(text),
             }
-        }
-        .await;
-        match r {
-            Ok(()) => true,
-            Err(p) => {
-                debug!(problem = %p, "NATS connection not reusable");
-                false
-            }
-        }
+        })?;
+        let inbox = client.new_inbox();
+        let markers = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| Problem::Connect(format!("subscribing to its inbox: {e}")))?;
+        Ok(Session {
+            client,
+            inbox,
+            markers,
+            next_marker: 0,
+            errors,
+            connected,
+        })
+    }
+
+    pub(crate) async fn usable(&mut self) -> bool {
+        *self.connected.borrow()
+            && self.client.connection_state() == async_nats::connection::State::Connected
     }
 
     pub(crate) async fn publish(&mut self, msg: &Message<'_>) -> Result<(), Problem> {
-        let subject = subject(msg)?;
-        let mut out = Vec::with_capacity(msg.payload.len() + 128);
-        if msg.headers.is_empty() {
-            if msg.payload.len() > self.max_payload {
-                return Err(too_big(msg.payload.len(), self.max_payload));
-            }
-            out.extend_from_slice(format!("PUB {subject} {}\r\n", msg.payload.len()).as_bytes());
-        } else {
-            if !self.headers {
-                return Err(Problem::Invalid(
-                    "the NATS server does not support headers (HPUB)".into(),
-                ));
-            }
-            let mut h = String::from("NATS/1.0\r\n");
-            for x in msg.headers {
-                h.push_str(&x.name);
-                h.push_str(": ");
-                h.push_str(&x.value);
-                h.push_str("\r\n");
-            }
-            h.push_str("\r\n");
-            let total = h.len() + msg.payload.len();
-            if total > self.max_payload {
-                return Err(too_big(total, self.max_payload));
-            }
-            out.extend_from_slice(format!("HPUB {subject} {} {total}\r\n", h.len()).as_bytes());
-            out.extend_from_slice(h.as_bytes());
+        let subject = subject(msg)?.to_string();
+        let max = self.client.server_info().max_payload;
+        let header_bytes: usize = msg
+            .headers
+            .iter()
+            .map(|h| h.name.len() + h.value.len() + 4)
+            .sum::<usize>()
+            + if msg.headers.is_empty() { 0 } else { 12 };
+        let total = msg.payload.len() + header_bytes;
+        if max > 0 && total > max {
+            return Err(too_big(total, max));
         }
-        out.extend_from_slice(msg.payload);
-        out.extend_from_slice(b"\r\nPING\r\n");
-        self.send(&out).await?;
-        self.await_pong().await
+        let errors_before = self.errors.lock().unwrap_or_else(|p| p.into_inner()).0;
+        let stats = self.client.statistics();
+        let connects = stats.connects.load(std::sync::atomic::Ordering::SeqCst);
+        let payload = Bytes::copy_from_slice(msg.payload);
+        let sent = if msg.headers.is_empty() {
+            self.client.publish(subject, payload).await
+        } else {
+            let mut headers = HeaderMap::new();
+            for h in msg.headers {
+                headers.append(h.name.as_str(), h.value.as_str());
+            }
+            self.client
+                .publish_with_headers(subject, headers, payload)
+                .await
+        };
+        sent.map_err(|e| Problem::Broken(e.to_string()))?;
+        // The marker's return answers after the message was processed; a
+        // lost connection ends the wait at once.
+        self.next_marker += 1;
+        let marker = self.next_marker.to_string();
+        self.client
+            .publish(self.inbox.clone(), Bytes::from(marker.clone()))
+            .await
+            .map_err(|e| Problem::Broken(e.to_string()))?;
+        let mut connected = self.connected.clone();
+        let back = async {
+            use futures_util::StreamExt;
+            while let Some(m) = self.markers.next().await {
+                if m.payload == marker.as_bytes() {
+                    return Ok(());
+                }
+            }
+            Err(Problem::Broken("the client closed".into()))
+        };
+        tokio::select! {
+            r = back => r?,
+            _ = connected.wait_for(|c| !*c) => {
+                return Err(Problem::Broken("the connection was lost".into()));
+            }
+        }
+        // async-nats reconnects by itself: a PONG on a newer connection says
+        // nothing of a message written to the one that died.
+        if stats.connects.load(std::sync::atomic::Ordering::SeqCst) != connects {
+            return Err(Problem::Broken(
+                "the connection was replaced during the publish".into(),
+            ));
+        }
+        // The event callback runs on another task: give it a moment to
+        // record an -ERR that came in before the PONG.
+        tokio::task::yield_now().await;
+        let g = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if g.0 != errors_before
+            && let Some(text) = &g.1
+        {
+            return Err(server_error(text));
+        }
+        Ok(())
     }
 }
 
@@ -330,13 +390,6 @@ fn too_big(size: usize, max: usize) -> Problem {
     Problem::Invalid(format!(
         "the message takes {size} bytes, more than the server's max_payload ({max})"
     ))
-}
-
-fn truncate(s: &str) -> &str {
-    match s.char_indices().nth(80) {
-        Some((i, _)) => &s[..i],
-        None => s,
-    }
 }
 
 #[cfg(test)]
@@ -388,13 +441,5 @@ mod tests {
             server_error("-ERR 'Stale Connection'").to_string(),
             "refused by the server: Stale Connection"
         );
-    }
-
-    #[test]
-    fn lines() {
-        let mut b = b"PING\r\nPO".to_vec();
-        assert_eq!(take_line(&mut b).unwrap().as_deref(), Some("PING"));
-        assert_eq!(take_line(&mut b).unwrap(), None);
-        assert_eq!(b, b"PO");
     }
 }

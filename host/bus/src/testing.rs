@@ -1,11 +1,27 @@
-//! For this crate's tests only (not a stable API): a minimal AMQP 0-9-1
-//! client that declares queues and fetches messages with `basic.get`, on the
-//! same protocol code as the publisher.
-use crate::Problem;
-use crate::amqp::wire::{self, Enc, method as m};
-use crate::amqp::{CH, Client, Target};
+//! For this crate's tests only (not a stable API): an AMQP client on lapin
+//! that declares exchanges and queues and fetches messages with `basic.get`.
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{Channel, Connection, ExchangeKind};
 
-pub use crate::amqp::wire::{FieldValue, Properties};
+/// A header value as the broker delivered it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FieldValue {
+    Str(String),
+    Other(String),
+}
+
+/// The properties the tests look at.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Properties {
+    pub content_type: Option<String>,
+    pub delivery_mode: Option<u8>,
+    /// Sorted by name.
+    pub headers: Option<Vec<(String, FieldValue)>>,
+}
 
 /// A message fetched from a queue.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,37 +34,54 @@ pub struct Delivery {
 
 /// An AMQP connection for inspecting a broker.
 pub struct AmqpTestClient {
-    client: Client,
+    conn: Connection,
+    channel: Channel,
 }
 
-fn text(p: Problem) -> String {
-    p.to_string()
+fn text(e: lapin::Error) -> String {
+    e.to_string()
 }
 
-fn too_long(_: wire::TooLong) -> String {
-    "name too long".into()
+fn kind(k: &str) -> ExchangeKind {
+    match k {
+        "topic" => ExchangeKind::Topic,
+        "fanout" => ExchangeKind::Fanout,
+        "direct" => ExchangeKind::Direct,
+        "headers" => ExchangeKind::Headers,
+        other => ExchangeKind::Custom(other.into()),
+    }
 }
 
 impl AmqpTestClient {
     pub async fn connect(url: &str) -> Result<AmqpTestClient, String> {
-        let target = Target::parse(url, "test")?;
-        let client = Client::open(&target).await.map_err(text)?;
-        Ok(AmqpTestClient { client })
+        let spec = wasmwatch_core::manifest::AmqpSpec {
+            url: url.into(),
+            ..Default::default()
+        };
+        let conn = crate::amqp::Target::parse(&spec, "test")?
+            .connect()
+            .await
+            .map_err(|p| p.to_string())?;
+        let channel = conn.create_channel().await.map_err(text)?;
+        Ok(AmqpTestClient { conn, channel })
+    }
+
+    async fn reopen(&mut self) -> Result<(), String> {
+        self.channel = self.conn.create_channel().await.map_err(text)?;
+        Ok(())
     }
 
     /// Declares a non-durable exchange of the given type.
-    pub async fn declare_exchange(&mut self, name: &str, kind: &str) -> Result<(), String> {
-        let mut e = Enc::method(m::EXCHANGE_DECLARE);
-        e.u16(0);
-        e.shortstr(name).map_err(too_long)?;
-        e.shortstr(kind).map_err(too_long)?;
-        e.u8(0);
-        e.table(&[]).map_err(too_long)?;
-        self.client
-            .call(e, m::EXCHANGE_DECLARE_OK)
+    pub async fn declare_exchange(&mut self, name: &str, k: &str) -> Result<(), String> {
+        self.channel
+            .exchange_declare(
+                ShortString::from(name),
+                kind(k),
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
             .await
-            .map_err(text)?;
-        Ok(())
+            .map_err(text)
     }
 
     /// Whether the exchange exists and, if so, is durable with this type:
@@ -57,21 +90,33 @@ impl AmqpTestClient {
     pub async fn exchange_is(
         &mut self,
         name: &str,
-        kind: &str,
+        k: &str,
         durable: bool,
     ) -> Result<bool, String> {
-        for bits in [0b01, if durable { 0b10 } else { 0 }] {
-            let mut e = Enc::method(m::EXCHANGE_DECLARE);
-            e.u16(0);
-            e.shortstr(name).map_err(too_long)?;
-            e.shortstr(kind).map_err(too_long)?;
-            e.u8(bits);
-            e.table(&[]).map_err(too_long)?;
-            if let Err(p) = self.client.call(e, m::EXCHANGE_DECLARE_OK).await {
-                if self.client.channel_open {
-                    return Err(text(p));
+        for options in [
+            ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            ExchangeDeclareOptions {
+                durable,
+                ..Default::default()
+            },
+        ] {
+            let r = self
+                .channel
+                .exchange_declare(
+                    ShortString::from(name),
+                    kind(k),
+                    options,
+                    FieldTable::default(),
+                )
+                .await;
+            if let Err(e) = r {
+                if self.channel.status().connected() {
+                    return Err(text(e));
                 }
-                self.client.open_channel().await.map_err(text)?;
+                self.reopen().await?;
                 return Ok(false);
             }
         }
@@ -79,15 +124,10 @@ impl AmqpTestClient {
     }
 
     pub async fn delete_exchange(&mut self, name: &str) -> Result<(), String> {
-        let mut e = Enc::method(m::EXCHANGE_DELETE);
-        e.u16(0);
-        e.shortstr(name).map_err(too_long)?;
-        e.u8(0);
-        self.client
-            .call(e, m::EXCHANGE_DELETE_OK)
+        self.channel
+            .exchange_delete(ShortString::from(name), ExchangeDeleteOptions::default())
             .await
-            .map_err(text)?;
-        Ok(())
+            .map_err(text)
     }
 
     /// Declares an exclusive, auto-deleted queue and binds it.
@@ -97,71 +137,63 @@ impl AmqpTestClient {
         exchange: &str,
         key: &str,
     ) -> Result<(), String> {
-        let mut e = Enc::method(m::QUEUE_DECLARE);
-        e.u16(0);
-        e.shortstr(queue).map_err(too_long)?;
-        e.u8(0b1100); // exclusive, auto-delete
-        e.table(&[]).map_err(too_long)?;
-        self.client
-            .call(e, m::QUEUE_DECLARE_OK)
+        self.channel
+            .queue_declare(
+                ShortString::from(queue),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
             .await
             .map_err(text)?;
-        let mut e = Enc::method(m::QUEUE_BIND);
-        e.u16(0);
-        e.shortstr(queue).map_err(too_long)?;
-        e.shortstr(exchange).map_err(too_long)?;
-        e.shortstr(key).map_err(too_long)?;
-        e.u8(0);
-        e.table(&[]).map_err(too_long)?;
-        self.client.call(e, m::QUEUE_BIND_OK).await.map_err(text)?;
-        Ok(())
+        self.channel
+            .queue_bind(
+                ShortString::from(queue),
+                ShortString::from(exchange),
+                ShortString::from(key),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(text)
     }
 
     /// Takes the next message off the queue (auto-ack), if there is one.
     pub async fn get(&mut self, queue: &str) -> Result<Option<Delivery>, String> {
-        let mut e = Enc::method(m::BASIC_GET);
-        e.u16(0);
-        e.shortstr(queue).map_err(too_long)?;
-        e.u8(1); // no-ack
-        self.client.send_method(CH, e).await.map_err(text)?;
-        let (exchange, routing_key) = loop {
-            let f = self.client.next_event().await.map_err(text)?;
-            match f.method() {
-                Some((m::BASIC_GET_EMPTY, _)) => return Ok(None),
-                Some((m::BASIC_GET_OK, args)) => {
-                    let mut d = wire::Dec::new(args);
-                    let bad = |_| "malformed get-ok".to_string();
-                    d.u64().map_err(bad)?;
-                    d.u8().map_err(bad)?;
-                    let exchange = d.shortstr().map_err(bad)?;
-                    let key = d.shortstr().map_err(bad)?;
-                    break (exchange, key);
-                }
-                _ => {}
+        let got = self
+            .channel
+            .basic_get(ShortString::from(queue), BasicGetOptions { no_ack: true })
+            .await
+            .map_err(text)?;
+        Ok(got.map(|m| {
+            let d = m.delivery;
+            let p = &d.properties;
+            let headers = p.headers().as_ref().map(|t| {
+                t.inner()
+                    .iter()
+                    .map(|(k, v)| {
+                        let v = match v {
+                            AMQPValue::LongString(s) => FieldValue::Str(s.to_string()),
+                            AMQPValue::ShortString(s) => FieldValue::Str(s.to_string()),
+                            other => FieldValue::Other(format!("{other:?}")),
+                        };
+                        (k.to_string(), v)
+                    })
+                    .collect()
+            });
+            Delivery {
+                exchange: d.exchange.to_string(),
+                routing_key: d.routing_key.to_string(),
+                properties: Properties {
+                    content_type: p.content_type().as_ref().map(|s| s.to_string()),
+                    delivery_mode: *p.delivery_mode(),
+                    headers,
+                },
+                body: d.data,
             }
-        };
-        let f = self.client.next_event().await.map_err(text)?;
-        if f.kind != wire::FRAME_HEADER {
-            return Err(format!(
-                "expected a content header, got frame type {}",
-                f.kind
-            ));
-        }
-        let (size, properties) =
-            wire::decode_content_header(&f.payload).map_err(|_| "malformed content header")?;
-        let mut body = Vec::with_capacity(size as usize);
-        while (body.len() as u64) < size {
-            let f = self.client.next_event().await.map_err(text)?;
-            if f.kind != wire::FRAME_BODY {
-                return Err(format!("expected a body frame, got frame type {}", f.kind));
-            }
-            body.extend_from_slice(&f.payload);
-        }
-        Ok(Some(Delivery {
-            exchange,
-            routing_key,
-            properties,
-            body,
         }))
     }
 }

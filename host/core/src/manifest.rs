@@ -143,18 +143,88 @@ pub struct BusConnection {
     pub nats: Option<NatsSpec>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+/// An AMQP 0-9-1 broker (RabbitMQ). Credentials may sit in the URL or, read
+/// from a mounted Secret, in `passwordFile`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AmqpSpec {
-    /// `amqp://user:pass@host:5672/vhost`
+    /// `amqp[s]://[user[:password]@]host[:port][/vhost][?heartbeat=S&cacertfile=..]`
     pub url: String,
+    /// A file holding the password (for the URL's user, `guest` if none);
+    /// overrides a password in the URL. Read at start-up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// TLS files (`amqps://` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsFiles>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+/// A NATS server. At most one way to authenticate: user and password (in
+/// the URL, the password possibly from `passwordFile`), a token (in the URL
+/// as `nats://TOKEN@host`, or `tokenFile`), an NKey seed file, or a
+/// credentials file (JWT and seed, as `nsc` writes it).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NatsSpec {
-    /// `nats://host:4222`
+    /// `nats://[user:password@|token@]host[:port]`, or `tls://host:port` to
+    /// require TLS.
     pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// A file holding an NKey user seed (`SU...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nkey_file: Option<PathBuf>,
+    /// A `.creds` file (user JWT and NKey seed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creds_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsFiles>,
+}
+
+/// PEM files for a TLS connection to a broker. Relative paths are relative
+/// to the manifest's folder.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TlsFiles {
+    /// CA certificates to verify the server with, instead of the system's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate (with `keyFile`), for servers that ask for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+}
+
+impl BusConnection {
+    /// Makes the files it names relative to `base_dir`.
+    fn resolve_files(&mut self, base_dir: &Path) {
+        let join = |p: &mut Option<PathBuf>| {
+            if let Some(p) = p {
+                *p = base_dir.join(&*p);
+            }
+        };
+        let tls = |t: &mut Option<TlsFiles>| {
+            if let Some(t) = t {
+                join(&mut t.ca_file);
+                join(&mut t.cert_file);
+                join(&mut t.key_file);
+            }
+        };
+        if let Some(a) = &mut self.amqp {
+            join(&mut a.password_file);
+            tls(&mut a.tls);
+        }
+        if let Some(n) = &mut self.nats {
+            join(&mut n.password_file);
+            join(&mut n.token_file);
+            join(&mut n.nkey_file);
+            join(&mut n.creds_file);
+            tls(&mut n.tls);
+        }
+    }
 }
 
 /// One plugin and everything the operator says about it.
@@ -394,6 +464,9 @@ impl Manifest {
             }
         })?;
         manifest.base_dir = base_dir.to_path_buf();
+        for b in &mut manifest.buses {
+            b.resolve_files(base_dir);
+        }
         let problems = manifest.problems();
         if problems.is_empty() {
             Ok(manifest)

@@ -357,6 +357,16 @@ pub struct NatsSub {
 impl NatsSub {
     /// Subscribes to `subject` and returns once the server confirmed it.
     pub async fn subscribe(port: u16, subject: &str) -> NatsSub {
+        Self::subscribe_with(port, subject, "").await
+    }
+
+    /// Subscribes as a user with a password.
+    pub async fn subscribe_as(port: u16, subject: &str, user: &str, password: &str) -> NatsSub {
+        let auth = format!(",\"user\":\"{user}\",\"pass\":\"{password}\"");
+        Self::subscribe_with(port, subject, &auth).await
+    }
+
+    async fn subscribe_with(port: u16, subject: &str, auth: &str) -> NatsSub {
         let s = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .unwrap();
@@ -366,7 +376,7 @@ impl NatsSub {
         let info = sub.line().await;
         assert!(info.starts_with("INFO "), "{info}");
         let hello = format!(
-            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true,\"protocol\":1}}\r\n\
+            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true,\"protocol\":1{auth}}}\r\n\
              SUB {subject} 1\r\nPING\r\n"
         );
         sub.r.get_mut().write_all(hello.as_bytes()).await.unwrap();

@@ -13,7 +13,10 @@ use wasmwatch_testkit::brokers::{Rabbit, Tls, free_port, rabbit_with_tls};
 pub fn amqp_bus(name: &str, url: &str) -> BusConnection {
     BusConnection {
         name: name.into(),
-        amqp: Some(AmqpSpec { url: url.into() }),
+        amqp: Some(AmqpSpec {
+            url: url.into(),
+            ..Default::default()
+        }),
         nats: None,
     }
 }
@@ -22,7 +25,10 @@ pub fn nats_bus(name: &str, url: &str) -> BusConnection {
     BusConnection {
         name: name.into(),
         amqp: None,
-        nats: Some(NatsSpec { url: url.into() }),
+        nats: Some(NatsSpec {
+            url: url.into(),
+            ..Default::default()
+        }),
     }
 }
 
@@ -42,7 +48,7 @@ pub fn rabbit() -> &'static Rabbit {
 }
 
 /// A CA and a server certificate for `localhost` signed by it.
-fn certificates() -> Tls {
+pub fn certificates() -> Tls {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);

@@ -2,6 +2,7 @@
 use std::time::{Duration, Instant};
 
 use wasmwatch_bus::Buses;
+use wasmwatch_core::manifest::{NatsSpec, TlsFiles};
 use wasmwatch_testkit::brokers::{Nats, NatsMsg, NatsSub, free_port};
 
 use crate::common::{header, nats_bus};
@@ -135,60 +136,161 @@ async fn token_authentication_and_its_refusal() {
     );
 }
 
-/// A connection that dies while a publish is on it (closed by the peer only
-/// once the message was written, so it cannot be noticed before) is replaced
-/// once within the same publish. No real server can be made to fail at that
-/// moment, so this peer is scripted: the first connection accepts one
-/// message and closes on the second; later connections accept everything.
+/// Secrets from files (a mounted Secret), the address never shows them.
 #[tokio::test]
-async fn a_connection_that_dies_during_a_publish_is_replaced_once() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let peer = tokio::spawn(async move {
-        let mut received = Vec::new();
-        for conn in 0..2 {
-            let (s, _) = listener.accept().await.unwrap();
-            let mut s = BufReader::new(s);
-            s.get_mut()
-                .write_all(b"INFO {\"headers\":true,\"max_payload\":1048576}\r\n")
-                .await
-                .unwrap();
-            let mut pubs = 0;
-            let mut line = String::new();
-            loop {
-                line.clear();
-                if s.read_line(&mut line).await.unwrap() == 0 {
-                    break;
-                }
-                if line.starts_with("PUB ") {
-                    pubs += 1;
-                    if conn == 0 && pubs == 2 {
-                        break; // dies with the message unanswered
-                    }
-                    line.clear();
-                    s.read_line(&mut line).await.unwrap();
-                    received.push(line.trim_end().to_string());
-                } else if line.starts_with("PING") {
-                    s.get_mut().write_all(b"PONG\r\n").await.unwrap();
-                    if received.len() == 2 {
-                        return received;
-                    }
-                }
-            }
-        }
-        received
-    });
-    let buses = Buses::new(&[nats_bus("events", &format!("nats://127.0.0.1:{port}"))])
-        .unwrap()
-        .with_timeout(Duration::from_secs(2));
-    buses
-        .publish("events", "s", "", &[], b"first")
+async fn user_and_password_from_a_file_and_nkey_authentication() {
+    let dir = tempdir();
+    let nkey = nkeys::KeyPair::new_user();
+    let conf = dir.join("server.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "authorization {{ users = [ {{user: app, password: s3cret}}, {{nkey: {}}} ] }}\n",
+            nkey.public_key()
+        ),
+    )
+    .unwrap();
+    let server = Nats::start(&["-c", conf.to_str().unwrap()]);
+    let password = dir.join("password");
+    std::fs::write(&password, "s3cret\n").unwrap();
+    let seed = dir.join("nkey.seed");
+    std::fs::write(&seed, nkey.seed().unwrap()).unwrap();
+    let wrong = dir.join("wrong");
+    std::fs::write(&wrong, "nope").unwrap();
+    let url = format!("nats://app@127.0.0.1:{}", server.port);
+    let plain = format!("nats://127.0.0.1:{}", server.port);
+    let buses = Buses::new(&[
+        nats_spec(
+            "file",
+            NatsSpec {
+                url: url.clone(),
+                password_file: Some(password),
+                ..Default::default()
+            },
+        ),
+        nats_spec(
+            "nkey",
+            NatsSpec {
+                url: plain.clone(),
+                nkey_file: Some(seed),
+                ..Default::default()
+            },
+        ),
+        nats_spec(
+            "wrong",
+            NatsSpec {
+                url,
+                password_file: Some(wrong),
+                ..Default::default()
+            },
+        ),
+    ])
+    .unwrap();
+    let mut sub = NatsSub::subscribe_as(server.port, "s", "app", "s3cret").await;
+    buses.publish("file", "s", "", &[], b"1").await.unwrap();
+    buses.publish("nkey", "s", "", &[], b"2").await.unwrap();
+    assert_eq!(sub.next().await.payload, b"1");
+    assert_eq!(sub.next().await.payload, b"2");
+    let e = buses
+        .publish("wrong", "s", "", &[], b"3")
         .await
-        .unwrap();
-    buses
-        .publish("events", "s", "", &[], b"second")
+        .unwrap_err();
+    assert!(!e.retryable(), "{e}");
+    let msg = e.to_string().to_lowercase();
+    assert!(
+        msg.contains("authorization violation") && !msg.contains("nope"),
+        "{msg}"
+    );
+
+    // Two ways at once, or a file that is not a seed: refused at start-up.
+    let e = Buses::new(&[nats_spec(
+        "both",
+        NatsSpec {
+            url: format!("nats://tok@127.0.0.1:{}", server.port),
+            nkey_file: Some(dir.join("nkey.seed")),
+            ..Default::default()
+        },
+    )])
+    .unwrap_err();
+    assert!(e.to_string().contains("more than one way"), "{e}");
+    let e = Buses::new(&[nats_spec(
+        "bad",
+        NatsSpec {
+            url: plain,
+            nkey_file: Some(dir.join("password")),
+            ..Default::default()
+        },
+    )])
+    .unwrap_err();
+    assert!(e.to_string().contains("NKey user seed"), "{e}");
+}
+
+/// TLS: required by the server, verified against our CA; without the CA
+/// the certificate is refused (retryable: fixing the trust can make it pass).
+#[tokio::test]
+async fn tls_is_verified_against_the_given_ca() {
+    let dir = tempdir();
+    let certs = crate::common::certificates();
+    let (ca, cert, key) = (
+        dir.join("ca.pem"),
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+    );
+    std::fs::write(&ca, &certs.ca_pem).unwrap();
+    std::fs::write(&cert, &certs.cert_pem).unwrap();
+    std::fs::write(&key, &certs.key_pem).unwrap();
+    let server = Nats::start(&[
+        "--tls",
+        "--tlscert",
+        cert.to_str().unwrap(),
+        "--tlskey",
+        key.to_str().unwrap(),
+    ]);
+    let url = format!("tls://localhost:{}", server.port);
+    let tls = TlsFiles {
+        ca_file: Some(ca),
+        ..Default::default()
+    };
+    let buses = Buses::new(&[
+        nats_spec(
+            "tls",
+            NatsSpec {
+                url: url.clone(),
+                tls: Some(tls),
+                ..Default::default()
+            },
+        ),
+        nats_spec(
+            "untrusted",
+            NatsSpec {
+                url,
+                ..Default::default()
+            },
+        ),
+    ])
+    .unwrap();
+    buses.publish("tls", "s", "", &[], b"{}").await.unwrap();
+    let e = buses
+        .publish("untrusted", "s", "", &[], b"{}")
         .await
-        .unwrap();
-    assert_eq!(peer.await.unwrap(), ["first", "second"]);
+        .unwrap_err();
+    assert!(e.to_string().contains("cannot connect"), "{e}");
+}
+
+fn nats_spec(name: &str, spec: NatsSpec) -> wasmwatch_core::manifest::BusConnection {
+    wasmwatch_core::manifest::BusConnection {
+        name: name.into(),
+        amqp: None,
+        nats: Some(spec),
+    }
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "wasmwatch-nats-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
 }
