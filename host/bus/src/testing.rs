@@ -161,6 +161,36 @@ impl AmqpTestClient {
             .map_err(text)
     }
 
+    /// Declares a durable queue (it survives a broker restart) and binds it.
+    pub async fn durable_queue_bound(
+        &mut self,
+        queue: &str,
+        exchange: &str,
+        key: &str,
+    ) -> Result<(), String> {
+        self.channel
+            .queue_declare(
+                ShortString::from(queue),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(text)?;
+        self.channel
+            .queue_bind(
+                ShortString::from(queue),
+                ShortString::from(exchange),
+                ShortString::from(key),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(text)
+    }
+
     /// Takes the next message off the queue (auto-ack), if there is one.
     pub async fn get(&mut self, queue: &str) -> Result<Option<Delivery>, String> {
         let got = self

@@ -57,6 +57,8 @@ pub struct Rabbit {
     pub port: u16,
     /// The amqps port and the CA file, when started with [`rabbit_with_tls`].
     tls: Option<(u16, PathBuf)>,
+    /// What `rabbitmqctl` needs to reach this node.
+    ctl_env: Vec<(&'static str, String)>,
     /// The watchdog's stdin: when this process ends, the pipe closes and the
     /// watchdog stops the broker and its epmd and removes the folder.
     _watchdog: Mutex<ChildStdin>,
@@ -66,6 +68,27 @@ pub struct Rabbit {
 }
 
 impl Rabbit {
+    /// Runs `rabbitmqctl ARGS` against this broker; its output, or why it
+    /// failed. `stop_app` / `start_app` restart the broker application
+    /// (connections are closed, durable queues survive);
+    /// `set_vm_memory_high_watermark absolute 1` raises a memory alarm.
+    pub fn ctl(&self, args: &[&str]) -> Result<String, String> {
+        let ctl = binary("rabbitmqctl", &["/usr/lib/rabbitmq/bin"]);
+        let out = Command::new(&ctl)
+            .args(args)
+            .envs(self.ctl_env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("running {}: {e}", ctl.display()))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(format!("rabbitmqctl {args:?}: {}: {text}", out.status))
+        }
+    }
+
     pub fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/", self.port)
     }
@@ -254,6 +277,18 @@ fn start_rabbit(tls: Option<Tls>) -> Result<Rabbit, String> {
     Ok(Rabbit {
         port,
         tls,
+        ctl_env: vec![
+            ("HOME", dir.display().to_string()),
+            ("ERL_EPMD_PORT", epmd_port.to_string()),
+            (
+                "RABBITMQ_NODENAME",
+                format!("wasmwatch-test-{pid}@localhost"),
+            ),
+            (
+                "RABBITMQ_CONF_ENV_FILE",
+                dir.join("rabbitmq-env.conf").display().to_string(),
+            ),
+        ],
         _watchdog: Mutex::new(watchdog),
         _child: Mutex::new(child),
     })
