@@ -179,6 +179,20 @@ async fn metric(admin: SocketAddr, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The sum of every series of a family (`name{...} value` lines).
+async fn metric_sum(admin: SocketAddr, family: &str) -> f64 {
+    let Ok(mut s) = tokio::net::TcpStream::connect(admin).await else {
+        return 0.0;
+    };
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(family) && l[family.len()..].starts_with('{'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 async fn leading(admin: SocketAddr) -> bool {
     let Ok(mut s) = tokio::net::TcpStream::connect(admin).await else {
         return false;
@@ -377,6 +391,7 @@ async fn throughput_with(name: &str, plugins: &str, objects: usize, changes: usi
         "wasmwatch_events_handled_total{kind=\"ConfigMap\"}",
     )
     .await;
+    let calls0 = metric_sum(r.admin, "wasmwatch_plugin_invocations_total").await;
     let t = Instant::now();
     // Writers: 4 concurrent streams of patches.
     let per = changes / 4;
@@ -402,7 +417,14 @@ async fn throughput_with(name: &str, plugins: &str, objects: usize, changes: usi
     }
     let wrote = t.elapsed();
     let target = handled0 + (per * 4) as f64;
+    // Plugin calls (decisions) apart from delivery, whose per-target and
+    // global rate limits (5/s per target, 200/s overall) coalesce actions.
+    let (mut calls, mut last_call) = (calls0, t.elapsed());
     loop {
+        let c = metric_sum(r.admin, "wasmwatch_plugin_invocations_total").await;
+        if c > calls {
+            (calls, last_call) = (c, t.elapsed());
+        }
         let h = metric(
             r.admin,
             "wasmwatch_events_handled_total{kind=\"ConfigMap\"}",
@@ -426,9 +448,11 @@ async fn throughput_with(name: &str, plugins: &str, objects: usize, changes: usi
     tokio::time::sleep(Duration::from_secs(3)).await;
     let state_writes = *writes.lock().unwrap() - before_writes;
     println!(
-        "throughput {name}: {} changes over {objects} objects written in {wrote:.2?}, all handled after {took:.2?}: {:.0} events/s; {state_writes} state Lease writes = {:.4} per event",
+        "throughput {name}: {} changes over {objects} objects written in {wrote:.2?}, all handled after {took:.2?}: {:.0} events/s; {} plugin calls, the last after {last_call:.2?}: {:.0} calls/s; {state_writes} state Lease writes = {:.4} per event",
         per * 4,
         (per * 4) as f64 / took.as_secs_f64(),
+        calls - calls0,
+        (calls - calls0) / last_call.as_secs_f64(),
         state_writes as f64 / (per * 4) as f64
     );
     drop(r);

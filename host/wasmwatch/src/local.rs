@@ -176,6 +176,18 @@ async fn sample_app(client: &kube::Client) -> anyhow::Result<Vec<SamplePod>> {
                     "envFrom": [{"configMapRef": {"name": "orders"}}]}]}}}}),
     )
     .await?;
+    // No controller runs here: report the pods as a real cluster's
+    // Deployment controller would, so `kubectl get deploy` reads 3/3.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    deployments
+        .patch_status(
+            "orders",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"observedGeneration": 1,
+                "replicas": PODS, "readyReplicas": PODS, "updatedReplicas": PODS,
+                "availableReplicas": PODS}})),
+        )
+        .await?;
     Ok(pods)
 }
 
@@ -220,7 +232,7 @@ pub async fn run(
             })
             .await;
             if let Err(e) = &r {
-                eprintln!("error: {identity}: {e:#}");
+                eprintln!("error: {identity}: {}", crate::cli::error_chain(e));
             }
             r
         }));
