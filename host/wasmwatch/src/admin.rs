@@ -3,6 +3,9 @@
 //! `/leader` answers `true` or `false` (text, the leader-election sidecar
 //! convention), or `{"leading":..,"holder":..,"term":..}` with
 //! `Accept: application/json` or `?format=json`.
+//!
+//! Plain hyper rather than axum: four fixed GET paths need no router or
+//! extractors, and axum would add build time for no gain.
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
@@ -73,11 +76,7 @@ fn handle(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> 
             }
         }
         "/metrics" => match &state.metrics {
-            Some(m) => text(
-                StatusCode::OK,
-                m.render(),
-                "text/plain; version=0.0.4; charset=utf-8",
-            ),
+            Some(m) => text(StatusCode::OK, m.render(), crate::metrics::CONTENT_TYPE),
             None => text(StatusCode::NOT_FOUND, "no metrics here\n", "text/plain"),
         },
         _ => text(StatusCode::NOT_FOUND, "not found\n", "text/plain"),

@@ -1,163 +1,106 @@
-//! Prometheus metrics, served as text (exposition format 0.0.4) on the
-//! admin port's `/metrics`.
+//! Prometheus metrics, served in the OpenMetrics text format on the admin
+//! port's `/metrics`, by the `prometheus-client` crate.
 //!
-//! A deliberately small registry: counters, gauges and histograms with
-//! label sets, each family a field of [`Metrics`]. Names follow Prometheus
-//! conventions (`wasmwatch_` prefix, `_total` for counters, base units).
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
+//! Each `wasmwatch_` family is a field of [`Metrics`]. Names follow
+//! Prometheus conventions (`wasmwatch_` prefix, base units). Counters are
+//! registered without `_total`: the OpenMetrics encoder adds it to the
+//! samples, so the series read `wasmwatch_..._total` (the `# HELP` and
+//! `# TYPE` lines name the family without it). [`ProcessCollector`] adds
+//! the usual `process_*` metrics, read from /proc/self on each scrape.
+use std::sync::atomic::AtomicU64;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Type {
-    Counter,
-    Gauge,
-    Histogram(&'static [f64]),
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeGaugeValue, EncodeMetric, MetricEncoder,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Metric, Registry};
+
+/// The content type of [`Metrics::render`].
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The labels of one series: names and values, in the family's order.
+type Labels = Vec<(&'static str, String)>;
+
+/// A family of counters or histograms; a series is picked by its label
+/// values, given in the order of the family's label names.
+#[derive(Debug, Clone)]
+pub struct Labelled<M> {
+    names: &'static [&'static str],
+    family: Family<Labels, M>,
 }
 
-#[derive(Debug, Default, Clone)]
-struct Series {
-    value: f64,
-    /// Histograms: cumulative counts per bucket, sum, count.
-    buckets: Vec<u64>,
-    sum: f64,
-    count: u64,
+impl<M: Clone> Labelled<M> {
+    fn with(&self, values: &[&str], f: impl FnOnce(&M)) {
+        debug_assert_eq!(values.len(), self.names.len(), "{:?}", self.names);
+        let labels: Labels = self
+            .names
+            .iter()
+            .zip(values)
+            .map(|(k, v)| (*k, v.to_string()))
+            .collect();
+        f(&self.family.get_or_create(&labels));
+    }
 }
 
-/// One metric family and its series, keyed by label values.
-#[derive(Debug)]
-pub struct Family {
-    name: &'static str,
-    help: &'static str,
-    kind: Type,
-    labels: &'static [&'static str],
-    series: Mutex<BTreeMap<Vec<String>, Series>>,
-}
-
-impl Family {
-    const fn new(
-        name: &'static str,
-        help: &'static str,
-        kind: Type,
-        labels: &'static [&'static str],
-    ) -> Family {
-        Family {
-            name,
-            help,
-            kind,
-            labels,
-            series: Mutex::new(BTreeMap::new()),
-        }
+/// Encoded as its family, but with `# HELP` and `# TYPE` even before its
+/// first series (prometheus-client leaves empty families out).
+impl<M> EncodeMetric for Labelled<M>
+where
+    Family<Labels, M>: EncodeMetric,
+{
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.family.encode(encoder)
     }
 
-    fn with(&self, values: &[&str], f: impl FnOnce(&mut Series)) {
-        debug_assert_eq!(values.len(), self.labels.len(), "{}", self.name);
-        let key = values.iter().map(|v| v.to_string()).collect();
-        let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        f(series.entry(key).or_default());
+    fn metric_type(&self) -> MetricType {
+        self.family.metric_type()
     }
+}
 
+impl Labelled<Counter> {
     /// Counter: add one.
     pub fn inc(&self, values: &[&str]) {
-        self.add(values, 1.0);
-    }
-
-    pub fn add(&self, values: &[&str], by: f64) {
-        self.with(values, |s| s.value += by);
-    }
-
-    /// Gauge: set.
-    pub fn set(&self, values: &[&str], to: f64) {
-        self.with(values, |s| s.value = to);
-    }
-
-    /// Histogram: observe one value.
-    pub fn observe(&self, values: &[&str], v: f64) {
-        let Type::Histogram(bounds) = self.kind else {
-            return;
-        };
-        self.with(values, |s| {
-            if s.buckets.is_empty() {
-                s.buckets = vec![0; bounds.len()];
-            }
-            for (i, b) in bounds.iter().enumerate() {
-                if v <= *b {
-                    s.buckets[i] += 1;
-                }
-            }
-            s.sum += v;
-            s.count += 1;
+        self.with(values, |c| {
+            c.inc();
         });
     }
 
-    /// The current value of one series (counters and gauges), for tests.
-    pub fn get(&self, values: &[&str]) -> f64 {
-        let key: Vec<String> = values.iter().map(|v| v.to_string()).collect();
-        self.series
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .map_or(0.0, |s| s.value)
-    }
-
-    fn render(&self, out: &mut String) {
-        let kind = match self.kind {
-            Type::Counter => "counter",
-            Type::Gauge => "gauge",
-            Type::Histogram(_) => "histogram",
-        };
-        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
-        let _ = writeln!(out, "# TYPE {} {kind}", self.name);
-        let series = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        for (values, s) in series.iter() {
-            let labels = |extra: Option<(&str, String)>| {
-                let mut parts: Vec<String> = self
-                    .labels
-                    .iter()
-                    .zip(values)
-                    .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-                    .collect();
-                if let Some((k, v)) = extra {
-                    parts.push(format!("{k}=\"{v}\""));
-                }
-                if parts.is_empty() {
-                    String::new()
-                } else {
-                    format!("{{{}}}", parts.join(","))
-                }
-            };
-            match self.kind {
-                Type::Counter | Type::Gauge => {
-                    let _ = writeln!(out, "{}{} {}", self.name, labels(None), s.value);
-                }
-                Type::Histogram(bounds) => {
-                    for (b, c) in bounds.iter().zip(&s.buckets) {
-                        let _ = writeln!(
-                            out,
-                            "{}_bucket{} {c}",
-                            self.name,
-                            labels(Some(("le", b.to_string())))
-                        );
-                    }
-                    let _ = writeln!(
-                        out,
-                        "{}_bucket{} {}",
-                        self.name,
-                        labels(Some(("le", "+Inf".into()))),
-                        s.count
-                    );
-                    let _ = writeln!(out, "{}_sum{} {}", self.name, labels(None), s.sum);
-                    let _ = writeln!(out, "{}_count{} {}", self.name, labels(None), s.count);
-                }
-            }
-        }
+    /// Counter: add `by`.
+    pub fn add(&self, values: &[&str], by: u64) {
+        self.with(values, |c| {
+            c.inc_by(by);
+        });
     }
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+impl Labelled<Histogram> {
+    /// Histogram: observe one value.
+    pub fn observe(&self, values: &[&str], v: f64) {
+        self.with(values, |h| h.observe(v));
+    }
+}
+
+/// Registers `metric` (which shares its value with the returned clone).
+fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    // The registry ends every help text with a full stop.
+    let help = help.strip_suffix('.').unwrap_or(help);
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+fn counters(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    names: &'static [&'static str],
+) -> Labelled<Counter> {
+    let family = Family::default();
+    register(registry, name, help, Labelled { names, family })
 }
 
 const LATENCY: &[f64] = &[
@@ -165,152 +108,273 @@ const LATENCY: &[f64] = &[
     1.0,
 ];
 
-/// Every metric wasmwatch exports.
+fn latency() -> Histogram {
+    Histogram::new(LATENCY.iter().copied())
+}
+
+/// Every metric wasmwatch exports, and the registry that encodes them.
 #[derive(Debug)]
 pub struct Metrics {
-    pub events_received: Family,
-    pub events_handled: Family,
-    pub plugin_invocations: Family,
-    pub plugin_duration: Family,
-    pub actions: Family,
-    pub action_retries: Family,
-    pub dead_letters: Family,
-    pub queue_depth: Family,
-    pub checkpoint_lag_versions: Family,
-    pub checkpoint_lag_seconds: Family,
-    pub checkpoint_writes: Family,
-    pub leader: Family,
-    pub leader_transitions: Family,
-    pub watch_restarts: Family,
-    pub resyncs: Family,
+    pub events_received: Labelled<Counter>,
+    pub events_handled: Labelled<Counter>,
+    pub plugin_invocations: Labelled<Counter>,
+    pub plugin_duration: Labelled<Histogram>,
+    pub actions: Labelled<Counter>,
+    pub action_retries: Labelled<Counter>,
+    pub dead_letters: Labelled<Counter>,
+    pub queue_depth: Gauge,
+    pub checkpoint_lag_versions: Gauge,
+    pub checkpoint_lag_seconds: Gauge<f64, AtomicU64>,
+    pub checkpoint_writes: Labelled<Counter>,
+    pub leader: Gauge,
+    pub leader_transitions: Labelled<Counter>,
+    pub watch_restarts: Labelled<Counter>,
+    pub resyncs: Labelled<Counter>,
+    registry: Registry,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        use Type::*;
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(ProcessCollector::new()));
+        let r = &mut registry;
         Metrics {
-            events_received: Family::new(
-                "wasmwatch_events_received_total",
+            events_received: counters(
+                r,
+                "wasmwatch_events_received",
                 "Changes delivered by the watches, per kind.",
-                Counter,
                 &["kind"],
             ),
-            events_handled: Family::new(
-                "wasmwatch_events_handled_total",
+            events_handled: counters(
+                r,
+                "wasmwatch_events_handled",
                 "Changes fully handled (every action done or dead-lettered), per kind.",
-                Counter,
                 &["kind"],
             ),
-            plugin_invocations: Family::new(
-                "wasmwatch_plugin_invocations_total",
+            plugin_invocations: counters(
+                r,
+                "wasmwatch_plugin_invocations",
                 "Plugin calls, per plugin and outcome (ok, error).",
-                Counter,
                 &["plugin", "outcome"],
             ),
-            plugin_duration: Family::new(
+            plugin_duration: register(
+                r,
                 "wasmwatch_plugin_duration_seconds",
                 "Time of one plugin call (fresh sandbox + handle), per plugin and outcome.",
-                Histogram(LATENCY),
-                &["plugin", "outcome"],
+                Labelled {
+                    names: &["plugin", "outcome"],
+                    family: Family::new_with_constructor(latency),
+                },
             ),
-            actions: Family::new(
-                "wasmwatch_actions_total",
+            actions: counters(
+                r,
+                "wasmwatch_actions",
                 "Action attempts, per action type and outcome (done, retrying, dead_lettered, abandoned).",
-                Counter,
                 &["type", "outcome"],
             ),
-            action_retries: Family::new(
-                "wasmwatch_action_retries_total",
+            action_retries: counters(
+                r,
+                "wasmwatch_action_retries",
                 "Action attempts that failed and will be retried, per action type.",
-                Counter,
                 &["type"],
             ),
-            dead_letters: Family::new(
-                "wasmwatch_dead_letters_total",
+            dead_letters: counters(
+                r,
+                "wasmwatch_dead_letters",
                 "Actions given up after their retry budget or a permanent failure, per action type.",
-                Counter,
                 &["type"],
             ),
-            queue_depth: Family::new(
+            queue_depth: register(
+                r,
                 "wasmwatch_queue_depth",
                 "Actions waiting for their debounce window or running.",
-                Gauge,
-                &[],
+                Gauge::default(),
             ),
-            checkpoint_lag_versions: Family::new(
+            checkpoint_lag_versions: register(
+                r,
                 "wasmwatch_checkpoint_lag_versions",
                 "Changes received but not yet passed by the checkpoint.",
-                Gauge,
-                &[],
+                Gauge::default(),
             ),
-            checkpoint_lag_seconds: Family::new(
+            checkpoint_lag_seconds: register(
+                r,
                 "wasmwatch_checkpoint_lag_seconds",
                 "Age of the oldest change not yet passed by the checkpoint (0 when none).",
-                Gauge,
-                &[],
+                Gauge::default(),
             ),
-            checkpoint_writes: Family::new(
-                "wasmwatch_checkpoint_writes_total",
+            checkpoint_writes: counters(
+                r,
+                "wasmwatch_checkpoint_writes",
                 "Writes of the state Lease, per outcome (ok, error, fenced).",
-                Counter,
                 &["outcome"],
             ),
-            leader: Family::new(
+            leader: register(
+                r,
                 "wasmwatch_leader",
                 "1 while this replica leads.",
-                Gauge,
-                &[],
+                Gauge::default(),
             ),
-            leader_transitions: Family::new(
-                "wasmwatch_leader_transitions_total",
+            leader_transitions: counters(
+                r,
+                "wasmwatch_leader_transitions",
                 "Times this replica started or stopped leading.",
-                Counter,
                 &["to"],
             ),
-            watch_restarts: Family::new(
-                "wasmwatch_watch_restarts_total",
+            watch_restarts: counters(
+                r,
+                "wasmwatch_watch_restarts",
                 "Watch requests started again (stream ended, idle, error), per kind.",
-                Counter,
                 &["kind"],
             ),
-            resyncs: Family::new(
-                "wasmwatch_resyncs_total",
+            resyncs: counters(
+                r,
+                "wasmwatch_resyncs",
                 "Relists after 410 Gone (history expired), per kind.",
-                Counter,
                 &["kind"],
             ),
+            registry: std::mem::take(r),
         }
     }
 }
 
 impl Metrics {
-    fn families(&self) -> [&Family; 15] {
-        [
-            &self.events_received,
-            &self.events_handled,
-            &self.plugin_invocations,
-            &self.plugin_duration,
-            &self.actions,
-            &self.action_retries,
-            &self.dead_letters,
-            &self.queue_depth,
-            &self.checkpoint_lag_versions,
-            &self.checkpoint_lag_seconds,
-            &self.checkpoint_writes,
-            &self.leader,
-            &self.leader_transitions,
-            &self.watch_restarts,
-            &self.resyncs,
-        ]
-    }
-
-    /// The text exposition of every family.
+    /// The OpenMetrics text of every family, ending in `# EOF`.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        for f in self.families() {
-            f.render(&mut out);
-        }
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("encoding into a String does not fail");
         out
+    }
+}
+
+/// /proc reports CPU times in clock ticks of USER_HZ, 100 on the Linux
+/// platforms wasmwatch runs on (Prometheus' procfs assumes the same).
+const USER_HZ: f64 = 100.0;
+
+/// The `process_*` metrics of the official Prometheus clients, read from
+/// /proc/self on each scrape; where a file is missing (not Linux), its
+/// metrics are left out.
+#[derive(Debug)]
+pub struct ProcessCollector {
+    /// Seconds since the epoch; fixed, so read once.
+    start_time: Option<f64>,
+}
+
+impl ProcessCollector {
+    pub fn new() -> ProcessCollector {
+        let btime = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())
+        });
+        let start_time = btime
+            .zip(stat())
+            .map(|(boot, s)| boot as f64 + s.start_ticks as f64 / USER_HZ);
+        ProcessCollector { start_time }
+    }
+}
+
+impl Default for ProcessCollector {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What /proc/self/stat says about the process.
+struct Stat {
+    cpu_seconds: f64,
+    start_ticks: u64,
+    virtual_bytes: u64,
+}
+
+fn stat() -> Option<Stat> {
+    let text = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name, field 2, is in parentheses and may hold spaces;
+    // what follows starts at field 3 (proc(5)).
+    let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    Some(Stat {
+        cpu_seconds: (field(14)? + field(15)?) as f64 / USER_HZ,
+        start_ticks: field(22)?,
+        virtual_bytes: field(23)?,
+    })
+}
+
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    Some(kib.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()? * 1024)
+}
+
+fn open_fds() -> Option<u64> {
+    Some(std::fs::read_dir("/proc/self/fd").ok()?.count() as u64)
+}
+
+fn max_fds() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let soft = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))?
+        .split_whitespace()
+        .next()?;
+    soft.parse().ok()
+}
+
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: Option<impl EncodeGaugeValue>,
+) -> Result<(), std::fmt::Error> {
+    let Some(value) = value else {
+        return Ok(());
+    };
+    let gauge = ConstGauge::new(value);
+    gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)
+}
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stat = stat();
+        if let Some(s) = &stat {
+            let cpu = ConstCounter::new(s.cpu_seconds);
+            cpu.encode(encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "Total user and system CPU time spent in seconds.",
+                None,
+                cpu.metric_type(),
+            )?)?;
+        }
+        let e = &mut encoder;
+        gauge(
+            e,
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            resident_bytes(),
+        )?;
+        gauge(
+            e,
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes.",
+            stat.map(|s| s.virtual_bytes),
+        )?;
+        gauge(
+            e,
+            "process_open_fds",
+            "Number of open file descriptors.",
+            open_fds(),
+        )?;
+        gauge(
+            e,
+            "process_max_fds",
+            "Maximum number of open file descriptors.",
+            max_fds(),
+        )?;
+        gauge(
+            e,
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            self.start_time,
+        )
     }
 }
 
@@ -319,21 +383,120 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_counters_gauges_and_histograms() {
+    fn encodes_openmetrics_counters_gauges_histograms_and_process_metrics() {
         let m = Metrics::default();
         m.events_received.inc(&["ConfigMap"]);
         m.events_received.inc(&["ConfigMap"]);
-        m.queue_depth.set(&[], 3.0);
+        m.queue_depth.set(3);
+        m.checkpoint_lag_seconds.set(0.5);
         m.plugin_duration.observe(&["http-refresh", "ok"], 0.000_07);
         m.actions.inc(&["refreshService", "done"]);
         m.events_handled.inc(&["a\"b"]);
         let text = m.render();
-        assert!(text.contains("# TYPE wasmwatch_events_received_total counter\nwasmwatch_events_received_total{kind=\"ConfigMap\"} 2\n"), "{text}");
-        assert!(text.contains("wasmwatch_queue_depth 3\n"), "{text}");
-        assert!(text.contains("wasmwatch_plugin_duration_seconds_bucket{plugin=\"http-refresh\",outcome=\"ok\",le=\"0.00005\"} 0\n"), "{text}");
-        assert!(text.contains("wasmwatch_plugin_duration_seconds_bucket{plugin=\"http-refresh\",outcome=\"ok\",le=\"0.0001\"} 1\n"), "{text}");
+        // Counter: the family without `_total`, the series with it.
+        assert!(text.contains("# HELP wasmwatch_events_received Changes delivered by the watches, per kind.\n# TYPE wasmwatch_events_received counter\nwasmwatch_events_received_total{kind=\"ConfigMap\"} 2\n"), "{text}");
+        assert!(
+            text.contains("wasmwatch_actions_total{type=\"refreshService\",outcome=\"done\"} 1\n"),
+            "{text}"
+        );
+        // Gauges.
+        assert!(
+            text.contains("# TYPE wasmwatch_queue_depth gauge\nwasmwatch_queue_depth 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nwasmwatch_checkpoint_lag_seconds 0.5\n"),
+            "{text}"
+        );
+        // Histogram.
+        assert!(
+            text.contains("# TYPE wasmwatch_plugin_duration_seconds histogram\n"),
+            "{text}"
+        );
+        // (`le` comes first; label order means nothing to Prometheus.)
+        assert!(text.contains("wasmwatch_plugin_duration_seconds_bucket{le=\"0.00005\",plugin=\"http-refresh\",outcome=\"ok\"} 0\n"), "{text}");
+        assert!(text.contains("wasmwatch_plugin_duration_seconds_bucket{le=\"0.0001\",plugin=\"http-refresh\",outcome=\"ok\"} 1\n"), "{text}");
+        assert!(text.contains("wasmwatch_plugin_duration_seconds_bucket{le=\"+Inf\",plugin=\"http-refresh\",outcome=\"ok\"} 1\n"), "{text}");
         assert!(text.contains("wasmwatch_plugin_duration_seconds_count{plugin=\"http-refresh\",outcome=\"ok\"} 1\n"), "{text}");
+        // A family without series yet still has its HELP and TYPE.
+        assert!(text.contains("# HELP wasmwatch_dead_letters Actions given up after their retry budget or a permanent failure, per action type.\n# TYPE wasmwatch_dead_letters counter\n# HELP "), "{text}");
+        // Label values are escaped.
         assert!(text.contains("kind=\"a\\\"b\""), "{text}");
-        assert_eq!(m.events_received.get(&["ConfigMap"]), 2.0);
+        // Process metrics, from /proc/self.
+        let sample = |name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name}: {text}"))
+        };
+        assert!(
+            text.contains("# TYPE process_cpu_seconds counter\n"),
+            "{text}"
+        );
+        assert!(sample("process_cpu_seconds_total") >= 0.0);
+        assert!(sample("process_resident_memory_bytes") > 0.0);
+        assert!(sample("process_virtual_memory_bytes") >= sample("process_resident_memory_bytes"));
+        assert!(sample("process_open_fds") >= 3.0);
+        assert!(sample("process_max_fds") >= sample("process_open_fds"));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let started = sample("process_start_time_seconds");
+        assert!(
+            started <= now + 1.0 && started > now - 24.0 * 3600.0,
+            "{started} vs {now}"
+        );
+        // A complete OpenMetrics exposition ends with the EOF marker.
+        assert!(text.ends_with("\n# EOF\n"), "{text}");
+    }
+
+    /// The series names scrapers and dashboards see: unchanged by the move
+    /// to prometheus-client (counters still end in `_total`).
+    #[test]
+    fn exposes_the_same_series_names() {
+        let m = Metrics::default();
+        for c in [
+            &m.events_received,
+            &m.events_handled,
+            &m.plugin_invocations,
+            &m.actions,
+            &m.action_retries,
+            &m.dead_letters,
+            &m.checkpoint_writes,
+            &m.leader_transitions,
+            &m.watch_restarts,
+            &m.resyncs,
+        ] {
+            c.inc(&vec!["x"; c.names.len()]);
+        }
+        m.plugin_duration.observe(&["p", "ok"], 0.3);
+        let text = m.render();
+        let names: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("wasmwatch_"))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        assert_eq!(
+            names.into_iter().collect::<Vec<_>>(),
+            [
+                "wasmwatch_action_retries_total",
+                "wasmwatch_actions_total",
+                "wasmwatch_checkpoint_lag_seconds",
+                "wasmwatch_checkpoint_lag_versions",
+                "wasmwatch_checkpoint_writes_total",
+                "wasmwatch_dead_letters_total",
+                "wasmwatch_events_handled_total",
+                "wasmwatch_events_received_total",
+                "wasmwatch_leader",
+                "wasmwatch_leader_transitions_total",
+                "wasmwatch_plugin_duration_seconds_bucket",
+                "wasmwatch_plugin_duration_seconds_count",
+                "wasmwatch_plugin_duration_seconds_sum",
+                "wasmwatch_plugin_invocations_total",
+                "wasmwatch_queue_depth",
+                "wasmwatch_resyncs_total",
+                "wasmwatch_watch_restarts_total",
+            ]
+        );
     }
 }

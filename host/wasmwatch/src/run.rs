@@ -401,7 +401,7 @@ async fn track_leadership(mut leadership: watch::Receiver<Leadership>, metrics: 
     let mut was = false;
     loop {
         let now = leadership.borrow_and_update().leading;
-        metrics.leader.set(&[], if now { 1.0 } else { 0.0 });
+        metrics.leader.set(i64::from(now));
         if now != was {
             metrics
                 .leader_transitions
@@ -683,17 +683,17 @@ impl Service {
                     }
                     // Forget the turns of calls that are over.
                     order.retain(|_, turn| matches!(turn.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
-                    metrics.queue_depth.set(&[], pipeline.stats().queued.load(std::sync::atomic::Ordering::Relaxed) as f64);
-                    metrics.checkpoint_lag_versions.set(&[], progress.in_flight() as f64);
+                    metrics.queue_depth.set(pipeline.stats().queued.load(std::sync::atomic::Ordering::Relaxed) as i64);
+                    metrics.checkpoint_lag_versions.set(progress.in_flight() as i64);
                     for (kind, stats, restarts, resyncs) in watch_stats.iter_mut() {
                         use std::sync::atomic::Ordering::Relaxed;
                         let (r, s) = (stats.restarts.load(Relaxed), stats.resyncs.load(Relaxed));
-                        metrics.watch_restarts.add(&[kind.as_str()], (r - *restarts) as f64);
-                        metrics.resyncs.add(&[kind.as_str()], (s - *resyncs) as f64);
+                        metrics.watch_restarts.add(&[kind.as_str()], r - *restarts);
+                        metrics.resyncs.add(&[kind.as_str()], s - *resyncs);
                         (*restarts, *resyncs) = (r, s);
                     }
                     let oldest = outstanding.values().map(|(_, _, since)| since.elapsed()).max().unwrap_or_default();
-                    metrics.checkpoint_lag_seconds.set(&[], oldest.as_secs_f64());
+                    metrics.checkpoint_lag_seconds.set(oldest.as_secs_f64());
                     if let Some(saver) = saver.as_mut()
                         && let Err(e) = saver.save(&mut progress, &still_leading, &metrics).await
                     {

@@ -1,7 +1,7 @@
 //! `/metrics` and Events as an operator sees them: a real `wasmwatch run`
-//! process refreshes a real HTTP app; its `/metrics` text parses with an
-//! independent Prometheus parser (prometheus-parse) and the counters move
-//! with the change; a `Refreshed` Event lands on the ConfigMap.
+//! process refreshes a real HTTP app; its `/metrics` OpenMetrics text parses
+//! with an independent Prometheus parser (prometheus-parse) and the counters
+//! move with the change; a `Refreshed` Event lands on the ConfigMap.
 mod common;
 
 use std::time::Duration;
@@ -26,9 +26,25 @@ plugins:
     delivery: {debounce: 0s, retries: 3, backoffInitial: 100ms, backoffMax: 1s}
 ";
 
+/// The status line and headers of a GET.
+async fn raw_head(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    buf.split_once("\r\n\r\n").unwrap().0.to_string() + "\r\n"
+}
+
 async fn scrape(r: &Replica) -> Scrape {
     let (status, text) = get(r.admin, "/metrics").await.expect("/metrics answers");
     assert_eq!(status, 200);
+    assert!(
+        text.ends_with("\n# EOF\n"),
+        "OpenMetrics ends with # EOF: {text}"
+    );
     Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("Prometheus text format")
 }
 
@@ -68,17 +84,30 @@ async fn metrics_parse_and_move_and_a_refresh_leaves_an_event_on_the_object() {
 
     let r = Replica::start(&kubeconfig, &manifest, "replica-a");
     let before = scrape(&r).await;
-    // Every family is exposed with HELP and TYPE, even before any event.
+    let head = raw_head(r.admin, "/metrics").await;
+    assert!(
+        head.to_ascii_lowercase().contains(
+            "\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n"
+        ),
+        "{head}"
+    );
+    // Every family is exposed with HELP and TYPE, even before any event
+    // (OpenMetrics names a counter family without the `_total` of its
+    // series).
     for family in [
-        "wasmwatch_events_received_total",
+        "wasmwatch_events_received",
         "wasmwatch_plugin_duration_seconds",
-        "wasmwatch_actions_total",
-        "wasmwatch_dead_letters_total",
+        "wasmwatch_actions",
+        "wasmwatch_dead_letters",
         "wasmwatch_queue_depth",
         "wasmwatch_checkpoint_lag_seconds",
         "wasmwatch_leader",
-        "wasmwatch_watch_restarts_total",
-        "wasmwatch_resyncs_total",
+        "wasmwatch_watch_restarts",
+        "wasmwatch_resyncs",
+        "process_cpu_seconds",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
     ] {
         assert!(
             before.docs.contains_key(family),
@@ -91,6 +120,8 @@ async fn metrics_parse_and_move_and_a_refresh_leaves_an_event_on_the_object() {
         1.0,
         "HA off: it acts"
     );
+    assert!(value(&before, "process_resident_memory_bytes", &[]) > 0.0);
+    assert!(value(&before, "process_open_fds", &[]) > 0.0);
     let received = value(
         &before,
         "wasmwatch_events_received_total",
