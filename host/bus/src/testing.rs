@@ -137,28 +137,12 @@ impl AmqpTestClient {
         exchange: &str,
         key: &str,
     ) -> Result<(), String> {
-        self.channel
-            .queue_declare(
-                ShortString::from(queue),
-                QueueDeclareOptions {
-                    exclusive: true,
-                    auto_delete: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(text)?;
-        self.channel
-            .queue_bind(
-                ShortString::from(queue),
-                ShortString::from(exchange),
-                ShortString::from(key),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(text)
+        let options = QueueDeclareOptions {
+            exclusive: true,
+            auto_delete: true,
+            ..Default::default()
+        };
+        self.declare_and_bind(queue, options, exchange, key).await
     }
 
     /// Declares a durable queue (it survives a broker restart) and binds it.
@@ -168,15 +152,22 @@ impl AmqpTestClient {
         exchange: &str,
         key: &str,
     ) -> Result<(), String> {
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        self.declare_and_bind(queue, options, exchange, key).await
+    }
+
+    async fn declare_and_bind(
+        &mut self,
+        queue: &str,
+        options: QueueDeclareOptions,
+        exchange: &str,
+        key: &str,
+    ) -> Result<(), String> {
         self.channel
-            .queue_declare(
-                ShortString::from(queue),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
+            .queue_declare(ShortString::from(queue), options, FieldTable::default())
             .await
             .map_err(text)?;
         self.channel

@@ -167,27 +167,30 @@ fn start(dir: &Path, kubeconfig: &Path, manifest: &str, identity: &str) -> Repli
     }
 }
 
-async fn metric(admin: SocketAddr, series: &str) -> f64 {
+/// The /metrics text, or "" while the admin port does not answer.
+async fn scrape(admin: SocketAddr) -> String {
     let Ok(mut s) = tokio::net::TcpStream::connect(admin).await else {
-        return 0.0;
+        return String::new();
     };
     s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).await.unwrap();
-    text.lines()
+    text
+}
+
+async fn metric(admin: SocketAddr, series: &str) -> f64 {
+    scrape(admin)
+        .await
+        .lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or(0.0)
 }
 
 /// The sum of every series of a family (`name{...} value` lines).
 async fn metric_sum(admin: SocketAddr, family: &str) -> f64 {
-    let Ok(mut s) = tokio::net::TcpStream::connect(admin).await else {
-        return 0.0;
-    };
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).await.unwrap();
-    text.lines()
+    scrape(admin)
+        .await
+        .lines()
         .filter(|l| l.starts_with(family) && l[family.len()..].starts_with('{'))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
