@@ -23,6 +23,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::client::PublishErrorKind;
 use async_nats::{ConnectErrorKind, ConnectOptions, Event, HeaderMap, ServerError};
 use bytes::Bytes;
 use tokio::sync::watch;
@@ -341,7 +342,14 @@ impl Session {
                 .publish_with_headers(subject, headers, payload)
                 .await
         };
-        sent.map_err(|e| Problem::Broken(e.to_string()))?;
+        // The client refuses a subject or size it cannot send: nothing was
+        // sent and a retry cannot change it.
+        sent.map_err(|e| match e.kind() {
+            PublishErrorKind::MaxPayloadExceeded | PublishErrorKind::InvalidSubject => {
+                Problem::Invalid(e.to_string())
+            }
+            PublishErrorKind::Send => Problem::Broken(e.to_string()),
+        })?;
         // The marker's return answers after the message was processed; a
         // lost connection ends the wait at once.
         self.next_marker += 1;
