@@ -35,6 +35,8 @@ pub(crate) struct Target {
     address: String,
     /// Shown by the broker (management UI) as the connection's name.
     connection_name: String,
+    /// Logs in with the client certificate (SASL EXTERNAL).
+    external: bool,
 }
 
 impl Target {
@@ -124,6 +126,19 @@ impl Target {
             (None, None) => {}
             _ => return Err("a client certificate needs both a certificate and a key file".into()),
         }
+        // RabbitMQ's EXTERNAL login is the TLS client certificate: without
+        // one it can never succeed.
+        if query.auth_mechanism == Some(SASLMechanism::External) {
+            if !tls_url {
+                return Err("auth_mechanism=external needs an amqps:// URL".into());
+            }
+            if tls.identity.is_none() {
+                return Err("auth_mechanism=external needs a client certificate \
+                     (tls.certFile and tls.keyFile, or certfile and keyfile in the URL)"
+                    .into());
+            }
+        }
+        let external = query.auth_mechanism == Some(SASLMechanism::External);
         let user_in_url = p.user.is_some();
         let username = p.user.unwrap_or_else(|| "guest".into());
         let password = match &spec.password_file {
@@ -157,6 +172,7 @@ impl Target {
             tls,
             address,
             connection_name: format!("wasmwatch/{name}"),
+            external,
         })
     }
 
@@ -210,6 +226,34 @@ fn problem(e: lapin::Error, connecting: bool) -> Problem {
     }
 }
 
+/// A TLS alert with which the broker refused this client's certificate (or
+/// its absence), as a refusal that a retry cannot change; None for other
+/// failures.
+fn client_certificate_refused(error: &str) -> Option<String> {
+    const ALERT: &str = "received fatal alert: ";
+    let alert = &error[error.find(ALERT)? + ALERT.len()..];
+    let alert = alert.split(|c: char| !c.is_alphanumeric()).next()?;
+    let why = match alert {
+        "CertificateRequired" => {
+            "it requires a client certificate and none was given \
+             (tls.certFile and tls.keyFile)"
+        }
+        "HandshakeFailure" => {
+            "no client certificate given while it requires one \
+             (tls.certFile and tls.keyFile), or no common TLS version or cipher"
+        }
+        "UnknownCA" => "the client certificate is not signed by a CA it trusts",
+        "BadCertificate" | "UnsupportedCertificate" => "the client certificate is not valid",
+        "CertificateExpired" => "the client certificate has expired",
+        "CertificateRevoked" => "the client certificate was revoked",
+        "AccessDenied" => "the client certificate is not allowed",
+        _ => return None,
+    };
+    Some(format!(
+        "the broker refused the TLS connection ({ALERT}{alert}): {why}"
+    ))
+}
+
 /// A publishing connection: a channel in confirm mode.
 pub(crate) struct Session {
     conn: Connection,
@@ -226,14 +270,47 @@ impl Target {
         let runtime = lapin::runtime::default_runtime().map_err(|e| problem(e, true))?;
         Connection::connect_uri_with_config(self.uri.clone(), props, self.tls.clone(), runtime)
             .await
-            .map_err(|e| match problem(e, true) {
-                // RabbitMQ closes the socket on a bad password when the
-                // client does not ask for authentication_failure_close.
-                Problem::Connect(s) if s.contains("reset") || s.contains("closed") => {
-                    Problem::Connect(format!("{s} (wrong user or password?)"))
+            .map_err(|e| self.login_problem(problem(e, true)))
+    }
+
+    /// Says what a failed connection most likely means for logging in.
+    fn login_problem(&self, p: Problem) -> Problem {
+        match p {
+            Problem::Connect(s) => {
+                if let Some(refusal) = client_certificate_refused(&s) {
+                    return Problem::Refused {
+                        text: refusal,
+                        retryable: false,
+                    };
                 }
-                p => p,
-            })
+                // RabbitMQ closes the socket (no connection.close) on a
+                // SASL mechanism it does not offer, and on a bad password
+                // when the client does not ask for
+                // authentication_failure_close.
+                if ["reset", "closed", "aborted"].iter().any(|w| s.contains(w)) {
+                    let hint = if self.external {
+                        "the broker may not offer EXTERNAL: rabbitmq_auth_mechanism_ssl \
+                         plugin, auth_mechanisms"
+                    } else {
+                        "wrong user or password, or the broker does not offer PLAIN \
+                         (e.g. only EXTERNAL: add auth_mechanism=external and a client \
+                         certificate)?"
+                    };
+                    return Problem::Connect(format!("{s} during the handshake ({hint})"));
+                }
+                Problem::Connect(s)
+            }
+            Problem::Refused { text, retryable } if self.external && text.contains(" 403 ") => {
+                Problem::Refused {
+                    text: format!(
+                        "{text} (no user named like the client certificate's subject, \
+                         or it may not use this vhost)"
+                    ),
+                    retryable,
+                }
+            }
+            p => p,
+        }
     }
 }
 
@@ -363,5 +440,23 @@ impl Session {
                 Err(Problem::Broken("the channel is not in confirm mode".into()))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client_certificate_refused;
+
+    #[test]
+    fn tls_alerts_about_the_client_certificate_are_refusals() {
+        let r = client_certificate_refused("IO error: received fatal alert: CertificateRequired")
+            .unwrap();
+        assert!(r.contains("requires a client certificate"), "{r}");
+        let r = client_certificate_refused("IO error: received fatal alert: UnknownCA").unwrap();
+        assert!(r.contains("CA it trusts"), "{r}");
+        assert!(
+            client_certificate_refused("IO error: received fatal alert: DecodeError").is_none()
+        );
+        assert!(client_certificate_refused("IO error: connection refused").is_none());
     }
 }

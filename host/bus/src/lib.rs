@@ -50,8 +50,9 @@
 //! [`PublishError::retryable`]: an unknown connection name, an invalid message
 //! (e.g. a NATS subject with spaces, a payload over the server's limit) and
 //! refusals that a retry cannot change (AMQP 403 access refused, e.g. wrong
-//! credentials, 404, 406, 530; NATS authorization and permission
-//! violations) are permanent; connection failures, lost connections, nacks,
+//! credentials, 404, 406, 530; a TLS alert refusing the client certificate
+//! or its absence; NATS authorization and permission violations) are
+//! permanent; connection failures, lost connections, nacks,
 //! timeouts and other refusals (e.g. 320 connection forced at a broker
 //! shutdown) are retryable. Every message names the connection and the
 //! broker's address (never its password).
@@ -549,6 +550,10 @@ mod tests {
         assert!(e.contains("amqps"), "{e}");
         let e = problem(amqp("x", "amqps://rabbit?cacertfile=/nonexistent/ca.pem"));
         assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+        let e = problem(amqp("x", "amqps://rabbit?auth_mechanism=external"));
+        assert!(e.contains("needs a client certificate"), "{e}");
+        let e = problem(amqp("x", "amqp://rabbit?auth_mechanism=external"));
+        assert!(e.contains("needs an amqps:// URL"), "{e}");
         let e = problem(nats("y", "nats://nats/sub"));
         assert!(e.contains("\"y\"") && e.contains("path"), "{e}");
         let e = problem(nats("y", "http://nats"));

@@ -50,6 +50,23 @@ enum Auth {
     Creds(String),
 }
 
+impl Auth {
+    /// What a refused login most likely means, for this way of logging in.
+    fn refusal_hint(&self) -> &'static str {
+        match self {
+            Auth::None => "the server requires authentication and none was given",
+            Auth::UserPassword(..) => "wrong user or password?",
+            Auth::Token(_) => "wrong token?",
+            Auth::NKey(_) => "the server does not know this NKey",
+            Auth::Creds(_) => {
+                "the server does not accept the credsFile's user: its account unknown to \
+                 the server's resolver or signed by another operator, the JWT expired or \
+                 revoked, or the seed not the user's?"
+            }
+        }
+    }
+}
+
 impl Target {
     /// `nats://[user:password@|token@]host[:port]` (default port 4222), or
     /// `tls://...` to require TLS. Secrets may come from files instead
@@ -280,20 +297,21 @@ impl Session {
                     }
                 }
             });
-        let client = opts.connect(t.server.as_str()).await.map_err(|e| {
-            let text = e.to_string();
-            match e.kind() {
-                ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
-                    Problem::Refused {
-                        text: format!(
-                            "{text} (Authorization Violation: wrong user, password, token or key?)"
-                        ),
-                        retryable: false,
-                    }
-                }
-                _ => Problem::Connect(text),
-            }
-        })?;
+        let client = opts
+            .connect(t.server.as_str())
+            .await
+            .map_err(|e| match e.kind() {
+                // The server's -ERR says no more than this: the hint is ours.
+                ConnectErrorKind::AuthorizationViolation => Problem::Refused {
+                    text: format!("Authorization Violation ({})", t.auth.refusal_hint()),
+                    retryable: false,
+                },
+                ConnectErrorKind::Authentication => Problem::Refused {
+                    text: format!("{e} ({})", t.auth.refusal_hint()),
+                    retryable: false,
+                },
+                _ => Problem::Connect(e.to_string()),
+            })?;
         let inbox = client.new_inbox();
         let markers = client
             .subscribe(inbox.clone())

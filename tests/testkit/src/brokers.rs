@@ -52,11 +52,59 @@ pub struct Tls {
     pub key_pem: String,
 }
 
+/// A client certificate and its key (PEM, PKCS#8).
+pub struct ClientCert {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// A fresh test CA, a server certificate for `localhost` signed by it, and
+/// client certificates (extended key usage: client auth) for the given
+/// common names, signed by the same CA.
+pub fn certificates_with_clients(common_names: &[&str]) -> (Tls, Vec<ClientCert>) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair,
+    };
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "wasmwatch test CA");
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut server = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    server
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    let server = server.signed_by(&key, &ca).unwrap();
+    let clients = common_names
+        .iter()
+        .map(|cn| {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.distinguished_name.push(DnType::CommonName, *cn);
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            ClientCert {
+                cert_pem: params.signed_by(&key, &ca).unwrap().pem(),
+                key_pem: key.serialize_pem(),
+            }
+        })
+        .collect();
+    let tls = Tls {
+        ca_pem: ca.pem(),
+        cert_pem: server.pem(),
+        key_pem: key.serialize_pem(),
+    };
+    (tls, clients)
+}
+
 /// The RabbitMQ of this test process.
 pub struct Rabbit {
     pub port: u16,
     /// The amqps port and the CA file, when started with [`rabbit_with_tls`].
     tls: Option<(u16, PathBuf)>,
+    /// Started by [`rabbit_with_external_auth`]: EXTERNAL is the only login.
+    external: bool,
     /// What `rabbitmqctl` needs to reach this node.
     ctl_env: Vec<(&'static str, String)>,
     /// The watchdog's stdin: when this process ends, the pipe closes and the
@@ -110,6 +158,16 @@ impl Rabbit {
             .1
     }
 
+    /// Adds a user for client certificates whose common name is `name`
+    /// (EXTERNAL login), with all permissions on vhost `/`. Its password
+    /// (rabbitmqctl wants one) is random and never used.
+    pub fn add_certificate_user(&self, name: &str) -> Result<(), String> {
+        let unused = format!("unused-{}-{}", std::process::id(), free_port());
+        self.ctl(&["add_user", name, &unused])?;
+        self.ctl(&["set_permissions", "-p", "/", name, ".*", ".*", ".*"])?;
+        Ok(())
+    }
+
     pub fn tls_url(&self, ca_file: Option<&Path>) -> String {
         let query = ca_file
             .map(|p| format!("?cacertfile={}", p.display()))
@@ -124,8 +182,14 @@ static RABBIT: OnceLock<Result<Rabbit, String>> = OnceLock::new();
 /// blocks for its boot (~5-10 s). If [`rabbit_with_tls`] came first, this
 /// is that broker.
 pub fn rabbit() -> &'static Rabbit {
-    match RABBIT.get_or_init(|| start_rabbit(None)) {
-        Ok(r) => r,
+    match RABBIT.get_or_init(|| start_rabbit(None, false)) {
+        Ok(r) => {
+            assert!(
+                !r.external,
+                "this process's RabbitMQ takes only EXTERNAL logins (rabbit_with_external_auth)"
+            );
+            r
+        }
         Err(e) => panic!("{e}"),
     }
 }
@@ -134,11 +198,33 @@ pub fn rabbit() -> &'static Rabbit {
 /// `certificates` makes. Panics if this process's broker was already
 /// started without TLS.
 pub fn rabbit_with_tls(certificates: impl FnOnce() -> Tls) -> &'static Rabbit {
-    match RABBIT.get_or_init(|| start_rabbit(Some(certificates()))) {
+    match RABBIT.get_or_init(|| start_rabbit(Some(certificates()), false)) {
         Ok(r) => {
             assert!(
-                r.tls.is_some(),
-                "this process's RabbitMQ was started without TLS (by rabbit())"
+                r.tls.is_some() && !r.external,
+                "this process's RabbitMQ was started without TLS (by rabbit()) or \
+                 takes only EXTERNAL logins"
+            );
+            r
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// A broker for client-certificate logins, one per test process: the
+/// `rabbitmq_auth_mechanism_ssl` plugin, EXTERNAL as the only SASL mechanism
+/// (PLAIN is refused, also on the plain listener), and an amqps listener
+/// that verifies the peer and refuses clients without a certificate
+/// (`certificates.ca_pem` is also the CA client certificates must chain to);
+/// the user is the certificate's common name (add it with
+/// [`Rabbit::add_certificate_user`]). Panics if this process's broker was
+/// already started another way.
+pub fn rabbit_with_external_auth(certificates: impl FnOnce() -> Tls) -> &'static Rabbit {
+    match RABBIT.get_or_init(|| start_rabbit(Some(certificates()), true)) {
+        Ok(r) => {
+            assert!(
+                r.external,
+                "this process's RabbitMQ was started without EXTERNAL auth"
             );
             r
         }
@@ -162,7 +248,7 @@ kill $e 2>/dev/null; wait $e 2>/dev/null
 rm -rf "$dir"
 "#;
 
-fn start_rabbit(tls: Option<Tls>) -> Result<Rabbit, String> {
+fn start_rabbit(tls: Option<Tls>, external: bool) -> Result<Rabbit, String> {
     let started = Instant::now();
     let server = binary("rabbitmq-server", &["/usr/lib/rabbitmq/bin"]);
     let epmd = binary("epmd", &[]);
@@ -177,20 +263,37 @@ fn start_rabbit(tls: Option<Tls>) -> Result<Rabbit, String> {
          loopback_users = none\n\
          disk_free_limit.absolute = 1MB\n"
     );
+    let plugins = if external {
+        config.push_str(
+            "auth_mechanisms.1 = EXTERNAL\n\
+             ssl_cert_login_from = common_name\n",
+        );
+        "[rabbitmq_auth_mechanism_ssl].\n"
+    } else {
+        "[].\n"
+    };
     let mut files = vec![
-        ("enabled_plugins", "[].\n".to_string()),
+        ("enabled_plugins", plugins.to_string()),
         ("rabbitmq-env.conf", String::new()),
     ];
+    if external && tls.is_none() {
+        return Err("EXTERNAL auth needs the TLS listener".into());
+    }
     let tls = tls.map(|t| {
         let tls_port = free_port();
         let d = dir.display();
+        let (verify, require) = if external {
+            ("verify_peer", true)
+        } else {
+            ("verify_none", false)
+        };
         config.push_str(&format!(
             "listeners.ssl.default = 127.0.0.1:{tls_port}\n\
              ssl_options.cacertfile = {d}/ca.pem\n\
              ssl_options.certfile = {d}/server.pem\n\
              ssl_options.keyfile = {d}/server.key\n\
-             ssl_options.verify = verify_none\n\
-             ssl_options.fail_if_no_peer_cert = false\n"
+             ssl_options.verify = {verify}\n\
+             ssl_options.fail_if_no_peer_cert = {require}\n"
         ));
         files.push(("ca.pem", t.ca_pem));
         files.push(("server.pem", t.cert_pem));
@@ -277,6 +380,7 @@ fn start_rabbit(tls: Option<Tls>) -> Result<Rabbit, String> {
     Ok(Rabbit {
         port,
         tls,
+        external,
         ctl_env: vec![
             ("HOME", dir.display().to_string()),
             ("ERL_EPMD_PORT", epmd_port.to_string()),
