@@ -233,9 +233,12 @@ impl BusConnection {
 pub struct PluginEntry {
     /// A DNS-1123 label, unique in the manifest.
     pub name: String,
-    /// Path of the component (`.wasm`), relative to the manifest's folder.
+    /// Path of the component (`.wasm`), relative to the manifest's folder,
+    /// or `oci://REGISTRY/REPOSITORY:TAG` (or `@sha256:DIGEST`): an artifact
+    /// the host pulls from an OCI registry (see [`PluginEntry::oci_reference`]).
     pub module: PathBuf,
-    /// Hex SHA-256 of the module file; the host refuses any other content.
+    /// Hex SHA-256 of the module file (for `oci://`, of the component layer);
+    /// the host refuses any other content.
     pub sha256: String,
     #[serde(default)]
     pub events: EventFilter,
@@ -250,11 +253,64 @@ pub struct PluginEntry {
     pub delivery: Delivery,
 }
 
+/// The scheme of a module pulled from an OCI registry.
+pub const OCI_SCHEME: &str = "oci://";
+
 impl PluginEntry {
-    /// The module's path, resolved against the manifest's folder.
+    /// The module's path, resolved against the manifest's folder. An
+    /// `oci://` module has no path until it is pulled (wasmwatch-oci), which
+    /// replaces `module` with the cached file's absolute path.
     pub fn module_path(&self, base_dir: &Path) -> PathBuf {
         base_dir.join(&self.module)
     }
+
+    /// The registry reference (after `oci://`) when the module is pulled
+    /// from an OCI registry.
+    pub fn oci_reference(&self) -> Option<&str> {
+        self.module.to_str()?.strip_prefix(OCI_SCHEME)
+    }
+}
+
+/// What is wrong with the reference of an `oci://` module (the text after
+/// `oci://`), if anything: the registry must be explicit (a host name with a
+/// dot or a port, or `localhost`), and a tag or a digest must follow the
+/// repository. The full grammar is checked when the module is pulled.
+pub fn oci_reference_problem(reference: &str) -> Option<String> {
+    let Some((registry, rest)) = reference.split_once('/') else {
+        return Some("must be oci://REGISTRY/REPOSITORY:TAG or ...@sha256:DIGEST".into());
+    };
+    if registry.is_empty()
+        || !(registry.contains('.') || registry.contains(':') || registry == "localhost")
+    {
+        return Some(format!(
+            "{registry:?} is not a registry host (it needs a dot or a port, or be localhost); \
+             write the registry explicitly, e.g. oci://ghcr.io/{reference}"
+        ));
+    }
+    let (name, digest) = match rest.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (rest, None),
+    };
+    if let Some(d) = digest {
+        let hex = d.strip_prefix("sha256:").unwrap_or("");
+        if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Some(format!("{d:?} is not a sha256:DIGEST (64 hex digits)"));
+        }
+    }
+    let slash = name.rfind('/').unwrap_or(0);
+    let (repository, tag) = match name[slash..].find(':') {
+        Some(i) => (&name[..slash + i], Some(&name[slash + i + 1..])),
+        None => (name, None),
+    };
+    match (tag, digest) {
+        (Some(""), _) => return Some("the tag after ':' is empty".into()),
+        (None, None) => return Some("needs a tag (:TAG) or a digest (@sha256:DIGEST)".into()),
+        _ => {}
+    }
+    if repository.is_empty() || repository.ends_with('/') {
+        return Some("the repository name is missing".into());
+    }
+    None
 }
 
 /// Which events a plugin gets.
@@ -659,6 +715,14 @@ impl Manifest {
             }
             if p.module.as_os_str().is_empty() {
                 bad(format!("{at}.module"), "must not be empty".into());
+            }
+            if let Some(reference) = p.oci_reference()
+                && let Some(problem) = oci_reference_problem(reference)
+            {
+                bad(
+                    format!("{at}.module"),
+                    format!("{:?}: {problem}", p.module.display().to_string()),
+                );
             }
             for k in &p.events.kinds {
                 if !self.watch.kinds.contains(k) {

@@ -297,3 +297,45 @@ fn from_file_names_the_file() {
     );
     assert!(msg.contains("cannot read it"), "{msg}");
 }
+
+#[test]
+fn oci_modules_need_an_explicit_registry_and_a_tag_or_digest() {
+    let manifest = |module: &str| {
+        format!(
+            "apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nplugins:\n- name: p\n  module: {module:?}\n  sha256: {SHA}\n"
+        )
+    };
+    for good in [
+        "oci://ghcr.io/acme/plugins/refresh:1.0",
+        "oci://127.0.0.1:5000/refresh:v1",
+        "oci://localhost/refresh:latest",
+        &format!("oci://registry.example.com/refresh@sha256:{SHA}"),
+        &format!("oci://registry.example.com/refresh:1@sha256:{SHA}"),
+    ] {
+        let m = parse(&manifest(good)).unwrap_or_else(|e| panic!("{good}: {e}"));
+        assert_eq!(
+            m.plugins[0].oci_reference(),
+            good.strip_prefix("oci://"),
+            "{good}"
+        );
+    }
+    for (bad, says) in [
+        ("oci://refresh:1", "must be oci://REGISTRY/REPOSITORY"),
+        ("oci://acme/refresh:1", "is not a registry host"),
+        ("oci://ghcr.io/acme/refresh", "needs a tag"),
+        ("oci://ghcr.io/acme/refresh:", "tag after ':' is empty"),
+        ("oci://ghcr.io/:1", "repository name is missing"),
+        (
+            "oci://ghcr.io/acme/refresh@sha256:abc",
+            "is not a sha256:DIGEST",
+        ),
+    ] {
+        let e = parse(&manifest(bad)).unwrap_err();
+        assert!(
+            e.contains("plugins[0].module") && e.contains(bad) && e.contains(says),
+            "{bad}: {e}"
+        );
+    }
+    let m = parse(&manifest("p.wasm")).unwrap();
+    assert_eq!(m.plugins[0].oci_reference(), None);
+}

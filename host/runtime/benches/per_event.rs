@@ -2,6 +2,10 @@
 //! http-refresh plugin, against the same decision written as a plain Rust
 //! function. Run with `cargo bench -p wasmwatch-runtime` (release profile).
 //!
+//! Then the same for rollout-restart in Rust and in JavaScript
+//! (plugins/js/rollout-restart, componentize-js): component size, compile
+//! time, cold and warm (cached artifact) load, and the per-event cost.
+//!
 //! Prints medians over batches, so a noisy machine moves the numbers less.
 //! To profile one of the runs alone:
 //! `PER_EVENT_PROFILE=handle perf record -g target/release/deps/per_event-* --bench`.
@@ -247,4 +251,137 @@ fn main() {
         wasm.as_secs_f64() / native.as_secs_f64()
     );
     println!("  goal                                   : <= 25 us per event");
+
+    if std::env::var_os("PER_EVENT_SKIP_JS").is_none() {
+        languages(&ev);
+    }
+}
+
+/// The Reloader-annotated workloads of tests/fixtures/shop-reloader-lookups.yaml.
+fn reloader_lookups() -> StaticLookups {
+    serde_json::from_value(serde_json::json!({"workloads": [
+        {"workload": {"kind": "Deployment", "namespace": "shop", "name": "orders"},
+         "annotations": {"reloader.stakater.com/auto": "true"},
+         "references": [{"kind": "ConfigMap", "name": "orders"}]},
+        {"workload": {"kind": "StatefulSet", "namespace": "shop", "name": "billing"},
+         "templateAnnotations": {"configmap.reloader.stakater.com/reload": "orders,billing-.*"},
+         "references": [{"kind": "ConfigMap", "name": "orders"}]},
+        {"workload": {"kind": "Deployment", "namespace": "shop", "name": "reports"},
+         "annotations": {"secret.reloader.stakater.com/auto": "true"},
+         "references": [{"kind": "ConfigMap", "name": "orders"}]}
+    ]}))
+    .unwrap()
+}
+
+/// rollout-restart in Rust and in JavaScript: size, compile, loads, per event.
+fn languages(ev: &ChangeEvent) {
+    let lookups: Arc<StaticLookups> = Arc::new(reloader_lookups());
+    let tokio_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!("rollout-restart by language (loads: median of 5; per event: median of 21 batches):");
+    let mut results = Vec::new();
+    for (label, module, per_batch) in [
+        ("Rust", "rollout-restart", 200),
+        ("JavaScript", "js/rollout-restart", 20),
+    ] {
+        let yaml = wasmwatch_testkit::pin(&format!(
+            "apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nplugins:\n  - name: restart\n    module: {{module:{module}}}\n    sha256: {{sha256:{module}}}\n    capabilities: {{restart: [shop]}}\n"
+        ));
+        let manifest = Manifest::parse(&yaml, Path::new("/")).unwrap();
+        let entry = &manifest.plugins[0];
+        let size = std::fs::metadata(wasmwatch_testkit::component(module))
+            .unwrap()
+            .len();
+        let cache = tempfile::tempdir().unwrap();
+        let runtime = || {
+            let config = RuntimeConfig {
+                cache_dir: Some(cache.path().to_path_buf()),
+                ..RuntimeConfig::default()
+            };
+            Runtime::new(config, lookups.clone()).unwrap()
+        };
+        let median = |mut v: Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2]
+        };
+        // Cold: compile (and write the artifact), instantiate, check-config.
+        let mut cold = Vec::new();
+        for _ in 0..5 {
+            for f in std::fs::read_dir(cache.path()).unwrap() {
+                std::fs::remove_file(f.unwrap().path()).unwrap();
+            }
+            let rt = runtime();
+            let start = Instant::now();
+            rt.load_blocking(entry, &manifest.base_dir).unwrap();
+            cold.push(start.elapsed());
+        }
+        let compile = {
+            let engine = runtime().engine().clone();
+            let bytes = std::fs::read(wasmwatch_testkit::component(module)).unwrap();
+            let start = Instant::now();
+            black_box(engine.precompile_component(&bytes).unwrap());
+            start.elapsed()
+        };
+        // Warm: the cached artifact, as a restarted host finds it.
+        let mut warm = Vec::new();
+        let mut plugin = None;
+        for _ in 0..5 {
+            let rt = runtime();
+            let start = Instant::now();
+            let p = rt.load_blocking(entry, &manifest.base_dir).unwrap();
+            warm.push(start.elapsed());
+            plugin = Some((rt, p));
+        }
+        let (_rt, plugin) = plugin.unwrap();
+        let restarted = plugin.handle_blocking(ev).unwrap().allowed().count();
+        assert_eq!(restarted, 2, "{module}: orders and billing restart");
+        let [per_event, sandbox] = measure(
+            21,
+            per_batch,
+            [
+                &mut |n| {
+                    tokio_rt.block_on(async {
+                        for _ in 0..n {
+                            black_box(plugin.handle(black_box(ev)).await.unwrap());
+                        }
+                    })
+                },
+                &mut |n| {
+                    tokio_rt.block_on(async {
+                        for _ in 0..n {
+                            plugin.sandbox_only().await.unwrap();
+                        }
+                    })
+                },
+            ],
+        );
+        results.push((
+            label,
+            size,
+            compile,
+            median(cold),
+            median(warm),
+            per_event,
+            sandbox,
+        ));
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "  {:<11} {:>10} {:>11} {:>11} {:>11} {:>13} {:>16}",
+        "language", "size", "compile", "cold load", "warm load", "per event", "of which sandbox"
+    );
+    for (label, size, compile, cold, warm, per_event, sandbox) in results {
+        println!(
+            "  {label:<11} {:>7.2} MB {:>8.1} ms {:>8.1} ms {:>8.2} ms {:>10.3} ms {:>13.3} ms",
+            size as f64 / 1e6,
+            ms(compile),
+            ms(cold),
+            ms(warm),
+            ms(per_event),
+            ms(sandbox),
+        );
+    }
+    println!("  goal: JavaScript per event < 2 ms (median)");
 }

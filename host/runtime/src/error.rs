@@ -34,7 +34,7 @@ pub enum LoadError {
         message: String,
     },
     #[error(
-        "plugin `{plugin}`: imports `{import}`, which plugins are not granted (no files, sockets, network or HTTP; allowed: the wasmwatch:plugin host interface, wasi:io, wasi:cli stdio/environment/exit, wasi:clocks, wasi:random)"
+        "plugin `{plugin}`: imports `{import}`, which plugins are not granted (a plugin reaches the network only through the actions it returns; allowed: the wasmwatch:plugin host interface and WASI 0.2's io, clocks, random, cli, filesystem and sockets, the last three with no authority: no files, no connections, no environment)"
     )]
     ForbiddenImport { plugin: String, import: String },
     #[error("plugin `{plugin}`: is not a component of the {world} world: {message}")]

@@ -9,7 +9,6 @@ use std::time::Instant;
 use sha2::{Digest, Sha256};
 use wasmtime::component::ResourceTable;
 use wasmtime::{Store, Trap, UpdateDeadline};
-use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmwatch_core::manifest::{EventFilter, Limits, PluginEntry};
 use wasmwatch_core::text::{MAX_MESSAGE_BYTES, bounded_line};
@@ -19,7 +18,7 @@ use crate::bindings::{self, PluginPre, WORLD};
 use crate::convert;
 use crate::error::{LoadError, PluginError};
 use crate::sandbox::{
-    Limiter, MAX_RANDOM_BYTES, PluginShared, Runtime, SandboxState, allowed_import,
+    Limiter, PluginShared, Runtime, SandboxState, allowed_import, zero_authority_wasi,
 };
 
 /// What the plugin's stdout and stderr may hold per call.
@@ -328,11 +327,7 @@ impl Plugin {
         let _slot = inner.permits.acquire().await.expect("permits never close");
         let stdout = MemoryOutputPipe::new(PIPE_CAPACITY);
         let stderr = MemoryOutputPipe::new(PIPE_CAPACITY);
-        let wasi = WasiCtxBuilder::new()
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .max_random_size(MAX_RANDOM_BYTES)
-            .build();
+        let wasi = zero_authority_wasi(stdout.clone(), stderr.clone());
         let timeout = self.limits.timeout.0;
         let deadline = Instant::now() + timeout;
         let mut store = Store::new(

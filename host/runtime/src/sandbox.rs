@@ -191,28 +191,50 @@ fn no_swap_areas(proc_swaps: &str) -> bool {
 
 /// Imports a plugin may have: `package/interface[@version]` names from the
 /// allowed packages. Anything else is refused at load, naming it.
+///
+/// All of WASI 0.2 but HTTP is linked, because the Python and JavaScript
+/// toolchains import files, sockets and the environment whether a plugin
+/// uses them or not. Every such import has zero authority (see
+/// [`zero_authority_wasi`]): the filesystem has no preopened directory, so
+/// no path can be opened; TCP, UDP and name lookups are refused with
+/// `access-denied`; the environment and arguments are empty; stdin is
+/// closed; stdout and stderr go to a bounded buffer shown only in error
+/// reports. `wasi:http` (outgoing requests) and anything outside WASI stay
+/// refused: a plugin's only way to reach the network is a returned action.
 pub(crate) fn allowed_import(name: &str) -> bool {
     let unversioned = name.split('@').next().unwrap_or(name);
-    let Some((package, interface)) = unversioned.split_once('/') else {
+    let Some((package, _interface)) = unversioned.split_once('/') else {
         return false;
     };
-    match package {
-        "wasmwatch:plugin" | "wasi:io" | "wasi:clocks" | "wasi:random" => true,
-        "wasi:cli" => matches!(
-            interface,
-            "environment"
-                | "exit"
-                | "stdin"
-                | "stdout"
-                | "stderr"
-                | "terminal-input"
-                | "terminal-output"
-                | "terminal-stdin"
-                | "terminal-stdout"
-                | "terminal-stderr"
-        ),
-        _ => false,
-    }
+    matches!(
+        package,
+        "wasmwatch:plugin"
+            | "wasi:io"
+            | "wasi:clocks"
+            | "wasi:random"
+            | "wasi:cli"
+            | "wasi:filesystem"
+            | "wasi:sockets"
+    )
+}
+
+/// The WASI context of one call: no authority at all. Written out rather
+/// than left to `WasiCtxBuilder`'s defaults so that a default changing in
+/// a wasmtime upgrade cannot grant anything.
+pub(crate) fn zero_authority_wasi(
+    stdout: wasmtime_wasi::p2::pipe::MemoryOutputPipe,
+    stderr: wasmtime_wasi::p2::pipe::MemoryOutputPipe,
+) -> WasiCtx {
+    wasmtime_wasi::WasiCtxBuilder::new()
+        .stdout(stdout)
+        .stderr(stderr)
+        // No `preopened_dir`: without a preopen no path resolves.
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .socket_addr_check(|_, _| Box::pin(async { false }))
+        .max_random_size(MAX_RANDOM_BYTES)
+        .build()
 }
 
 /// Limits one sandbox's memory and tables, and remembers a refused growth so
@@ -431,16 +453,19 @@ mod tests {
             "wasmwatch:plugin/host@0.2.0",
             "wasi:io/streams@0.2.6",
             "wasi:cli/stderr@0.2.0",
+            "wasi:cli/environment@0.2.0",
             "wasi:random/random@0.2.6",
+            // Linked with zero authority (see `zero_authority_wasi`).
+            "wasi:filesystem/types@0.2.6",
+            "wasi:filesystem/preopens@0.2.0",
+            "wasi:sockets/tcp@0.2.6",
+            "wasi:sockets/ip-name-lookup@0.2.12",
         ] {
             assert!(allowed_import(ok), "{ok}");
         }
         for no in [
-            "wasi:filesystem/types@0.2.6",
-            "wasi:filesystem/preopens@0.2.0",
-            "wasi:sockets/tcp@0.2.6",
             "wasi:http/outgoing-handler@0.2.6",
-            "wasi:cli/environmentx",
+            "wasi:http/types@0.2.0",
             "wasi:io-extra/x",
             "evil:thing/x",
             "bare-function",

@@ -21,9 +21,18 @@ fn manifest(entry: &str) -> Manifest {
     Manifest::parse(&pin(&yaml), Path::new("/")).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
 }
 
+/// Loads through an artifact cache shared by the tests (and by later runs),
+/// one load at a time: the first compiles a module, the others reuse it. A
+/// JavaScript component takes tens of seconds to compile in a debug build.
 fn try_load(lookups: StaticLookups, entry: &str) -> Result<Plugin, LoadError> {
-    let rt = Runtime::new(RuntimeConfig::default(), Arc::new(lookups)).unwrap();
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let config = RuntimeConfig {
+        cache_dir: Some(wasmwatch_testkit::plugin_target_dir().join("artifact-cache")),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::new(config, Arc::new(lookups)).unwrap();
     let m = manifest(entry);
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     rt.load_blocking(&m.plugins[0], &m.base_dir)
 }
 
@@ -491,14 +500,50 @@ fn deploy(name: &str, annotations: &[(&str, &str)], refs: &[(ObjectKind, &str)])
 const CM: ObjectKind = ObjectKind::ConfigMap;
 const SECRET: ObjectKind = ObjectKind::Secret;
 
-fn rollout(workloads: Vec<WorkloadInfo>, config: &str) -> Plugin {
+/// The two implementations of rollout-restart (testkit component names):
+/// every rollout-restart test below runs over each, as `rust::NAME` and
+/// `js::NAME`.
+macro_rules! over_both_rollout_restarts {
+    ($($test:ident),* $(,)?) => {
+        mod rust {
+            $(#[test]
+            fn $test() {
+                super::$test("rollout-restart")
+            })*
+        }
+        mod js {
+            $(#[test]
+            fn $test() {
+                super::$test("js/rollout-restart")
+            })*
+        }
+    };
+}
+
+over_both_rollout_restarts!(
+    rollout_restart_auto_restarts_referencing_workloads,
+    rollout_restart_the_hash_identifies_the_content,
+    rollout_restart_kind_specific_auto_fires_only_for_its_kind,
+    rollout_restart_named_reload_entries_are_anchored_regexes,
+    rollout_restart_reads_the_pod_template_when_the_workload_says_nothing,
+    rollout_restart_search_needs_match_on_the_object,
+    rollout_restart_ignore_and_exclude,
+    rollout_restart_create_and_delete_follow_reloaders_defaults,
+    rollout_restart_auto_reload_all_respects_opt_outs,
+    rollout_restart_outside_the_granted_namespaces_is_refused,
+    rollout_restart_rejects_unknown_config,
+    rollout_restart_rejects_config_of_the_wrong_type,
+);
+
+/// rollout-restart `module` (a testkit component name) with these workloads.
+fn rollout(module: &str, workloads: Vec<WorkloadInfo>, config: &str) -> Plugin {
     load(
         StaticLookups {
             workloads,
             ..Default::default()
         },
         &format!(
-            "name: restart\n    module: {{module:rollout-restart}}\n    sha256: {{sha256:rollout-restart}}\n    config: {config}\n    capabilities: {{restart: [shop]}}"
+            "name: restart\n    module: {{module:{module}}}\n    sha256: {{sha256:{module}}}\n    config: {config}\n    capabilities: {{restart: [shop]}}"
         ),
     )
 }
@@ -552,9 +597,9 @@ fn secret(name: &'static str) -> Obj<'static> {
     }
 }
 
-#[test]
-fn rollout_restart_auto_restarts_referencing_workloads() {
+fn rollout_restart_auto_restarts_referencing_workloads(module: &str) {
     let plugin = rollout(
+        module,
         vec![
             deploy(
                 "api",
@@ -617,9 +662,9 @@ fn rollout_restart_auto_restarts_referencing_workloads() {
     );
 }
 
-#[test]
-fn rollout_restart_the_hash_identifies_the_content() {
+fn rollout_restart_the_hash_identifies_the_content(module: &str) {
     let plugin = rollout(
+        module,
         vec![deploy(
             "api",
             &[("reloader.stakater.com/auto", "true")],
@@ -644,10 +689,10 @@ fn rollout_restart_the_hash_identifies_the_content() {
     );
 }
 
-#[test]
-fn rollout_restart_kind_specific_auto_fires_only_for_its_kind() {
+fn rollout_restart_kind_specific_auto_fires_only_for_its_kind(module: &str) {
     let refs = [(CM, "orders"), (SECRET, "orders")];
     let plugin = rollout(
+        module,
         vec![
             deploy(
                 "cm-only",
@@ -671,8 +716,7 @@ fn rollout_restart_kind_specific_auto_fires_only_for_its_kind() {
     );
 }
 
-#[test]
-fn rollout_restart_named_reload_entries_are_anchored_regexes() {
+fn rollout_restart_named_reload_entries_are_anchored_regexes(module: &str) {
     let refs = [
         (CM, "orders"),
         (CM, "orders-v2"),
@@ -680,6 +724,7 @@ fn rollout_restart_named_reload_entries_are_anchored_regexes() {
         (SECRET, "db-password"),
     ];
     let plugin = rollout(
+        module,
         vec![
             deploy(
                 "exact",
@@ -737,10 +782,10 @@ fn rollout_restart_named_reload_entries_are_anchored_regexes() {
     );
 }
 
-#[test]
-fn rollout_restart_reads_the_pod_template_when_the_workload_says_nothing() {
+fn rollout_restart_reads_the_pod_template_when_the_workload_says_nothing(module: &str) {
     let refs = [(CM, "orders")];
     let plugin = rollout(
+        module,
         vec![
             workload(
                 WorkloadKind::Deployment,
@@ -773,10 +818,10 @@ fn rollout_restart_reads_the_pod_template_when_the_workload_says_nothing() {
     );
 }
 
-#[test]
-fn rollout_restart_search_needs_match_on_the_object() {
+fn rollout_restart_search_needs_match_on_the_object(module: &str) {
     let refs = [(CM, "orders")];
     let plugin = rollout(
+        module,
         vec![
             deploy(
                 "searching",
@@ -809,10 +854,10 @@ fn rollout_restart_search_needs_match_on_the_object() {
     assert!(restarted(&plugin, &modified(&no)).is_empty());
 }
 
-#[test]
-fn rollout_restart_ignore_and_exclude() {
+fn rollout_restart_ignore_and_exclude(module: &str) {
     let refs = [(CM, "orders"), (CM, "billing")];
     let plugin = rollout(
+        module,
         vec![
             deploy("auto", &[("reloader.stakater.com/auto", "true")], &refs),
             deploy(
@@ -868,8 +913,7 @@ fn rollout_restart_ignore_and_exclude() {
     );
 }
 
-#[test]
-fn rollout_restart_create_and_delete_follow_reloaders_defaults() {
+fn rollout_restart_create_and_delete_follow_reloaders_defaults(module: &str) {
     let workloads = || {
         vec![deploy(
             "api",
@@ -878,11 +922,15 @@ fn rollout_restart_create_and_delete_follow_reloaders_defaults() {
         )]
     };
     // Reloader: --reload-on-create=false, --reload-on-delete=false.
-    let defaults = rollout(workloads(), "null");
+    let defaults = rollout(module, workloads(), "null");
     assert!(restarted(&defaults, &event(ChangeType::Added, &ORDERS)).is_empty());
     assert!(restarted(&defaults, &event(ChangeType::Deleted, &ORDERS)).is_empty());
     assert_eq!(restarted(&defaults, &modified(&ORDERS)), ["api"]);
-    let both = rollout(workloads(), "{reloadOnCreate: true, reloadOnDelete: true}");
+    let both = rollout(
+        module,
+        workloads(),
+        "{reloadOnCreate: true, reloadOnDelete: true}",
+    );
     // `restarted` checks the reasons (`created`, `deleted`) and the deletion's
     // hash `configmap/orders:deleted`.
     assert_eq!(
@@ -895,10 +943,10 @@ fn rollout_restart_create_and_delete_follow_reloaders_defaults() {
     );
 }
 
-#[test]
-fn rollout_restart_auto_reload_all_respects_opt_outs() {
+fn rollout_restart_auto_reload_all_respects_opt_outs(module: &str) {
     let refs = [(CM, "orders")];
     let plugin = rollout(
+        module,
         vec![
             deploy("plain", &[], &refs),
             deploy(
@@ -917,15 +965,14 @@ fn rollout_restart_auto_reload_all_respects_opt_outs() {
     assert_eq!(restarted(&plugin, &modified(&ORDERS)), ["plain"]);
 }
 
-#[test]
-fn rollout_restart_outside_the_granted_namespaces_is_refused() {
+fn rollout_restart_outside_the_granted_namespaces_is_refused(module: &str) {
     let mut w = deploy(
         "api",
         &[("reloader.stakater.com/auto", "true")],
         &[(CM, "orders")],
     );
     w.workload.namespace = "payments".into();
-    let plugin = rollout(vec![w], "{}");
+    let plugin = rollout(module, vec![w], "{}");
     let ev = modified(&Obj {
         namespace: "payments",
         ..ORDERS
@@ -943,18 +990,34 @@ fn rollout_restart_outside_the_granted_namespaces_is_refused() {
     assert_eq!(plugin.refused_actions(), 1);
 }
 
-#[test]
-fn rollout_restart_rejects_unknown_config() {
-    let err = try_load(
+/// The error `check-config` gives for `config` (YAML) at load.
+fn rollout_config_error(module: &str, config: &str) -> String {
+    try_load(
         StaticLookups::default(),
-        "name: restart\n    module: {module:rollout-restart}\n    sha256: {sha256:rollout-restart}\n    config: {reloadOnUpdate: true}",
+        &format!(
+            "name: restart\n    module: {{module:{module}}}\n    sha256: {{sha256:{module}}}\n    config: {config}"
+        ),
     )
     .err()
-    .unwrap()
-    .to_string();
+    .unwrap_or_else(|| panic!("{module} accepted config {config}"))
+    .to_string()
+}
+
+fn rollout_restart_rejects_unknown_config(module: &str) {
+    let err = rollout_config_error(module, "{reloadOnUpdate: true}");
     assert!(
         err.starts_with(
             "plugin `restart`: rejected its config: rollout-restart config: unknown field `reloadOnUpdate`"
+        ),
+        "{err}"
+    );
+}
+
+fn rollout_restart_rejects_config_of_the_wrong_type(module: &str) {
+    let err = rollout_config_error(module, "{reloadOnCreate: \"yes\"}");
+    assert!(
+        err.starts_with(
+            "plugin `restart`: rejected its config: rollout-restart config: invalid type: string \"yes\", expected a boolean"
         ),
         "{err}"
     );

@@ -84,65 +84,229 @@ fn messages(plugin: &Plugin, ev: &ChangeEvent) -> Vec<(String, String)> {
         .collect()
 }
 
-#[test]
-fn http_refresh_targets_the_apps_services() {
-    let svc = |name: &str, annotations: &[(&str, &str)]| ServiceInfo {
-        namespace: "shop".into(),
-        name: name.into(),
-        labels: Default::default(),
-        annotations: annotations
+/// http-refresh and its twins in other languages: every http-refresh test
+/// runs over each of them (testkit component names).
+const HTTP_REFRESH: [&str; 2] = ["http-refresh", "python/http-refresh"];
+
+/// A runtime whose compiled artifacts are cached in a folder that lives as
+/// long as the runtime is used: loading a Python component several times
+/// then compiles it once (~20 s each in a debug build).
+fn cached_runtime(lookups: StaticLookups) -> (Runtime, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::new(
+        RuntimeConfig {
+            cache_dir: Some(dir.path().join("cache")),
+            ..Default::default()
+        },
+        Arc::new(lookups),
+    )
+    .unwrap();
+    (rt, dir)
+}
+
+fn http_refresh(rt: &Runtime, component: &str, config: &str) -> Plugin {
+    load(
+        rt,
+        &format!(
+            "name: http-refresh\n    module: {{module:{component}}}\n    sha256: {{sha256:{component}}}\n    config: {config}\n    capabilities: {{refresh: [shop]}}\n    limits: {{timeout: 5s}}"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{component}: {e}"))
+}
+
+fn shop_service(name: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> ServiceInfo {
+    let map = |pairs: &[(&str, &str)]| {
+        pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+            .collect()
+    };
+    ServiceInfo {
+        namespace: "shop".into(),
+        name: name.into(),
+        labels: map(labels),
+        annotations: map(annotations),
         ports: vec![ServicePort {
             name: None,
             port: 80,
         }],
-    };
-    let lookups = StaticLookups {
-        services: vec![
-            svc("orders", &[]),
-            svc(
-                "billing",
-                &[("boot.spring.io/actuator", "http://:9090/manage")],
-            ),
-            svc("unrelated", &[]),
-        ],
-        ..Default::default()
-    };
-    let rt = runtime_with(lookups);
-    let plugin = load(
-        &rt,
-        "name: http-refresh\n    module: {module:http-refresh}\n    sha256: {sha256:http-refresh}\n    capabilities: {refresh: [shop]}",
-    )
-    .unwrap();
-    let decision = plugin.handle_blocking(&configmap_event()).unwrap();
-    let got: Vec<_> = decision
-        .actions
-        .iter()
-        .map(|c| (c.action.clone(), c.verdict.clone()))
-        .collect();
-    let refresh = |service: &str, port: Option<u16>, path: &str| Action::RefreshService {
+    }
+}
+
+fn refresh(service: &str, port: Option<u16>, path: &str) -> Action {
+    Action::RefreshService {
         namespace: "shop".into(),
         service: service.into(),
         method: HttpMethod::Post,
         port,
         path: path.into(),
         tls: false,
+    }
+}
+
+#[test]
+fn http_refresh_targets_the_apps_services() {
+    let lookups = StaticLookups {
+        services: vec![
+            shop_service("orders", &[], &[]),
+            shop_service(
+                "billing",
+                &[],
+                &[("boot.spring.io/actuator", "http://:9090/manage")],
+            ),
+            shop_service("unrelated", &[], &[]),
+        ],
+        ..Default::default()
     };
-    assert_eq!(
-        got,
-        vec![
-            (
-                refresh("orders", None, "/actuator/refresh"),
-                Verdict::Allowed
+    let rt = runtime_with(lookups);
+    for component in HTTP_REFRESH {
+        let plugin = http_refresh(&rt, component, "{}");
+        let decision = plugin.handle_blocking(&configmap_event()).unwrap();
+        let got: Vec<_> = decision
+            .actions
+            .iter()
+            .map(|c| (c.action.clone(), c.verdict.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    refresh("orders", None, "/actuator/refresh"),
+                    Verdict::Allowed
+                ),
+                (
+                    refresh("billing", Some(9090), "/manage/refresh"),
+                    Verdict::Allowed
+                ),
+            ],
+            "{component}"
+        );
+    }
+}
+
+/// A change of `kind` `shop/name` with these annotations.
+fn annotated_event(kind: &str, name: &str, annotations: serde_json::Value) -> ChangeEvent {
+    let obj = serde_json::json!({
+        "kind": kind, "metadata": {"name": name, "namespace": "shop", "annotations": annotations},
+        "data": {"k": "dg=="}
+    });
+    ChangeEvent::new(
+        ChangeType::Modified,
+        ObjectSnapshot::from_json(&obj).unwrap(),
+        None,
+    )
+}
+
+#[test]
+fn http_refresh_resolves_apps_and_reads_config_and_actuator_annotations() {
+    let lookups = StaticLookups {
+        services: vec![
+            shop_service("orders", &[("tier", "front")], &[]),
+            shop_service(
+                "inventory",
+                &[("tier", "backend")],
+                &[("boot.spring.io/actuator", "https://:8443/mgmt/")],
             ),
-            (
-                refresh("billing", Some(9090), "/manage/refresh"),
-                Verdict::Allowed
+            shop_service(
+                "payments",
+                &[("tier", "backend"), ("team", "pay")],
+                &[("boot.spring.io/actuator", "http://host:none/x")],
             ),
-        ]
-    );
+            shop_service("db", &[], &[("boot.spring.io/actuator", " http://:7070 ")]),
+            shop_service("root", &[], &[("boot.spring.io/actuator", "http://:81/")]),
+        ],
+        ..Default::default()
+    };
+    let cm = "spring.cloud.kubernetes.configmap";
+    let secret = "spring.cloud.kubernetes.secret";
+    let cases: Vec<(&str, ChangeEvent, Vec<Action>)> = vec![
+        (
+            "labels select every Service carrying all of them",
+            annotated_event(
+                "ConfigMap",
+                "x",
+                serde_json::json!({format!("{cm}.labels"): "tier=backend"}),
+            ),
+            vec![
+                refresh("inventory", Some(8443), "/mgmt/refresh"),
+                refresh("payments", None, "/x/refresh"),
+            ],
+        ),
+        (
+            "two labels",
+            annotated_event(
+                "ConfigMap",
+                "x",
+                serde_json::json!({format!("{cm}.labels"): " tier = backend , team=pay,junk"}),
+            ),
+            vec![refresh("payments", None, "/x/refresh")],
+        ),
+        (
+            "no Service matches the labels",
+            annotated_event(
+                "ConfigMap",
+                "x",
+                serde_json::json!({format!("{cm}.labels"): "tier=none"}),
+            ),
+            vec![],
+        ),
+        (
+            "named like the object",
+            annotated_event("ConfigMap", "orders", serde_json::json!({})),
+            vec![refresh("orders", None, "/base/shutdown")],
+        ),
+        (
+            "no Service named like the object",
+            annotated_event("ConfigMap", "ghost", serde_json::json!({})),
+            vec![],
+        ),
+        (
+            "apps annotation: missing apps skipped, the base path without a port, no path",
+            annotated_event(
+                "ConfigMap",
+                "x",
+                serde_json::json!({format!("{cm}.apps"): "ghost, db,,root "}),
+            ),
+            vec![
+                refresh("db", Some(7070), "/base/shutdown"),
+                refresh("root", Some(81), "/base/shutdown"),
+            ],
+        ),
+        (
+            "a Secret reads the secret annotations, not the ConfigMap ones",
+            annotated_event(
+                "Secret",
+                "x",
+                serde_json::json!({format!("{cm}.apps"): "db", format!("{secret}.apps"): "orders"}),
+            ),
+            vec![refresh("orders", None, "/base/shutdown")],
+        ),
+    ];
+    let (rt, _cache) = cached_runtime(lookups);
+    for component in HTTP_REFRESH {
+        let refreshing = http_refresh(&rt, component, "{}");
+        let shutting_down = http_refresh(&rt, component, "{strategy: shutdown, basePath: /base/}");
+        for (what, event, want) in &cases {
+            // The label cases come from the refresh plugin (default base
+            // path), the others from the shutdown one.
+            let plugin = if what.contains("label") {
+                &refreshing
+            } else {
+                &shutting_down
+            };
+            let got: Vec<Action> = plugin
+                .handle_blocking(event)
+                .unwrap_or_else(|e| panic!("{component}: {what}: {e}"))
+                .actions
+                .into_iter()
+                .map(|c| {
+                    assert_eq!(c.verdict, Verdict::Allowed, "{component}: {what}");
+                    c.action
+                })
+                .collect();
+            assert_eq!(&got, want, "{component}: {what}");
+        }
+    }
 }
 
 #[test]
@@ -376,30 +540,25 @@ fn host_lookups_reach_the_plugin() {
 }
 
 #[test]
-fn plugins_importing_files_or_sockets_fail_to_load() {
+fn a_plugin_importing_wasi_http_fails_to_load() {
+    // Files, sockets and the environment link with zero authority (see
+    // tests/inert.rs); making requests itself stays refused.
     let rt = runtime();
-    for (krate, interface) in [
-        ("wasi-fs", "wasi:filesystem/"),
-        ("wasi-sockets", "wasi:sockets/"),
-    ] {
-        let err = load(
-            &rt,
-            &format!(
-                "name: {krate}\n    module: {{module:{krate}}}\n    sha256: {{sha256:{krate}}}"
-            ),
-        )
-        .err()
-        .unwrap_or_else(|| panic!("{krate} loaded"));
-        assert!(
-            matches!(&err, LoadError::ForbiddenImport { import, .. } if import.starts_with(interface)),
-            "{err}"
-        );
-        let msg = err.to_string();
-        assert!(
-            msg.starts_with(&format!("plugin `{krate}`: imports `{interface}")),
-            "{msg}"
-        );
-    }
+    let err = load(
+        &rt,
+        "name: wasi-http\n    module: {module:wasi-http}\n    sha256: {sha256:wasi-http}",
+    )
+    .err()
+    .expect("wasi-http loaded");
+    assert!(
+        matches!(&err, LoadError::ForbiddenImport { import, .. } if import.starts_with("wasi:http/")),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("plugin `wasi-http`: imports `wasi:http/"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -499,13 +658,44 @@ fn a_bad_plugin_config_fails_at_load_with_the_plugins_message() {
         ),
         "{err}"
     );
-    let err = load(&rt, "name: hr\n    module: {module:http-refresh}\n    sha256: {sha256:http-refresh}\n    config: {basePath: nope}")
-        .err()
-        .unwrap();
-    assert_eq!(
-        err.to_string(),
-        "plugin `hr`: rejected its config: http-refresh config: basePath must start with '/', got \"nope\""
-    );
+    let (rt, _cache) = cached_runtime(StaticLookups::default());
+    for component in HTTP_REFRESH {
+        let rejected = |config: &str| {
+            let err = load(&rt, &format!("name: hr\n    module: {{module:{component}}}\n    sha256: {{sha256:{component}}}\n    config: {config}\n    limits: {{timeout: 5s}}"))
+                .err()
+                .unwrap_or_else(|| panic!("{component} accepted {config}"));
+            assert!(
+                matches!(err, LoadError::ConfigRejected { .. }),
+                "{component}: {err}"
+            );
+            err.to_string()
+        };
+        assert_eq!(
+            rejected("{basePath: nope}"),
+            "plugin `hr`: rejected its config: http-refresh config: basePath must start with '/', got \"nope\"",
+            "{component}"
+        );
+        // The exact wording of parse errors differs between serde and the
+        // Python SDK; the plugin and what is wrong are named in both.
+        for (config, says) in [
+            (
+                "{extra: 1}",
+                "unknown field `extra`, expected `strategy` or `basePath`",
+            ),
+            (
+                "{strategy: bogus}",
+                "unknown variant `bogus`, expected `refresh` or `shutdown`",
+            ),
+            ("{basePath: 3}", "invalid type"),
+        ] {
+            let err = rejected(config);
+            assert!(
+                err.starts_with("plugin `hr`: rejected its config: http-refresh config: ")
+                    && err.contains(says),
+                "{component}: {config}: {err}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -13,7 +13,8 @@
 //!   /metrics) and API writes to the state Leases per event (counted by a
 //!   watch on the Leases, independent of wasmwatch's own numbers).
 //! - `startup`: spawn to ready with the three bundled plugins, cold and warm
-//!   compile cache.
+//!   compile cache; `startup-python`: the same with only the Python
+//!   http-refresh (plugins/python/http-refresh; goal: warm under 300 ms).
 //! - `memory`: RSS of a replica watching 10,000 ConfigMaps of 10 KiB each.
 //!
 //! Numbers go to stdout; nothing here asserts (the machines are noisy).
@@ -527,6 +528,25 @@ async fn startup() {
     c.server.shutdown().await;
 }
 
+/// Spawn to ready with one Python plugin (plugins/python/http-refresh).
+async fn startup_python() {
+    let c = cluster().await;
+    let one = manifest(&HTTP_REFRESH.replace(":http-refresh}", ":python/http-refresh}"));
+    let cold = start(c.dir.path(), &c.kubeconfig, &one, "cold").started_to_ready;
+    let mut warm = Vec::new();
+    for i in 0..7 {
+        warm.push(start(c.dir.path(), &c.kubeconfig, &one, &format!("warm-{i}")).started_to_ready);
+    }
+    warm.sort();
+    println!(
+        "startup with the Python http-refresh: spawn -> ready cold cache {cold:.2?}; warm cache median {:.2?} (min {:.2?}, max {:.2?}, 7 runs; goal: under 300 ms)",
+        percentile(&warm, 0.5),
+        warm[0],
+        warm.last().unwrap()
+    );
+    c.server.shutdown().await;
+}
+
 fn rss_kib(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let field = |name: &str| {
@@ -598,6 +618,9 @@ async fn main() {
     let all = what == "all";
     if all || what == "startup" {
         startup().await;
+    }
+    if all || what == "startup-python" {
+        startup_python().await;
     }
     if all || what == "latency" {
         latency().await;

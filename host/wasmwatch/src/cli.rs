@@ -1,5 +1,5 @@
 //! The command line.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -20,6 +20,8 @@ pub struct Args {
     /// Where compiled plugins are cached between runs.
     #[arg(long, env = "WASMWATCH_CACHE_DIR", global = true)]
     cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    registry: crate::oci::RegistryArgs,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
@@ -150,6 +152,46 @@ enum PluginCommand {
         #[arg(long)]
         lookups: Option<PathBuf>,
     },
+    /// Publish a component to an OCI registry (a Wasm OCI artifact: config
+    /// application/vnd.wasm.config.v0+json, layer application/wasm) and
+    /// print the `module:` and `sha256:` lines that pin it in a manifest.
+    Push {
+        /// The component (.wasm).
+        file: PathBuf,
+        /// oci://REGISTRY/REPOSITORY:TAG
+        reference: String,
+    },
+    /// Create a ready plugin project NAME/: source, SDK, WIT, build script,
+    /// a manifest entry and a test case for `plugin test`.
+    New {
+        /// The plugin's language.
+        #[arg(long, value_enum)]
+        lang: crate::scaffold::Lang,
+        /// The plugin's name (a DNS-1123 label), also the project's folder.
+        name: String,
+        /// Where to create the project folder.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Run one plugin over fixture events and compare its decisions with
+    /// golden files: each NAME.event.yaml (an event file as for `plugin
+    /// run`) against NAME.expected.json beside it, with NAME.lookups.yaml
+    /// or lookups.yaml as its lookups. Exit code 0 when all match, 1 when
+    /// any differs (a diff is printed) or cannot run.
+    Test {
+        #[arg(long)]
+        manifest: PathBuf,
+        /// The plugin's name in the manifest.
+        #[arg(long)]
+        plugin: String,
+        /// Write the golden files from what the plugin decides now, instead
+        /// of comparing.
+        #[arg(long)]
+        update: bool,
+        /// Event files and folders of them.
+        #[arg(required = true)]
+        cases: Vec<PathBuf>,
+    },
 }
 
 /// Runs the command line and returns the process's exit code.
@@ -205,6 +247,22 @@ fn init_tracing(format: LogFormat, default_level: &str) {
     };
 }
 
+/// The manifest's entry for `plugin`, or an error listing the names it has.
+pub(crate) fn manifest_plugin<'m>(
+    m: &'m Manifest,
+    manifest: &Path,
+    plugin: &str,
+) -> anyhow::Result<&'m wasmwatch_core::manifest::PluginEntry> {
+    m.plugin(plugin).with_context(|| {
+        let names: Vec<&str> = m.plugins.iter().map(|p| p.name.as_str()).collect();
+        format!(
+            "no plugin named {plugin:?} in {}; it has: {}",
+            manifest.display(),
+            names.join(", ")
+        )
+    })
+}
+
 fn runtime(cache_dir: Option<PathBuf>, lookups: StaticLookups) -> anyhow::Result<Runtime> {
     let config = RuntimeConfig {
         cache_dir,
@@ -217,7 +275,13 @@ fn runtime(cache_dir: Option<PathBuf>, lookups: StaticLookups) -> anyhow::Result
 fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Command::Validate { manifest } => {
-            let m = Manifest::from_file(&manifest)?;
+            let mut m = Manifest::from_file(&manifest)?;
+            let pulled = crate::oci::resolve_modules_blocking(
+                &mut m,
+                args.cache_dir.as_deref(),
+                &args.registry.options()?,
+                None,
+            )?;
             let rt = runtime(args.cache_dir, StaticLookups::default())?;
             let mut failed = false;
             for entry in &m.plugins {
@@ -225,7 +289,15 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                     Ok(_) => println!(
                         "plugin {}: ok ({})",
                         entry.name,
-                        entry.module_path(&m.base_dir).display()
+                        match pulled.iter().find(|r| r.plugin == entry.name) {
+                            Some(r) => format!(
+                                "{}, {} {}",
+                                r.reference,
+                                if r.pulled { "pulled to" } else { "cached at" },
+                                r.path.display()
+                            ),
+                            None => entry.module_path(&m.base_dir).display().to_string(),
+                        }
                     ),
                     Err(e) => {
                         failed = true;
@@ -250,15 +322,14 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             change,
             lookups,
         }) => {
-            let m = Manifest::from_file(&manifest)?;
-            let entry = m.plugin(&plugin).with_context(|| {
-                let names: Vec<&str> = m.plugins.iter().map(|p| p.name.as_str()).collect();
-                format!(
-                    "no plugin named {plugin:?} in {}; it has: {}",
-                    manifest.display(),
-                    names.join(", ")
-                )
-            })?;
+            let mut m = Manifest::from_file(&manifest)?;
+            crate::oci::resolve_modules_blocking(
+                &mut m,
+                args.cache_dir.as_deref(),
+                &args.registry.options()?,
+                Some(&plugin),
+            )?;
+            let entry = manifest_plugin(&m, &manifest, &plugin)?;
             let lookups = match lookups {
                 Some(path) => {
                     let text = std::fs::read_to_string(&path)
@@ -280,12 +351,46 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&decision)?);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Plugin(PluginCommand::New { lang, name, dir }) => {
+            let project = crate::scaffold::new_project(lang, &name, &dir)?;
+            println!(
+                "created {}: build with {}/build.sh, then `wasmwatch plugin test --manifest {0}/wasmwatch.yaml --plugin {name} {0}/tests`",
+                project.display(),
+                project.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin(PluginCommand::Test {
+            manifest,
+            plugin,
+            update,
+            cases,
+        }) => {
+            let summary = crate::plugin_test::run(
+                &manifest,
+                &plugin,
+                &cases,
+                update,
+                args.cache_dir,
+                &args.registry.options()?,
+            )?;
+            Ok(if summary.failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Plugin(PluginCommand::Push { file, reference }) => {
+            crate::oci::push(&file, &reference, &args.registry.options()?)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Run(run) => {
             let rt = tokio::runtime::Runtime::new()?;
             if run.dry_run {
                 rt.block_on(crate::dryrun::run(
                     &run.manifest,
                     args.cache_dir,
+                    &args.registry.options()?,
                     shutdown_signal(),
                 ))?;
                 return Ok(ExitCode::SUCCESS);
@@ -293,6 +398,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             let options = crate::run::RunOptions {
                 manifest: run.manifest,
                 cache_dir: args.cache_dir,
+                registry: args.registry.options()?,
                 admin_addr: run.admin_addr,
                 identity: run.identity.unwrap_or_else(default_identity),
                 namespace: run.namespace,
@@ -321,6 +427,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                     manifest,
                     dir,
                     cache_dir: args.cache_dir,
+                    registry: args.registry.options()?,
                     scripted,
                     timeout: timeout.0,
                     port,

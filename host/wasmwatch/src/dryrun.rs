@@ -17,9 +17,11 @@ use wasmwatch_runtime::{Plugin, Runtime, RuntimeConfig};
 pub async fn run(
     manifest_path: &Path,
     cache_dir: Option<std::path::PathBuf>,
+    registry: &wasmwatch_oci::RegistryOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let manifest = Manifest::from_file(manifest_path)?;
+    let mut manifest = Manifest::from_file(manifest_path)?;
+    crate::oci::resolve_modules(&mut manifest, cache_dir.as_deref(), registry, None).await?;
     let runtime = Runtime::new(
         RuntimeConfig {
             cache_dir,

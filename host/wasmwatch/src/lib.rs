@@ -11,4 +11,7 @@ pub mod dryrun;
 pub mod event_file;
 pub mod local;
 pub mod metrics;
+pub mod oci;
+pub mod plugin_test;
 pub mod run;
+pub mod scaffold;

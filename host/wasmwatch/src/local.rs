@@ -34,6 +34,8 @@ pub struct LocalOptions {
     /// Where the kubeconfig is written.
     pub dir: PathBuf,
     pub cache_dir: Option<PathBuf>,
+    /// How to reach registries for `oci://` modules.
+    pub registry: wasmwatch_oci::RegistryOptions,
     /// Make one change, wait for its effects, exit.
     pub scripted: bool,
     /// How long the scripted run waits for the refresh and the rollout.
@@ -217,6 +219,7 @@ pub async fn run(
         let options = RunOptions {
             manifest: options.manifest.clone(),
             cache_dir: options.cache_dir.clone(),
+            registry: options.registry.clone(),
             admin_addr: "127.0.0.1:0".parse().expect("address"),
             identity: identity.to_string(),
             namespace: "default".into(),

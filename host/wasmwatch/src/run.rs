@@ -46,6 +46,8 @@ use crate::metrics::Metrics;
 pub struct RunOptions {
     pub manifest: PathBuf,
     pub cache_dir: Option<PathBuf>,
+    /// How to reach registries for `oci://` modules.
+    pub registry: wasmwatch_oci::RegistryOptions,
     pub admin_addr: std::net::SocketAddr,
     /// This replica's identity (POD_NAME, else the host name).
     pub identity: String,
@@ -230,7 +232,14 @@ pub async fn run(
     options: RunOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let manifest = Manifest::from_file(&options.manifest)?;
+    let mut manifest = Manifest::from_file(&options.manifest)?;
+    crate::oci::resolve_modules(
+        &mut manifest,
+        options.cache_dir.as_deref(),
+        &options.registry,
+        None,
+    )
+    .await?;
     let client = match options.kube_config.clone() {
         Some(config) => kube::Client::try_from(config)?,
         None => kube::Client::try_default()

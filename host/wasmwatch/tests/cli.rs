@@ -66,16 +66,13 @@ fn validate_refuses_bad_manifests_and_bad_plugins_naming_them() {
     );
 
     let bad_plugin = pin(&MANIFEST
-        .replace("{module:misbehave}", "{module:wasi-fs}")
-        .replace("{sha256:misbehave}", "{sha256:wasi-fs}"));
+        .replace("{module:misbehave}", "{module:wasi-http}")
+        .replace("{sha256:misbehave}", "{sha256:wasi-http}"));
     let m = write(dir.path(), "b.yaml", &bad_plugin);
     let out = wasmwatch(&["validate", m.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(
-        err.contains("plugin `spy`: imports `wasi:filesystem/"),
-        "{err}"
-    );
+    assert!(err.contains("plugin `spy`: imports `wasi:http/"), "{err}");
 
     let bad_config = pin(MANIFEST).replace("config: {mode: spy}", "config: {mode: spy, extra: 1}");
     let m = write(dir.path(), "c.yaml", &bad_config);
@@ -88,38 +85,77 @@ fn validate_refuses_bad_manifests_and_bad_plugins_naming_them() {
     );
 }
 
+/// The manifest with http-refresh built as `component` (a testkit name:
+/// `http-refresh` or a twin in another language, `python/http-refresh`).
+fn manifest_with_http_refresh(component: &str) -> String {
+    pin(&MANIFEST
+        .replace("{module:http-refresh}", &format!("{{module:{component}}}"))
+        .replace("{sha256:http-refresh}", &format!("{{sha256:{component}}}")))
+}
+
 #[test]
 fn plugin_run_prints_the_actions_with_verdicts() {
+    for component in ["http-refresh", "python/http-refresh"] {
+        let dir = tempfile::tempdir().unwrap();
+        let m = write(dir.path(), "m.yaml", &manifest_with_http_refresh(component));
+        let fixtures = repo_root().join("tests/fixtures");
+        let out = wasmwatch(&[
+            "plugin",
+            "run",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--plugin",
+            "http-refresh",
+            "--event",
+            fixtures.join("orders-configmap.yaml").to_str().unwrap(),
+            "--lookups",
+            fixtures.join("shop-lookups.yaml").to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{component}: {}", text(&out.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "plugin": "http-refresh",
+                "actions": [
+                    {"action": {"type": "refreshService", "namespace": "shop", "service": "orders", "method": "POST",
+                                "port": null, "path": "/actuator/refresh", "tls": false},
+                     "verdict": "allowed"},
+                    {"action": {"type": "refreshService", "namespace": "shop", "service": "billing", "method": "POST",
+                                "port": 9090, "path": "/manage/refresh", "tls": false},
+                     "verdict": "allowed"}
+                ]
+            }),
+            "{component}"
+        );
+    }
+}
+
+#[test]
+fn validate_runs_the_python_http_refresh_config_check() {
     let dir = tempfile::tempdir().unwrap();
-    let m = write(dir.path(), "m.yaml", &pin(MANIFEST));
-    let fixtures = repo_root().join("tests/fixtures");
-    let out = wasmwatch(&[
-        "plugin",
-        "run",
-        "--manifest",
-        m.to_str().unwrap(),
-        "--plugin",
-        "http-refresh",
-        "--event",
-        fixtures.join("orders-configmap.yaml").to_str().unwrap(),
-        "--lookups",
-        fixtures.join("shop-lookups.yaml").to_str().unwrap(),
-    ]);
+    let good = write(
+        dir.path(),
+        "good.yaml",
+        &manifest_with_http_refresh("python/http-refresh"),
+    );
+    let out = wasmwatch(&["validate", good.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(
-        json,
-        serde_json::json!({
-            "plugin": "http-refresh",
-            "actions": [
-                {"action": {"type": "refreshService", "namespace": "shop", "service": "orders", "method": "POST",
-                            "port": null, "path": "/actuator/refresh", "tls": false},
-                 "verdict": "allowed"},
-                {"action": {"type": "refreshService", "namespace": "shop", "service": "billing", "method": "POST",
-                            "port": 9090, "path": "/manage/refresh", "tls": false},
-                 "verdict": "allowed"}
-            ]
-        })
+    assert!(text(&out.stdout).contains("plugin http-refresh: ok"));
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        &manifest_with_http_refresh("python/http-refresh").replace(
+            "capabilities: {refresh: [shop]}",
+            "config: {basePath: nope}\n    capabilities: {refresh: [shop]}",
+        ),
+    );
+    let out = wasmwatch(&["validate", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("plugin `http-refresh`: rejected its config: http-refresh config: basePath must start with '/', got \"nope\""),
+        "{err}"
     );
 }
 
@@ -334,4 +370,129 @@ async fn logs_to_a_pipe_carry_no_colour_codes() {
     let log = seen.join("\n");
     assert!(log.contains(" INFO "), "{log}");
     assert!(!log.contains('\x1b'), "no colour codes: {log:?}");
+}
+
+/// `plugin run` over rollout-restart `module` (a testkit component name)
+/// with the Reloader-annotated workloads of the fixtures; the JSON printed.
+fn run_rollout_restart(module: &str, config: &str, change: &str) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = format!(
+        "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+plugins:
+  - name: rollout-restart
+    module: {{module:{module}}}
+    sha256: {{sha256:{module}}}
+    config: {config}
+    capabilities: {{restart: [shop]}}
+"
+    );
+    let m = write(dir.path(), "m.yaml", &pin(&manifest));
+    let fixtures = repo_root().join("tests/fixtures");
+    // A JavaScript component takes tens of seconds to compile in a debug
+    // build: the tests share the compiled artifact.
+    let cache = wasmwatch_testkit::plugin_target_dir().join("artifact-cache");
+    let out = wasmwatch(&[
+        "plugin",
+        "run",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--manifest",
+        m.to_str().unwrap(),
+        "--plugin",
+        "rollout-restart",
+        "--event",
+        fixtures.join("orders-configmap.yaml").to_str().unwrap(),
+        "--lookups",
+        fixtures
+            .join("shop-reloader-lookups.yaml")
+            .to_str()
+            .unwrap(),
+        "--change",
+        change,
+    ]);
+    assert!(out.status.success(), "{module}: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn plugin_run_gives_the_same_restarts_from_the_rust_and_the_js_rollout_restart() {
+    for module in ["rollout-restart", "js/rollout-restart"] {
+        let json = run_rollout_restart(module, "{}", "modified");
+        let actions = json["actions"].as_array().unwrap();
+        let restarted: Vec<(&str, &str)> = actions
+            .iter()
+            .map(|a| {
+                assert_eq!(a["verdict"], "allowed", "{module}: {a}");
+                assert_eq!(a["action"]["type"], "restart", "{module}: {a}");
+                assert_eq!(a["action"]["reason"], "ConfigMap shop/orders changed");
+                let hash = a["action"]["contentHash"].as_str().unwrap();
+                let digest = hash.strip_prefix("configmap/orders:").unwrap_or("");
+                assert!(
+                    digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+                    "{module}: {hash}"
+                );
+                let w = &a["action"]["workload"];
+                assert_eq!(w["namespace"], "shop", "{module}: {a}");
+                (w["kind"].as_str().unwrap(), w["name"].as_str().unwrap())
+            })
+            .collect();
+        // `reports` asks for Secrets only.
+        assert_eq!(
+            restarted,
+            [("Deployment", "orders"), ("StatefulSet", "billing")],
+            "{module}"
+        );
+        assert_eq!(json["plugin"], "rollout-restart");
+        assert_eq!(
+            json,
+            run_rollout_restart("rollout-restart", "{}", "modified"),
+            "{module} differs from the Rust plugin"
+        );
+
+        // Reloader's defaults: no restart on create or delete; on request,
+        // a deletion restarts with the `deleted` hash.
+        for change in ["added", "deleted"] {
+            let json = run_rollout_restart(module, "{}", change);
+            assert_eq!(json["actions"], serde_json::json!([]), "{module}: {change}");
+        }
+        let json = run_rollout_restart(module, "{reloadOnDelete: true}", "deleted");
+        let hashes: Vec<&str> = json["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["action"]["contentHash"].as_str().unwrap())
+            .collect();
+        assert_eq!(hashes, ["configmap/orders:deleted"; 2], "{module}");
+    }
+}
+
+#[test]
+fn validate_refuses_bad_config_of_the_js_rollout_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+plugins:
+  - name: rollout-restart
+    module: {module:js/rollout-restart}
+    sha256: {sha256:js/rollout-restart}
+    config: {reloadOnCreate: true, reloadOnUpdate: true}
+    capabilities: {restart: [shop]}
+";
+    let m = write(dir.path(), "m.yaml", &pin(manifest));
+    let cache = wasmwatch_testkit::plugin_target_dir().join("artifact-cache");
+    let out = wasmwatch(&[
+        "validate",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        m.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(
+            "plugin `rollout-restart`: rejected its config: rollout-restart config: unknown field `reloadOnUpdate`"
+        ),
+        "{err}"
+    );
 }

@@ -231,8 +231,24 @@ static LOAD: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_refresh_posts_once_to_each_ready_pod_of_exactly_the_target_apps() {
+    posts_once_to_each_ready_pod_of_exactly_the_target_apps("http-refresh").await;
+}
+
+/// The Python twin (plugins/python/http-refresh) in the same service, the
+/// same cluster, the same assertions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_http_refresh_posts_once_to_each_ready_pod_of_exactly_the_target_apps() {
+    posts_once_to_each_ready_pod_of_exactly_the_target_apps("python/http-refresh").await;
+}
+
+/// `component` (a testkit name) as the manifest's `http-refresh` plugin.
+async fn posts_once_to_each_ready_pod_of_exactly_the_target_apps(component: &str) {
     let _load = LOAD.read().await;
-    let e = env(&HTTP_MANIFEST.replace("DEBOUNCE", "0s")).await;
+    let manifest = HTTP_MANIFEST
+        .replace("DEBOUNCE", "0s")
+        .replace("{module:http-refresh}", &format!("{{module:{component}}}"))
+        .replace("{sha256:http-refresh}", &format!("{{sha256:{component}}}"));
+    let e = env(&manifest).await;
     let c = &e.client;
     let pod = || Pod::start();
     let (o1, o2, o_unready) = (pod().await, pod().await, pod().await);
@@ -936,8 +952,8 @@ async fn bus_refresh_publishes_one_event_per_target_app_of_a_change() {
 // ------------------------------------------------------------ rollout-restart
 
 const RESTART_PLUGIN: &str = "  - name: rollout-restart
-    module: {module:rollout-restart}
-    sha256: {sha256:rollout-restart}
+    module: {module:MODULE}
+    sha256: {sha256:MODULE}
     events: {kinds: KINDS}
     capabilities: {restart: [shop]}
     delivery: {debounce: 0s, retries: 3, backoffInitial: 100ms, backoffMax: 500ms}
@@ -1000,6 +1016,34 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollout_restart_restarts_each_referencing_workload_once_per_content() {
+    restarts_each_referencing_workload_once_per_content("rollout-restart").await;
+}
+
+/// The same with the JavaScript twin (plugins/js/rollout-restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn js_rollout_restart_restarts_each_referencing_workload_once_per_content() {
+    restarts_each_referencing_workload_once_per_content("js/rollout-restart").await;
+}
+
+/// Compiles the manifest's plugins into the artifact cache the replicas use
+/// (`wasmwatch validate`), so that a replica's start does not wait for a
+/// compile: a JavaScript component takes tens of seconds in a debug build.
+fn warm_cache(manifest: &std::path::Path) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+        .arg("validate")
+        .arg(manifest)
+        .env("WASMWATCH_CACHE_DIR", artifact_cache_dir())
+        .output()
+        .expect("run wasmwatch validate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// rollout-restart `module` (a testkit component name) under `wasmwatch run`.
+async fn restarts_each_referencing_workload_once_per_content(module: &str) {
     let _load = LOAD.read().await;
     let manifest = format!(
         "apiVersion: wasmwatch.io/v1alpha1
@@ -1008,9 +1052,15 @@ watch: {{kinds: [ConfigMap, Secret], namespaces: [shop]}}
 ha: {{enabled: false}}
 plugins:
 {}",
-        RESTART_PLUGIN.replace("KINDS", "[ConfigMap, Secret]")
+        RESTART_PLUGIN
+            .replace("KINDS", "[ConfigMap, Secret]")
+            .replace("MODULE", module)
     );
     let e = env(&manifest).await;
+    let m = e.manifest.clone();
+    tokio::task::spawn_blocking(move || warm_cache(&m))
+        .await
+        .unwrap();
     let c = &e.client;
     let auto = json!({"reloader.stakater.com/auto": "true"});
     create(&e.cms, config_map("orders-config", false, json!({}), "1")).await;
@@ -1183,7 +1233,9 @@ ha: {{enabled: true, namespace: default, leaseDuration: 3s, renewDeadline: 2s, r
 plugins:
 {}    config: {{reloadOnCreate: true}}
 ",
-        RESTART_PLUGIN.replace("KINDS", "[ConfigMap]")
+        RESTART_PLUGIN
+            .replace("KINDS", "[ConfigMap]")
+            .replace("MODULE", "rollout-restart")
     );
     let e = env(&manifest).await;
     let c = &e.client;

@@ -81,3 +81,144 @@ fn the_scripted_local_run_fails_when_the_refresh_does_not_come() {
         "{stderr}"
     );
 }
+
+/// kubectl, an independent client, against the local run (not scripted):
+/// after the README's patch, `kubectl get events,cm,deploy,lease` shows
+/// the columns a real cluster's API server gives it (Table responses).
+#[test]
+fn kubectl_get_shows_a_clusters_columns_against_the_local_run() {
+    use std::io::{BufRead, BufReader};
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = example_manifest(dir.path(), |_| true);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+        .args(["local", "--manifest", manifest.to_str().unwrap()])
+        .args(["--dir", dir.path().join("local").to_str().unwrap()])
+        .args(["--cache-dir", dir.path().join("cache").to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = child.stdout.take().unwrap();
+    let _stop = Stop(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("export KUBECONFIG=") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("the local run did not print its kubeconfig");
+    let kubeconfig = dir.path().join("local/kubeconfig");
+    let kubectl = |args: &[&str]| {
+        let out = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .expect("run kubectl (tests/prepare installs it)");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    kubectl(&[
+        "-n",
+        "shop",
+        "patch",
+        "configmap",
+        "orders",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"greeting":"hi"}}"#,
+    ]);
+    let start = Instant::now();
+    let events = loop {
+        let events = kubectl(&["-n", "shop", "get", "events"]);
+        if ["Refreshed", "Restarted", "Reloaded"]
+            .iter()
+            .all(|r| events.contains(r))
+            || start.elapsed() > Duration::from_secs(60)
+        {
+            break events;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let header = |table: &str, columns: &[&str]| {
+        let first = table.lines().next().unwrap_or("");
+        let names: Vec<&str> = first.split_whitespace().collect();
+        assert_eq!(names, columns, "{table}");
+    };
+    header(
+        &events,
+        &["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+    );
+    let refreshed = events
+        .lines()
+        .find(|l| l.contains("Refreshed"))
+        .unwrap_or_else(|| panic!("no Refreshed event: {events}"));
+    assert!(
+        refreshed.contains("Normal") && refreshed.contains("configmap/orders"),
+        "{events}"
+    );
+    let all = kubectl(&["get", "events,cm,deploy,lease", "-A"]);
+    let tables: Vec<&str> = all.split("\n\n").collect();
+    assert_eq!(tables.len(), 4, "{all}");
+    header(
+        tables[0],
+        &[
+            "NAMESPACE",
+            "LAST",
+            "SEEN",
+            "TYPE",
+            "REASON",
+            "OBJECT",
+            "MESSAGE",
+        ],
+    );
+    header(tables[1], &["NAMESPACE", "NAME", "DATA", "AGE"]);
+    header(
+        tables[2],
+        &[
+            "NAMESPACE",
+            "NAME",
+            "READY",
+            "UP-TO-DATE",
+            "AVAILABLE",
+            "AGE",
+        ],
+    );
+    let deploy: Vec<&str> = tables[2]
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        &deploy[..5],
+        ["shop", "deployment.apps/orders", "3/3", "3", "3"],
+        "{all}"
+    );
+    header(tables[3], &["NAMESPACE", "NAME", "HOLDER", "AGE"]);
+    let leader = tables[3]
+        .lines()
+        .find(|l| l.contains("wasmwatch-leader"))
+        .unwrap_or_else(|| panic!("no leader Lease: {all}"));
+    assert!(
+        leader.contains("wasmwatch-0") || leader.contains("wasmwatch-1"),
+        "{all}"
+    );
+}

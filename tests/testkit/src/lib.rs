@@ -4,10 +4,14 @@
 //! building the plugins workspace (for wasm32-wasip2, release) once per test
 //! process; cargo makes that a no-op when nothing changed. [`pin`] fills
 //! `{module:NAME}` and `{sha256:NAME}` placeholders in a manifest template.
-//! [`brokers`] starts RabbitMQ and nats-server on loopback.
+//! [`brokers`] starts RabbitMQ and nats-server on loopback (and makes test
+//! certificates), [`nats_jwt`] writes NATS operator-mode JWTs and creds
+//! files, [`registry`] an OCI registry.
 #![forbid(unsafe_code)]
 
 pub mod brokers;
+pub mod nats_jwt;
+pub mod registry;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -83,8 +87,20 @@ pub fn sha256_file(path: &Path) -> String {
     hex::encode(Sha256::digest(std::fs::read(path).expect("read file")))
 }
 
-/// Replaces `{module:CRATE}` with the built plugin's path and `{sha256:CRATE}`
-/// with its digest.
+/// A built component by name: `python/NAME` and `js/NAME` are built from
+/// plugins/python and plugins/js, anything else is a crate of plugins/.
+pub fn component(name: &str) -> PathBuf {
+    if let Some(n) = name.strip_prefix("python/") {
+        python_plugin(n)
+    } else if let Some(n) = name.strip_prefix("js/") {
+        js_plugin(n)
+    } else {
+        plugin(name)
+    }
+}
+
+/// Replaces `{module:NAME}` with the built component's path and
+/// `{sha256:NAME}` with its digest ([`component`] names).
 pub fn pin(template: &str) -> String {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
@@ -94,8 +110,8 @@ pub fn pin(template: &str) -> String {
         let end = after.find('}').map(|e| e + 1);
         let token = end.map(|e| &after[1..e - 1]);
         match token.and_then(|t| t.split_once(':')) {
-            Some(("module", name)) => out.push_str(&plugin(name).display().to_string()),
-            Some(("sha256", name)) => out.push_str(&sha256_file(&plugin(name))),
+            Some(("module", name)) => out.push_str(&component(name).display().to_string()),
+            Some(("sha256", name)) => out.push_str(&sha256_file(&component(name))),
             _ => {
                 out.push('{');
                 rest = &after[1..];
@@ -106,4 +122,58 @@ pub fn pin(template: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// Where the plugin toolchains of Python and JavaScript are installed
+/// (tests/prepare): `$WASMWATCH_TOOLS`, else `/var/tmp/wasmwatch-tools`.
+pub fn tools_dir() -> PathBuf {
+    std::env::var_os("WASMWATCH_TOOLS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/wasmwatch-tools"))
+}
+
+/// Builds `plugins/<lang>/<name>` with `plugins/<lang>/build NAME OUT` into
+/// the plugin target folder, once per test process and name. The build
+/// scripts skip the work when the output is newer than every source.
+fn build_with_script(lang: &str, name: &str) -> PathBuf {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let key = format!("{lang}/{name}");
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
+    if let Some(path) = built.get(&key) {
+        return path.clone();
+    }
+    let out = plugin_target_dir()
+        .join(lang)
+        .join(format!("{}.wasm", name.replace(['-', '/'], "_")));
+    std::fs::create_dir_all(out.parent().unwrap()).expect("create the plugin target folder");
+    let script = repo_root().join("plugins").join(lang).join("build");
+    let status = Command::new(&script)
+        .arg(name)
+        .arg(&out)
+        .env("WASMWATCH_TOOLS", tools_dir())
+        .status()
+        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
+    assert!(
+        status.success(),
+        "building the {lang} plugin {name} failed; has tests/prepare installed the toolchain?"
+    );
+    assert!(
+        out.exists(),
+        "no component at {} after the build",
+        out.display()
+    );
+    built.insert(key, out.clone());
+    out
+}
+
+/// The component built from `plugins/python/<name>` (componentize-py).
+pub fn python_plugin(name: &str) -> PathBuf {
+    build_with_script("python", name)
+}
+
+/// The component built from `plugins/js/<name>` (componentize-js / jco).
+pub fn js_plugin(name: &str) -> PathBuf {
+    build_with_script("js", name)
 }

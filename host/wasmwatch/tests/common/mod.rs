@@ -177,6 +177,14 @@ pub async fn service(
     }
 }
 
+/// The compiled-artifact cache every replica uses (`WASMWATCH_CACHE_DIR`),
+/// shared with the runtime's tests: artifacts are named by module digest
+/// and engine, so a module compiles once, not once per replica start (a
+/// JavaScript component takes tens of seconds in a debug build).
+pub fn artifact_cache_dir() -> std::path::PathBuf {
+    wasmwatch_testkit::plugin_target_dir().join("artifact-cache")
+}
+
 /// One `wasmwatch run` process.
 pub struct Replica {
     pub identity: String,
@@ -238,6 +246,7 @@ impl Replica {
             ])
             .env("KUBECONFIG", kubeconfig)
             .env("POD_NAMESPACE", namespace)
+            .env("WASMWATCH_CACHE_DIR", artifact_cache_dir())
             .env(
                 "RUST_LOG",
                 std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),

@@ -1,0 +1,26 @@
+//! {{name}}: a wasmwatch plugin. `handle` is called once per change of a
+//! selected ConfigMap or Secret, in a fresh sandbox; what it returns is
+//! checked against the manifest's capabilities and executed by the host.
+use wasmwatch_plugin_sdk::{Action, ChangeEvent, EventExt, Guest, action, parse_config};
+
+/// The manifest's `config`; unknown fields are refused at start-up.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Config {}
+
+struct Plugin;
+
+impl Guest for Plugin {
+    fn check_config(config: String) -> Result<(), String> {
+        parse_config::<Config>("{{name}}", &config).map(|_| ())
+    }
+
+    fn handle(event: ChangeEvent) -> Result<Vec<Action>, String> {
+        Ok(vec![action::event_normal(
+            "Changed",
+            &format!("{} {} changed", event.kind_name(), event.object_id()),
+        )])
+    }
+}
+
+wasmwatch_plugin_sdk::export!(Plugin with_types_in wasmwatch_plugin_sdk);
