@@ -36,6 +36,7 @@ from wasmwatch_plugin import (
     Plugin,
     PluginError,
     action,
+    config_class,
     host,
     log,
     lookup,
@@ -45,6 +46,7 @@ from wasmwatch_plugin import (
 )
 
 
+@config_class
 @dataclass
 class Config:
     strategy: Literal["refresh", "shutdown"] = "refresh"

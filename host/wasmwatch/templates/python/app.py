@@ -9,12 +9,15 @@ from wasmwatch_plugin import (
     ChangeEvent,
     Plugin,
     action,
+    config_class,
     kind_name,
     object_id,
     parse_config,
 )
 
 
+# Resolved at build time (the snapshot), not in every call.
+@config_class
 @dataclass
 class Config:
     """The manifest's ``config``; unknown fields are refused at start-up."""

@@ -64,6 +64,50 @@ class Config:
     odd_name: str = field(default="", metadata={"json": "odd-name"})
 
 
+@ww.config_class
+@dataclass
+class Decorated:
+    connection: str
+    inner: Optional[Inner] = None
+    strategy: Literal["refresh", "shutdown"] = "refresh"
+
+
+class ConfigClass(unittest.TestCase):
+    """`config_class` resolves field types at import (the build snapshots
+    it), so that no call evaluates annotations again."""
+
+    def test_resolved_at_decoration_and_never_in_a_call(self):
+        schemas = ww.config._SCHEMAS
+        self.assertIn(Decorated, schemas)
+        self.assertIn(Inner, schemas, "nested dataclasses are reached through Optional")
+        real = ww.config.typing.get_type_hints
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("annotations evaluated in a call")
+
+        ww.config.typing.get_type_hints = refuse
+        try:
+            self.assertEqual(
+                ww.parse_config("p", '{"connection": "c", "inner": {"url": "u"}}', Decorated),
+                Decorated("c", Inner("u")),
+            )
+            with self.assertRaises(ww.PluginError) as caught:
+                ww.parse_config("p", '{"connection": "c", "strategy": "x"}', Decorated)
+            self.assertEqual(
+                caught.exception.value,
+                "p config: strategy: unknown variant `x`, expected `refresh` or `shutdown`",
+            )
+            with self.assertRaises(ww.PluginError) as caught:
+                ww.parse_config("p", "{}", Decorated)
+            self.assertEqual(caught.exception.value, "p config: missing field `connection`")
+        finally:
+            ww.config.typing.get_type_hints = real
+
+    def test_refuses_what_is_not_a_dataclass(self):
+        with self.assertRaises(TypeError):
+            ww.config_class(int)
+
+
 class ParseConfig(unittest.TestCase):
     def err(self, text, into=Config):
         with self.assertRaises(ww.PluginError) as caught:

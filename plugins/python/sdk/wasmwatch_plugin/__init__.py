@@ -15,7 +15,8 @@ at build time. This SDK sits beside them and offers:
   :func:`object_id`, and :func:`lookup` for any label/annotation list;
 - :mod:`~wasmwatch_plugin.action`: builders for the actions a plugin returns;
 - :func:`parse_config`: the plugin's JSON config into a dict or a dataclass,
-  refusing unknown fields;
+  refusing unknown fields; :func:`config_class` resolves a config
+  dataclass at build time;
 - :mod:`~wasmwatch_plugin.spring`: Spring Cloud Kubernetes target apps.
 
 A plugin (``app.py``)::
@@ -72,7 +73,7 @@ from wit_world.imports.types import (
 )
 
 from . import action, spring
-from .config import parse_config
+from .config import config_class, parse_config
 from .error import PluginError
 from .event import (
     annotation,
@@ -95,6 +96,7 @@ __all__ = [
     "action",
     "spring",
     "parse_config",
+    "config_class",
     "lookup",
     "annotation",
     "label",
@@ -145,3 +147,4 @@ module and implement ``check_config(self, config: str) -> None`` and
 def log(level: LogLevel, message: str) -> None:
     """Writes a line to the host's log, tagged with the plugin's name."""
     host.log(level, message)
+
