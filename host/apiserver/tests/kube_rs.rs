@@ -429,3 +429,54 @@ async fn reflector_converges_through_churn_410_and_closed_watches() {
     assert!(!store.state().is_empty());
     driver.abort();
 }
+
+/// `ServerHandle::modify` (the benchmarks' in-process writer) is an update
+/// like any other: a watching client sees it as MODIFIED with a new
+/// resourceVersion, and a refused object changes nothing.
+#[tokio::test]
+async fn in_process_modify_is_seen_by_a_watching_client() {
+    let server = common::start().await;
+    let client = server.client().unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let created = api
+        .create(&PostParams::default(), &cm("alpha", &[("k", "v1")]))
+        .await
+        .unwrap();
+    let rv1: u64 = created.metadata.resource_version.unwrap().parse().unwrap();
+    let mut events = api
+        .watch(&kube::api::WatchParams::default(), &rv1.to_string())
+        .await
+        .unwrap()
+        .boxed();
+
+    let rv2 = server
+        .modify("configmaps", "default", "alpha", |o| {
+            o["data"]["k"] = json!("v2")
+        })
+        .unwrap();
+    assert!(rv2 > rv1);
+    match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
+        Ok(Some(Ok(kube::api::WatchEvent::Modified(o)))) => {
+            assert_eq!(o.data.unwrap()["k"], "v2");
+            assert_eq!(o.metadata.resource_version.unwrap(), rv2.to_string());
+        }
+        other => panic!("expected MODIFIED, got {other:?}"),
+    }
+
+    let refused = server.modify("configmaps", "default", "alpha", |o| {
+        o["kind"] = json!("Secret")
+    });
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(
+        server
+            .modify("configmaps", "default", "nope", |_| {})
+            .is_err()
+    );
+    assert!(
+        server
+            .modify("widgets", "default", "alpha", |_| {})
+            .is_err()
+    );
+    let now = api.get("alpha").await.unwrap();
+    assert_eq!(now.metadata.resource_version.unwrap(), rv2.to_string());
+}
