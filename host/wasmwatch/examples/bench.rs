@@ -312,15 +312,8 @@ async fn latency() {
         let due = t0 + tick * k as u32;
         tokio::time::sleep_until(due.into()).await;
         let i = k % APPS;
-        let patch = serde_json::json!({"data": {"application.yaml": format!("v{}", k + 1)}});
         let at = Instant::now();
-        cms.patch(
-            &format!("cm-{i}"),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .unwrap();
+        set_data(&cms, &format!("cm-{i}"), format!("v{}", k + 1)).await;
         writes[i].push(at);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -369,6 +362,14 @@ fn count_state_writes(client: kube::Client) -> Arc<Mutex<usize>> {
         }
     });
     n
+}
+
+/// Sets `application.yaml` of ConfigMap `name` with a merge patch (HTTP).
+async fn set_data(cms: &Api<ConfigMap>, name: &str, value: String) {
+    let patch = serde_json::json!({"data": {"application.yaml": value}});
+    cms.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
 }
 
 /// Who writes the burst of changes.
@@ -431,15 +432,7 @@ async fn throughput_with(
                 tasks.push(tokio::spawn(async move {
                     for k in 0..per {
                         let i = (w * per + k) % objects;
-                        let patch =
-                            serde_json::json!({"data": {"application.yaml": format!("w{w}k{k}")}});
-                        cms.patch(
-                            &format!("cm-{i}"),
-                            &PatchParams::default(),
-                            &Patch::Merge(&patch),
-                        )
-                        .await
-                        .unwrap();
+                        set_data(&cms, &format!("cm-{i}"), format!("w{w}k{k}")).await;
                     }
                 }));
             }
