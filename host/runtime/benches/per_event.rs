@@ -9,7 +9,6 @@
 //! Prints medians over batches, so a noisy machine moves the numbers less.
 //! To profile one of the runs alone:
 //! `PER_EVENT_PROFILE=handle perf record -g target/release/deps/per_event-* --bench`.
-use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::path::Path;
 use std::sync::Arc;
@@ -22,20 +21,10 @@ use wasmwatch_core::lookups::{
 use wasmwatch_core::{ChangeEvent, ChangeType, Manifest, ObjectKind, ObjectSnapshot};
 use wasmwatch_runtime::{Runtime, RuntimeConfig};
 
+mod common;
+
 fn lookups() -> StaticLookups {
-    let svc = |name: &str, annotations: &[(&str, &str)]| ServiceInfo {
-        namespace: "shop".into(),
-        name: name.into(),
-        labels: BTreeMap::from([("app".to_string(), name.to_string())]),
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ports: vec![ServicePort {
-            name: None,
-            port: 8080,
-        }],
-    };
+    let svc = common::service;
     // http-refresh leaves the pods to the host, so it never asks for these.
     let endpoints = |name: &str| ServiceEndpoints {
         namespace: "shop".into(),

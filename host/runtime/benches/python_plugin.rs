@@ -11,30 +11,19 @@
 //! runs only 5,000 calls (for perf), printing the mean time and minor page
 //! faults per call; `PYTHON_BENCH_MODULE=python/NAME` profiles another
 //! plugin of plugins/python (an empty one shows the floor of the toolchain).
-use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wasmwatch_core::lookups::{ServiceInfo, ServicePort, StaticLookups};
+use wasmwatch_core::lookups::StaticLookups;
 use wasmwatch_core::{ChangeEvent, ChangeType, Manifest, ObjectSnapshot};
 use wasmwatch_runtime::{Runtime, RuntimeConfig};
 
+mod common;
+
 fn lookups() -> StaticLookups {
-    let svc = |name: &str, annotations: &[(&str, &str)]| ServiceInfo {
-        namespace: "shop".into(),
-        name: name.into(),
-        labels: BTreeMap::from([("app".to_string(), name.to_string())]),
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ports: vec![ServicePort {
-            name: None,
-            port: 8080,
-        }],
-    };
+    let svc = common::service;
     StaticLookups {
         services: vec![
             svc("orders", &[]),

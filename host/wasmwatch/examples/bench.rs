@@ -372,6 +372,25 @@ async fn set_data(cms: &Api<ConfigMap>, name: &str, value: String) {
         .unwrap();
 }
 
+/// The plugins' entries of the three bundled plugins (bus-refresh loaded,
+/// selecting nothing: no bus in these benchmarks).
+fn three_plugins() -> String {
+    format!(
+        "{HTTP_REFRESH}  - name: rollout-restart
+    module: {{module:rollout-restart}}
+    sha256: {{sha256:rollout-restart}}
+    events: {{kinds: [ConfigMap]}}
+    capabilities: {{restart: [shop]}}
+  - name: bus-refresh
+    module: {{module:bus-refresh}}
+    sha256: {{sha256:bus-refresh}}
+    events: {{kinds: [ConfigMap], labelSelector: bus=true}}
+    config: {{connection: nats}}
+    capabilities: {{bus: [\"nats/*\"]}}
+"
+    )
+}
+
 /// Who writes the burst of changes.
 #[derive(Clone, Copy)]
 enum Writer {
@@ -508,20 +527,7 @@ async fn throughput() {
 ";
     throughput_with("no-op plugin", noop, 200, 4000, Writer::Http).await;
     throughput_with("http-refresh alone", HTTP_REFRESH, 200, 4000, Writer::Http).await;
-    let three = format!(
-        "{HTTP_REFRESH}  - name: rollout-restart
-    module: {{module:rollout-restart}}
-    sha256: {{sha256:rollout-restart}}
-    events: {{kinds: [ConfigMap]}}
-    capabilities: {{restart: [shop]}}
-  - name: bus-refresh
-    module: {{module:bus-refresh}}
-    sha256: {{sha256:bus-refresh}}
-    events: {{kinds: [ConfigMap], labelSelector: bus=true}}
-    config: {{connection: nats}}
-    capabilities: {{bus: [\"nats/*\"]}}
-"
-    );
+    let three = three_plugins();
     throughput_with(
         "three bundled plugins (bus-refresh loaded, selecting nothing)",
         &three,
@@ -542,20 +548,7 @@ async fn throughput() {
 
 async fn startup() {
     let c = cluster().await;
-    let three = manifest(&format!(
-        "{HTTP_REFRESH}  - name: rollout-restart
-    module: {{module:rollout-restart}}
-    sha256: {{sha256:rollout-restart}}
-    events: {{kinds: [ConfigMap]}}
-    capabilities: {{restart: [shop]}}
-  - name: bus-refresh
-    module: {{module:bus-refresh}}
-    sha256: {{sha256:bus-refresh}}
-    events: {{kinds: [ConfigMap], labelSelector: bus=true}}
-    config: {{connection: nats}}
-    capabilities: {{bus: [\"nats/*\"]}}
-"
-    ));
+    let three = manifest(&three_plugins());
     let cold = start(c.dir.path(), &c.kubeconfig, &three, "cold").started_to_ready;
     let mut warm = Vec::new();
     for i in 0..7 {
