@@ -18,7 +18,7 @@ use wasmwatch_core::action::{Action, HttpMethod};
 use wasmwatch_core::lookups::{
     Endpoint, Lookups, ServiceEndpoints, ServiceInfo, ServicePort, StaticLookups,
 };
-use wasmwatch_core::{ChangeEvent, ChangeType, Manifest, ObjectKind, ObjectSnapshot};
+use wasmwatch_core::{ChangeEvent, Manifest, ObjectKind};
 use wasmwatch_runtime::{Runtime, RuntimeConfig};
 
 mod common;
@@ -51,21 +51,6 @@ fn lookups() -> StaticLookups {
         endpoints: vec![endpoints("orders"), endpoints("billing")],
         workloads: vec![],
     }
-}
-
-fn event() -> ChangeEvent {
-    let obj = serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "orders", "namespace": "shop", "uid": "6f1c2d3e", "resourceVersion": "4711",
-                     "labels": {"spring.cloud.kubernetes.config": "true", "team": "checkout"},
-                     "annotations": {"spring.cloud.kubernetes.configmap.apps": "orders, billing"}},
-        "data": {"application.yaml": "greeting: hello\nfeature.x: on\n", "logback.xml": "<configuration/>"}
-    });
-    ChangeEvent::new(
-        ChangeType::Modified,
-        ObjectSnapshot::from_json(&obj).unwrap(),
-        None,
-    )
 }
 
 /// http-refresh's decision as a plain Rust function over the same inputs:
@@ -163,7 +148,7 @@ fn main() {
     let lookups = Arc::new(lookups());
     let rt = Runtime::new(RuntimeConfig::default(), lookups.clone()).unwrap();
     let plugin = rt.load_blocking(entry, &manifest.base_dir).unwrap();
-    let ev = event();
+    let ev = common::event();
     let config_json = entry.config.to_string();
     // Calls are futures, as in the service: each batch runs on one thread
     // (a current-thread runtime), so what is measured is the call itself.
@@ -284,35 +269,10 @@ fn languages(ev: &ChangeEvent) {
             .unwrap()
             .len();
         let cache = tempfile::tempdir().unwrap();
-        let runtime = || {
-            let config = RuntimeConfig {
-                cache_dir: Some(cache.path().to_path_buf()),
-                ..RuntimeConfig::default()
-            };
-            Runtime::new(config, lookups.clone()).unwrap()
-        };
-        let median = |mut v: Vec<Duration>| {
-            v.sort();
-            v[v.len() / 2]
-        };
+        let runtime = || common::cached_runtime(cache.path(), lookups.clone());
         // Cold: compile (and write the artifact), instantiate, check-config.
-        let mut cold = Vec::new();
-        for _ in 0..5 {
-            for f in std::fs::read_dir(cache.path()).unwrap() {
-                std::fs::remove_file(f.unwrap().path()).unwrap();
-            }
-            let rt = runtime();
-            let start = Instant::now();
-            rt.load_blocking(entry, &manifest.base_dir).unwrap();
-            cold.push(start.elapsed());
-        }
-        let compile = {
-            let engine = runtime().engine().clone();
-            let bytes = std::fs::read(wasmwatch_testkit::component(module)).unwrap();
-            let start = Instant::now();
-            black_box(engine.precompile_component(&bytes).unwrap());
-            start.elapsed()
-        };
+        let cold = common::cold_loads(5, cache.path(), runtime, entry, &manifest.base_dir);
+        let compile = common::compile_time(&runtime(), &wasmwatch_testkit::component(module));
         // Warm: the cached artifact, as a restarted host finds it.
         let mut warm = Vec::new();
         let mut plugin = None;
@@ -350,8 +310,8 @@ fn languages(ev: &ChangeEvent) {
             label,
             size,
             compile,
-            median(cold),
-            median(warm),
+            common::median(cold),
+            common::median(warm),
             per_event,
             sandbox,
         ));

@@ -16,8 +16,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use wasmwatch_core::Manifest;
 use wasmwatch_core::lookups::StaticLookups;
-use wasmwatch_core::{ChangeEvent, ChangeType, Manifest, ObjectSnapshot};
 use wasmwatch_runtime::{Runtime, RuntimeConfig};
 
 mod common;
@@ -34,26 +34,6 @@ fn lookups() -> StaticLookups {
         ],
         ..Default::default()
     }
-}
-
-fn event() -> ChangeEvent {
-    let obj = serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "orders", "namespace": "shop", "uid": "6f1c2d3e", "resourceVersion": "4711",
-                     "labels": {"spring.cloud.kubernetes.config": "true", "team": "checkout"},
-                     "annotations": {"spring.cloud.kubernetes.configmap.apps": "orders, billing"}},
-        "data": {"application.yaml": "greeting: hello\nfeature.x: on\n", "logback.xml": "<configuration/>"}
-    });
-    ChangeEvent::new(
-        ChangeType::Modified,
-        ObjectSnapshot::from_json(&obj).unwrap(),
-        None,
-    )
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 struct Row {
@@ -78,31 +58,10 @@ fn bench(label: &'static str, module: &str, per_batch: usize) -> Row {
     let path = wasmwatch_testkit::component(module);
     let size = std::fs::metadata(&path).unwrap().len();
     let cache = tempfile::tempdir().unwrap();
-    let runtime = || {
-        let config = RuntimeConfig {
-            cache_dir: Some(cache.path().to_path_buf()),
-            ..RuntimeConfig::default()
-        };
-        Runtime::new(config, lookups.clone()).unwrap()
-    };
-    let compile = {
-        let engine = runtime().engine().clone();
-        let bytes = std::fs::read(&path).unwrap();
-        let start = Instant::now();
-        black_box(engine.precompile_component(&bytes).unwrap());
-        start.elapsed()
-    };
-    let mut cold = Vec::new();
-    for _ in 0..3 {
-        for f in std::fs::read_dir(cache.path()).unwrap() {
-            std::fs::remove_file(f.unwrap().path()).unwrap();
-        }
-        let rt = runtime();
-        let start = Instant::now();
-        rt.load_blocking(entry, &manifest.base_dir).unwrap();
-        cold.push(start.elapsed());
-    }
-    let ev = event();
+    let runtime = || common::cached_runtime(cache.path(), lookups.clone());
+    let compile = common::compile_time(&runtime(), &path);
+    let cold = common::cold_loads(3, cache.path(), runtime, entry, &manifest.base_dir);
+    let ev = common::event();
     let mut warm = Vec::new();
     let mut first = Vec::new();
     let mut last = None;
@@ -139,11 +98,11 @@ fn bench(label: &'static str, module: &str, per_batch: usize) -> Row {
         label,
         size,
         compile,
-        cold: median(cold),
-        warm: median(warm),
-        first_call: median(first),
-        per_event: median(calls),
-        sandbox: median(sandboxes),
+        cold: common::median(cold),
+        warm: common::median(warm),
+        first_call: common::median(first),
+        per_event: common::median(calls),
+        sandbox: common::median(sandboxes),
         p90,
     }
 }
@@ -203,7 +162,7 @@ fn profile() {
     let plugin = rt
         .load_blocking(&manifest.plugins[0], &manifest.base_dir)
         .unwrap();
-    let ev = event();
+    let ev = common::event();
     let tokio_rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
