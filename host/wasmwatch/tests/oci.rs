@@ -2,6 +2,8 @@
 //! against a real registry (the CNCF distribution registry, started on
 //! loopback per test): push, pull, cache reuse without the registry, digest
 //! mismatch, registry down, basic auth.
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -568,8 +570,6 @@ fn tls_with_a_private_ca_and_basic_auth() {
 /// module at start, then decides with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_pulls_at_start_then_decides_with_the_pulled_plugin() {
-    use std::io::{BufRead, BufReader};
-
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::Api;
     use kube::api::PostParams;
@@ -600,34 +600,22 @@ plugins:
     )
     .unwrap();
     let cache = dir.path().join("cache");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
-        .args([
-            "run",
-            "--dry-run",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--cache-dir",
-            cache.to_str().unwrap(),
-        ])
-        .env("WASMWATCH_INSECURE_REGISTRIES", registry.host())
-        .env("DOCKER_CONFIG", "/nonexistent")
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let ready: serde_json::Value =
-        serde_json::from_str(&lines_rx.recv_timeout(Duration::from_secs(30)).unwrap()).unwrap();
-    assert_eq!(ready["ready"], true, "{ready}");
+    let (mut child, _, lines_rx) = common::spawn_ready(
+        Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+            .args([
+                "run",
+                "--dry-run",
+                "--manifest",
+                manifest.to_str().unwrap(),
+                "--cache-dir",
+                cache.to_str().unwrap(),
+            ])
+            .env("WASMWATCH_INSECURE_REGISTRIES", registry.host())
+            .env("DOCKER_CONFIG", "/nonexistent")
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "warn"),
+        Duration::from_secs(30),
+    );
     assert!(
         cache
             .join("oci/sha256")

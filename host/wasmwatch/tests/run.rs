@@ -1,7 +1,8 @@
 //! `wasmwatch run --dry-run` as a process against the test API server: real
 //! watches, a real plugin, decisions printed as JSON lines.
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+mod common;
+
+use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -47,25 +48,13 @@ plugins:
     .await
     .unwrap();
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
-        .args(["run", "--dry-run", "--manifest", manifest.to_str().unwrap()])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let ready: serde_json::Value =
-        serde_json::from_str(&lines_rx.recv_timeout(Duration::from_secs(30)).unwrap()).unwrap();
-    assert_eq!(ready["ready"], true);
+    let (mut child, ready, lines_rx) = common::spawn_ready(
+        Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+            .args(["run", "--dry-run", "--manifest", manifest.to_str().unwrap()])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "warn"),
+        Duration::from_secs(30),
+    );
     assert_eq!(ready["watches"], 2, "ConfigMaps and Secrets in `default`");
     server.wait_for_watches(2).await;
 

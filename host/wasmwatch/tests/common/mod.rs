@@ -185,6 +185,33 @@ pub fn artifact_cache_dir() -> std::path::PathBuf {
     wasmwatch_testkit::plugin_target_dir().join("artifact-cache")
 }
 
+/// Spawns `cmd` (a `wasmwatch run`) with its stdout piped and waits up to
+/// `within` for its ready line (JSON with `"ready": true`). Returns the
+/// process, the ready line, and the lines it prints after.
+pub fn spawn_ready(
+    cmd: &mut Command,
+    within: Duration,
+) -> (Child, serde_json::Value, std::sync::mpsc::Receiver<String>) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start wasmwatch run");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let first = lines.recv_timeout(within).expect("the ready line");
+    let ready: serde_json::Value =
+        serde_json::from_str(&first).unwrap_or_else(|e| panic!("ready line {first:?}: {e}"));
+    assert_eq!(ready["ready"], true, "{first}");
+    (child, ready, lines)
+}
+
 /// One `wasmwatch run` process.
 pub struct Replica {
     pub identity: String,
@@ -236,8 +263,8 @@ impl Replica {
         namespace: &str,
         ready_within: Duration,
     ) -> Replica {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
-            .args(["run", "--manifest", manifest.to_str().unwrap()])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmwatch"));
+        cmd.args(["run", "--manifest", manifest.to_str().unwrap()])
             .args(["--identity", identity, "--admin-addr", "127.0.0.1:0"])
             .args([
                 "--print-actions",
@@ -250,23 +277,8 @@ impl Replica {
             .env(
                 "RUST_LOG",
                 std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start wasmwatch run");
-        let (tx, lines) = std::sync::mpsc::channel::<String>();
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let first = lines.recv_timeout(ready_within).expect("the ready line");
-        let ready: serde_json::Value =
-            serde_json::from_str(&first).unwrap_or_else(|e| panic!("ready line {first:?}: {e}"));
-        assert_eq!(ready["ready"], true, "{first}");
+            );
+        let (child, ready, lines) = spawn_ready(&mut cmd, ready_within);
         let admin = ready["admin"]
             .as_str()
             .unwrap()
