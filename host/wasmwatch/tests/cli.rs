@@ -12,6 +12,22 @@ fn wasmwatch(args: &[&str]) -> Output {
         .expect("run wasmwatch")
 }
 
+/// `wasmwatch plugin run --manifest M --plugin P --event E EXTRA...`.
+fn plugin_run(manifest: &Path, plugin: &str, event: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "plugin",
+        "run",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--plugin",
+        plugin,
+        "--event",
+        event.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    wasmwatch(&args)
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -99,18 +115,15 @@ fn plugin_run_prints_the_actions_with_verdicts() {
         let dir = tempfile::tempdir().unwrap();
         let m = write(dir.path(), "m.yaml", &manifest_with_http_refresh(component));
         let fixtures = repo_root().join("tests/fixtures");
-        let out = wasmwatch(&[
-            "plugin",
-            "run",
-            "--manifest",
-            m.to_str().unwrap(),
-            "--plugin",
+        let out = plugin_run(
+            &m,
             "http-refresh",
-            "--event",
-            fixtures.join("orders-configmap.yaml").to_str().unwrap(),
-            "--lookups",
-            fixtures.join("shop-lookups.yaml").to_str().unwrap(),
-        ]);
+            &fixtures.join("orders-configmap.yaml"),
+            &[
+                "--lookups",
+                fixtures.join("shop-lookups.yaml").to_str().unwrap(),
+            ],
+        );
         assert!(out.status.success(), "{component}: {}", text(&out.stderr));
         let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(
@@ -172,16 +185,7 @@ fn plugin_run_on_a_secret_event_withholds_values_and_shows_refusals() {
         "ev.yaml",
         "change: added\nobject:\n  kind: Secret\n  metadata: {name: db, namespace: shop}\n  data: {password: aHVudGVyMg==}\n",
     );
-    let out = wasmwatch(&[
-        "plugin",
-        "run",
-        "--manifest",
-        m.to_str().unwrap(),
-        "--plugin",
-        "spy",
-        "--event",
-        ev.to_str().unwrap(),
-    ]);
+    let out = plugin_run(&m, "spy", &ev, &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let first = &json["actions"][0];
@@ -196,16 +200,7 @@ fn plugin_run_names_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     let m = write(dir.path(), "m.yaml", &pin(MANIFEST));
     let ev = repo_root().join("tests/fixtures/orders-configmap.yaml");
-    let out = wasmwatch(&[
-        "plugin",
-        "run",
-        "--manifest",
-        m.to_str().unwrap(),
-        "--plugin",
-        "nope",
-        "--event",
-        ev.to_str().unwrap(),
-    ]);
+    let out = plugin_run(&m, "nope", &ev, &[]);
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("no plugin named \"nope\""),
@@ -223,16 +218,7 @@ fn plugin_run_names_what_is_wrong() {
         "pod.yaml",
         "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n",
     );
-    let out = wasmwatch(&[
-        "plugin",
-        "run",
-        "--manifest",
-        m.to_str().unwrap(),
-        "--plugin",
-        "spy",
-        "--event",
-        bad_ev.to_str().unwrap(),
-    ]);
+    let out = plugin_run(&m, "spy", &bad_ev, &[]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
@@ -392,25 +378,22 @@ plugins:
     // A JavaScript component takes tens of seconds to compile in a debug
     // build: the tests share the compiled artifact.
     let cache = wasmwatch_testkit::plugin_target_dir().join("artifact-cache");
-    let out = wasmwatch(&[
-        "plugin",
-        "run",
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--manifest",
-        m.to_str().unwrap(),
-        "--plugin",
+    let out = plugin_run(
+        &m,
         "rollout-restart",
-        "--event",
-        fixtures.join("orders-configmap.yaml").to_str().unwrap(),
-        "--lookups",
-        fixtures
-            .join("shop-reloader-lookups.yaml")
-            .to_str()
-            .unwrap(),
-        "--change",
-        change,
-    ]);
+        &fixtures.join("orders-configmap.yaml"),
+        &[
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--lookups",
+            fixtures
+                .join("shop-reloader-lookups.yaml")
+                .to_str()
+                .unwrap(),
+            "--change",
+            change,
+        ],
+    );
     assert!(out.status.success(), "{module}: {}", text(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
