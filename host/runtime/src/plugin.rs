@@ -119,7 +119,14 @@ impl Runtime {
             let cache_dir = inner.config.cache_dir.clone();
             let digest = actual.clone();
             tokio::task::spawn_blocking(move || {
-                crate::cache::compile(&engine, cache_dir.as_deref(), &bytes, &digest)
+                let component =
+                    crate::cache::compile(&engine, cache_dir.as_deref(), &bytes, &digest)?;
+                // The memory image (a memfd holding the initial memory) is
+                // otherwise made by the first instantiation, inside the
+                // config check's deadline: ~10 ms for a Python plugin's
+                // snapshot, more on a busy machine.
+                component.initialize_copy_on_write_image()?;
+                Ok::<_, wasmtime::Error>(component)
             })
             .await
         };
@@ -161,11 +168,13 @@ impl Runtime {
         };
         // The first instantiation checks the exports' types; later ones rely on it.
         let config = loaded.shared.config_json.clone();
+        let started = Instant::now();
         let check = loaded
             .call(true, move |b, s| {
                 Box::pin(async move { b.call_check_config(s, &config).await })
             })
             .await;
+        tracing::debug!(plugin, elapsed = ?started.elapsed(), "config check done");
         match check {
             Ok(Ok(())) => Ok(loaded),
             Ok(Err(message)) => Err(LoadError::ConfigRejected {

@@ -4,10 +4,18 @@ use std::process::{Command, Output};
 
 use wasmwatch_testkit::{pin, repo_root};
 
+/// Runs the binary with the compiled-artifact cache the other tests share:
+/// otherwise every test compiles the Python plugin (~10 s of all cores
+/// each), and a config check starved by the others' compiles has missed its
+/// 100 ms deadline in CI.
 fn wasmwatch(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
         .args(args)
         .env("RUST_LOG", "warn")
+        .env(
+            "WASMWATCH_CACHE_DIR",
+            wasmwatch_testkit::plugin_target_dir().join("artifact-cache"),
+        )
         .output()
         .expect("run wasmwatch")
 }
@@ -375,16 +383,11 @@ plugins:
     );
     let m = write(dir.path(), "m.yaml", &pin(&manifest));
     let fixtures = repo_root().join("tests/fixtures");
-    // A JavaScript component takes tens of seconds to compile in a debug
-    // build: the tests share the compiled artifact.
-    let cache = wasmwatch_testkit::plugin_target_dir().join("artifact-cache");
     let out = plugin_run(
         &m,
         "rollout-restart",
         &fixtures.join("orders-configmap.yaml"),
         &[
-            "--cache-dir",
-            cache.to_str().unwrap(),
             "--lookups",
             fixtures
                 .join("shop-reloader-lookups.yaml")
@@ -463,13 +466,7 @@ plugins:
     capabilities: {restart: [shop]}
 ";
     let m = write(dir.path(), "m.yaml", &pin(manifest));
-    let cache = wasmwatch_testkit::plugin_target_dir().join("artifact-cache");
-    let out = wasmwatch(&[
-        "validate",
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        m.to_str().unwrap(),
-    ]);
+    let out = wasmwatch(&["validate", m.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
