@@ -27,7 +27,7 @@ fn manifest(entry: &str) -> Manifest {
 fn try_load(lookups: StaticLookups, entry: &str) -> Result<Plugin, LoadError> {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let config = RuntimeConfig {
-        cache_dir: Some(wasmwatch_testkit::plugin_target_dir().join("artifact-cache")),
+        cache_dir: Some(wasmwatch_testkit::artifact_cache_dir()),
         ..RuntimeConfig::default()
     };
     let rt = Runtime::new(config, Arc::new(lookups)).unwrap();

@@ -14,7 +14,7 @@ fn wasmwatch(args: &[&str]) -> Output {
         .env("RUST_LOG", "warn")
         .env(
             "WASMWATCH_CACHE_DIR",
-            wasmwatch_testkit::plugin_target_dir().join("artifact-cache"),
+            wasmwatch_testkit::artifact_cache_dir(),
         )
         .output()
         .expect("run wasmwatch")

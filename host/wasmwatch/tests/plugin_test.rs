@@ -6,10 +6,16 @@ use std::process::{Command, Output};
 
 use wasmwatch_testkit::{pin, repo_root};
 
+/// With the shared artifact cache: the Python and JavaScript twins are
+/// compiled once, not by every test at once (see cli.rs).
 fn wasmwatch(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
         .args(args)
         .env("RUST_LOG", "error")
+        .env(
+            "WASMWATCH_CACHE_DIR",
+            wasmwatch_testkit::artifact_cache_dir(),
+        )
         .output()
         .expect("run wasmwatch")
 }

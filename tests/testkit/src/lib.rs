@@ -50,6 +50,14 @@ pub fn plugin_target_dir() -> PathBuf {
     target.join("plugins")
 }
 
+/// The compiled-artifact cache the tests share (`WASMWATCH_CACHE_DIR`):
+/// artifacts are named by module digest and engine, so a module compiles
+/// once, not once per test or replica start (a JavaScript component takes
+/// tens of seconds in a debug build, a Python one ~10 s of all cores).
+pub fn artifact_cache_dir() -> PathBuf {
+    plugin_target_dir().join("artifact-cache")
+}
+
 /// Builds plugins/ (a no-op when nothing changed). Caveat for a target
 /// folder shared by two clones: cargo remembers `wit/plugin.wit` (outside
 /// the plugins workspace) by the absolute path of the clone that built last,

@@ -177,13 +177,7 @@ pub async fn service(
     }
 }
 
-/// The compiled-artifact cache every replica uses (`WASMWATCH_CACHE_DIR`),
-/// shared with the runtime's tests: artifacts are named by module digest
-/// and engine, so a module compiles once, not once per replica start (a
-/// JavaScript component takes tens of seconds in a debug build).
-pub fn artifact_cache_dir() -> std::path::PathBuf {
-    wasmwatch_testkit::plugin_target_dir().join("artifact-cache")
-}
+pub use wasmwatch_testkit::artifact_cache_dir;
 
 /// Spawns `cmd` (a `wasmwatch run`) with its stdout piped and waits up to
 /// `within` for its ready line (JSON with `"ready": true`). Returns the
