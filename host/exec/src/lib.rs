@@ -10,6 +10,7 @@
 
 pub mod http;
 pub mod pipeline;
+pub mod recorder;
 pub mod workload;
 
 use wasmwatch_core::ObjectKind;

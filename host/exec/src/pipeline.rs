@@ -60,21 +60,14 @@ pub trait Execute: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<(), ExecError>>;
 
     /// The action succeeded for these (coalesced) changes: tell someone (a
-    /// Kubernetes Event on each object). Errors here are only logged.
-    fn succeeded<'a>(&'a self, _origins: &'a [Origin], _action: &'a Action) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
-    }
+    /// Kubernetes Event on each object). Called after the changes' tickets
+    /// are finished; it must not wait (the target's next job waits for it):
+    /// queue the work, as [`crate::recorder::EventRecorder`] does.
+    fn succeeded(&self, _origins: &[Origin], _action: &Action) {}
 
     /// The action failed for good: tell someone (a Kubernetes Event on the
-    /// object). Errors here are only logged.
-    fn dead_letter<'a>(
-        &'a self,
-        _origin: &'a Origin,
-        _action: &'a Action,
-        _error: &'a ExecError,
-    ) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
-    }
+    /// object). Like [`Execute::succeeded`]: after the tickets, no waiting.
+    fn dead_letter(&self, _origin: &Origin, _action: &Action, _error: &ExecError) {}
 }
 
 /// Per plugin: how its actions are delivered (the manifest's `delivery`).
@@ -643,8 +636,9 @@ async fn execute_job<T>(shared: &Shared, key: &TargetKey, job: Pending<T>) {
             Outcome::Done => {
                 shared.stats.executed.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(action = job.action.type_name(), plugin = %origin.plugin, object = %format!("{}/{}", origin.namespace, origin.name), attempt, "action done");
-                shared.executor.succeeded(&job.origins, &job.action).await;
-                break;
+                finish(&job.tickets);
+                shared.executor.succeeded(&job.origins, &job.action);
+                return;
             }
             Outcome::Retrying { error, delay } => {
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
@@ -654,15 +648,20 @@ async fn execute_job<T>(shared: &Shared, key: &TargetKey, job: Pending<T>) {
             Outcome::DeadLettered { error } => {
                 shared.stats.dead_letters.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(action = job.action.type_name(), plugin = %origin.plugin, object = %format!("{}/{}", origin.namespace, origin.name), attempt, "action dead-lettered: {error}");
+                finish(&job.tickets);
                 for o in &job.origins {
-                    shared.executor.dead_letter(o, &job.action, &error).await;
+                    shared.executor.dead_letter(o, &job.action, &error);
                 }
-                break;
+                return;
             }
             Outcome::Abandoned => unreachable!("not produced here"),
         }
     }
-    for t in &job.tickets {
+}
+
+/// The job's changes are handled (as far as this action goes).
+fn finish<T>(tickets: &[Arc<TicketState<T>>]) {
+    for t in tickets {
         t.finish_one();
     }
 }

@@ -41,18 +41,11 @@ impl Execute for Recorder {
         })
     }
 
-    fn dead_letter<'a>(
-        &'a self,
-        origin: &'a Origin,
-        _action: &'a Action,
-        error: &'a ExecError,
-    ) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            self.dead
-                .lock()
-                .unwrap()
-                .push((origin.name.clone(), error.clone()));
-        })
+    fn dead_letter(&self, origin: &Origin, _action: &Action, error: &ExecError) {
+        self.dead
+            .lock()
+            .unwrap()
+            .push((origin.name.clone(), error.clone()));
     }
 }
 

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use wasmwatch_apiserver::{Config, Failure, Server, ServerHandle};
 use wasmwatch_core::ObjectKind;
 use wasmwatch_core::action::{EventType, WorkloadKind, WorkloadRef};
+use wasmwatch_exec::recorder::{DEFAULT_CAPACITY, DEFAULT_CONCURRENCY, EventRecorder};
 use wasmwatch_exec::workload::{
     KubeExecutor, RESTARTED_AT_ANNOTATION, RestartOutcome, hash_annotation_key,
 };
@@ -685,4 +686,86 @@ async fn restart_is_visible_to_other_clients() {
         Some("secret/db-creds:abc")
     );
     assert!(annotations.contains_key(RESTARTED_AT_ANNOTATION));
+}
+
+#[tokio::test]
+async fn the_recorder_writes_queued_events_in_the_background() {
+    let (_server, client) = start().await;
+    let cm = config_map(&client, "orders").await;
+    let recorder = EventRecorder::start(
+        std::sync::Arc::new(executor(&client)),
+        DEFAULT_CAPACITY,
+        DEFAULT_CONCURRENCY,
+        || panic!("nothing is dropped"),
+    );
+    for i in 0..50 {
+        assert!(recorder.record(
+            &origin(&cm),
+            EventType::Normal,
+            "Refreshed",
+            format!("refresh {i}")
+        ));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let events = events_about(&client, "orders").await;
+        if events.len() == 50 {
+            let mut messages: Vec<_> = events.iter().filter_map(|e| e.message.clone()).collect();
+            messages.sort();
+            messages.dedup();
+            assert_eq!(messages.len(), 50, "{messages:?}");
+            assert!(
+                events
+                    .iter()
+                    .all(|e| e.reason.as_deref() == Some("Refreshed"))
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of 50 Events written",
+            events.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(recorder.dropped(), 0);
+}
+
+/// An API server that accepts connections and never answers: the queue
+/// fills, and what does not fit is dropped and counted, never waited for.
+#[tokio::test]
+async fn a_full_event_queue_drops_and_counts_instead_of_waiting() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            open.push(conn);
+        }
+    });
+    let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+    let counted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let c = counted.clone();
+    let recorder = EventRecorder::start(std::sync::Arc::new(executor(&client)), 4, 1, move || {
+        c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "orders", "namespace": NS, "uid": "u1", "resourceVersion": "7"},
+    }))
+    .unwrap();
+    let started = std::time::Instant::now();
+    let mut refused = 0;
+    for i in 0..20 {
+        if !recorder.record(&origin(&cm), EventType::Normal, "Refreshed", format!("{i}")) {
+            refused += 1;
+        }
+        // Let the writer take the first one off the queue.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // One in flight (unanswered), four queued.
+    assert_eq!(refused, 15);
+    assert_eq!(recorder.dropped(), 15);
+    assert_eq!(counted.load(std::sync::atomic::Ordering::SeqCst), 15);
+    held.abort();
 }

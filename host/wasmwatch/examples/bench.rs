@@ -514,6 +514,15 @@ async fn throughput_with(
         (calls - calls0) / last_call.as_secs_f64(),
         state_writes as f64 / (per * 4) as f64
     );
+    if std::env::var_os("BENCH_DUMP").is_some() {
+        for l in scrape(r.admin)
+            .await
+            .lines()
+            .filter(|l| l.starts_with("wasmwatch_action") || l.starts_with("wasmwatch_dead"))
+        {
+            println!("  {l}");
+        }
+    }
     drop(r);
     c.server.shutdown().await;
 }

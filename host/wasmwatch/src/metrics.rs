@@ -122,6 +122,7 @@ pub struct Metrics {
     pub actions: Labelled<Counter>,
     pub action_retries: Labelled<Counter>,
     pub dead_letters: Labelled<Counter>,
+    pub k8s_events_dropped: Counter,
     pub queue_depth: Gauge,
     pub checkpoint_lag_versions: Gauge,
     pub checkpoint_lag_seconds: Gauge<f64, AtomicU64>,
@@ -183,6 +184,12 @@ impl Default for Metrics {
                 "wasmwatch_dead_letters",
                 "Actions given up after their retry budget or a permanent failure, per action type.",
                 &["type"],
+            ),
+            k8s_events_dropped: register(
+                r,
+                "wasmwatch_k8s_events_dropped",
+                "Kubernetes Events about actions (Refreshed, RefreshPublished, RefreshFailed) not written because the Event queue was full.",
+                Counter::default(),
             ),
             queue_depth: register(
                 r,
@@ -487,6 +494,7 @@ mod tests {
                 "wasmwatch_dead_letters_total",
                 "wasmwatch_events_handled_total",
                 "wasmwatch_events_received_total",
+                "wasmwatch_k8s_events_dropped_total",
                 "wasmwatch_leader",
                 "wasmwatch_leader_transitions_total",
                 "wasmwatch_plugin_duration_seconds_bucket",

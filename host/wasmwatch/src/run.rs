@@ -77,7 +77,10 @@ pub enum Reports {
 pub struct Executors {
     pub http: wasmwatch_exec::http::HttpExecutor,
     pub buses: wasmwatch_bus::Buses,
-    pub kube: wasmwatch_exec::workload::KubeExecutor,
+    pub kube: Arc<wasmwatch_exec::workload::KubeExecutor>,
+    /// The host's own Events (Refreshed, RefreshPublished, RefreshFailed),
+    /// off the delivery path.
+    pub events: wasmwatch_exec::recorder::EventRecorder,
 }
 
 impl Execute for Executors {
@@ -165,48 +168,29 @@ impl Execute for Executors {
         })
     }
 
-    fn succeeded<'a>(&'a self, origins: &'a [Origin], action: &'a Action) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            // Restarts record their own Events (only when a restart
-            // happened); Event actions are Events already.
-            let reason = match action {
-                Action::Http { .. } | Action::RefreshService { .. } => "Refreshed",
-                Action::Publish { .. } => "RefreshPublished",
-                Action::Restart { .. } | Action::Event { .. } => return,
-            };
-            for origin in origins {
-                let message = format!("{} (plugin {})", describe_action(action), origin.plugin);
-                if let Err(e) = self
-                    .kube
-                    .event(origin, EventType::Normal, reason, &message)
-                    .await
-                {
-                    tracing::warn!("cannot record the {reason} Event: {e}");
-                }
-            }
-        })
+    fn succeeded(&self, origins: &[Origin], action: &Action) {
+        // Restarts record their own Events (only when a restart
+        // happened); Event actions are Events already.
+        let reason = match action {
+            Action::Http { .. } | Action::RefreshService { .. } => "Refreshed",
+            Action::Publish { .. } => "RefreshPublished",
+            Action::Restart { .. } | Action::Event { .. } => return,
+        };
+        for origin in origins {
+            let message = format!("{} (plugin {})", describe_action(action), origin.plugin);
+            self.events
+                .record(origin, EventType::Normal, reason, message);
+        }
     }
 
-    fn dead_letter<'a>(
-        &'a self,
-        origin: &'a Origin,
-        action: &'a Action,
-        error: &'a ExecError,
-    ) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            let message = format!(
-                "{} by plugin {} failed for good: {error}",
-                action.type_name(),
-                origin.plugin
-            );
-            if let Err(e) = self
-                .kube
-                .event(origin, EventType::Warning, "RefreshFailed", &message)
-                .await
-            {
-                tracing::warn!("cannot record the dead-letter Event: {e}");
-            }
-        })
+    fn dead_letter(&self, origin: &Origin, action: &Action, error: &ExecError) {
+        let message = format!(
+            "{} by plugin {} failed for good: {error}",
+            action.type_name(),
+            origin.plugin
+        );
+        self.events
+            .record(origin, EventType::Warning, "RefreshFailed", message);
     }
 }
 
@@ -269,17 +253,31 @@ pub async fn run(
         });
     }
     let buses = wasmwatch_bus::Buses::new(&manifest.buses)?;
+    let metrics = Arc::new(Metrics::default());
+    let kube = Arc::new(wasmwatch_exec::workload::KubeExecutor::new(
+        client.clone(),
+        "wasmwatch",
+        &options.identity,
+    ));
+    let events = {
+        let metrics = metrics.clone();
+        wasmwatch_exec::recorder::EventRecorder::start(
+            kube.clone(),
+            wasmwatch_exec::recorder::DEFAULT_CAPACITY,
+            wasmwatch_exec::recorder::DEFAULT_CONCURRENCY,
+            move || {
+                metrics.k8s_events_dropped.inc();
+            },
+        )
+    };
     let executors = Arc::new(Executors {
         http: wasmwatch_exec::http::HttpExecutor::new(
             lookups.clone() as Arc<dyn Lookups>,
             Duration::from_secs(10),
         ),
         buses,
-        kube: wasmwatch_exec::workload::KubeExecutor::new(
-            client.clone(),
-            "wasmwatch",
-            &options.identity,
-        ),
+        kube,
+        events,
     });
 
     let ha = manifest.ha.clone();
@@ -287,7 +285,6 @@ pub async fn run(
         .namespace
         .clone()
         .unwrap_or_else(|| options.namespace.clone());
-    let metrics = Arc::new(Metrics::default());
     let (ready_tx, ready) = watch::channel(false);
     let (leadership_tx, leadership) = watch::channel(Leadership::default());
     let mut elector_parts = None;
@@ -860,10 +857,8 @@ impl PluginCall {
         if self.done.is_closed() {
             return;
         }
-        self.executors
-            .dead_letter(&self.origin, &action, &error)
-            .await;
         let _ = self.done.send(self.ticket);
+        self.executors.dead_letter(&self.origin, &action, &error);
     }
 
     async fn decide(&self) -> Result<wasmwatch_runtime::Decision, wasmwatch_runtime::PluginError> {

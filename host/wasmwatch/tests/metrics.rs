@@ -99,6 +99,7 @@ async fn metrics_parse_and_move_and_a_refresh_leaves_an_event_on_the_object() {
         "wasmwatch_plugin_duration_seconds",
         "wasmwatch_actions",
         "wasmwatch_dead_letters",
+        "wasmwatch_k8s_events_dropped",
         "wasmwatch_queue_depth",
         "wasmwatch_checkpoint_lag_seconds",
         "wasmwatch_leader",
