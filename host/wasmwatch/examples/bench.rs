@@ -675,6 +675,16 @@ async fn main() {
     if all || what == "throughput" {
         throughput().await;
     }
+    if what == "throughput-in-process" {
+        throughput_with(
+            "three bundled plugins, in-process writer",
+            &three_plugins(),
+            200,
+            20_000,
+            Writer::InProcess,
+        )
+        .await;
+    }
     if all || what == "memory" {
         memory().await;
     }
