@@ -4,11 +4,16 @@ use std::process::{Command, Output};
 
 use wasmwatch_testkit::{pin, repo_root};
 
-/// Runs the binary with the compiled-artifact cache the other tests share:
-/// otherwise every test compiles the Python plugin (~10 s of all cores
-/// each), and a config check starved by the others' compiles has missed its
-/// 100 ms deadline in CI.
+/// Runs the binary with the compiled-artifact cache the other tests share,
+/// the Python and JS twins compiled into it first, once: otherwise every
+/// test compiled the Python plugin at once (~10 s of all cores each), and a
+/// config check starved by the others' compiles missed its 100 ms deadline
+/// in CI.
 fn wasmwatch(args: &[&str]) -> Output {
+    wasmwatch_testkit::warm_artifact_cache(
+        Path::new(env!("CARGO_BIN_EXE_wasmwatch")),
+        &["python/http-refresh", "js/rollout-restart"],
+    );
     Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
         .args(args)
         .env("RUST_LOG", "warn")

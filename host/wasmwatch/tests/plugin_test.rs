@@ -9,6 +9,10 @@ use wasmwatch_testkit::{pin, repo_root};
 /// With the shared artifact cache: the Python and JavaScript twins are
 /// compiled once, not by every test at once (see cli.rs).
 fn wasmwatch(args: &[&str]) -> Output {
+    wasmwatch_testkit::warm_artifact_cache(
+        Path::new(env!("CARGO_BIN_EXE_wasmwatch")),
+        &["python/http-refresh", "js/rollout-restart"],
+    );
     Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
         .args(args)
         .env("RUST_LOG", "error")

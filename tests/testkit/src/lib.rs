@@ -58,6 +58,40 @@ pub fn artifact_cache_dir() -> PathBuf {
     plugin_target_dir().join("artifact-cache")
 }
 
+/// Compiles `components` (testkit names, e.g. `python/http-refresh`) into
+/// [`artifact_cache_dir`] with the `wasmwatch` binary at `bin`, once per
+/// test process, before its tests run the binary in parallel: a freshly
+/// built component is new to the cache, and tests that each compiled the
+/// same 19 MB Python module at once (~10 s of all cores each) starved one
+/// another's 100 ms config checks (a CI failure). Panics with the
+/// binary's output if the compile fails.
+pub fn warm_artifact_cache(bin: &Path, components: &[&str]) {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let mut manifest = String::from("apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nplugins:\n");
+        for (i, c) in components.iter().enumerate() {
+            manifest.push_str(&format!(
+                "  - name: warm-{i}\n    module: {{module:{c}}}\n    sha256: {{sha256:{c}}}\n    limits: {{timeout: 30s}}\n"
+            ));
+        }
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let path = dir.path().join("warm.yaml");
+        std::fs::write(&path, pin(&manifest)).expect("write the manifest");
+        let out = Command::new(bin)
+            .arg("validate")
+            .arg(&path)
+            .env("WASMWATCH_CACHE_DIR", artifact_cache_dir())
+            .env("RUST_LOG", "error")
+            .output()
+            .expect("run wasmwatch validate");
+        assert!(
+            out.status.success(),
+            "compiling {components:?} into the artifact cache: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}
+
 /// Builds plugins/ (a no-op when nothing changed). Caveat for a target
 /// folder shared by two clones: cargo remembers `wit/plugin.wit` (outside
 /// the plugins workspace) by the absolute path of the clone that built last,
