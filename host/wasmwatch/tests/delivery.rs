@@ -243,6 +243,7 @@ async fn python_http_refresh_posts_once_to_each_ready_pod_of_exactly_the_target_
 
 /// `component` (a testkit name) as the manifest's `http-refresh` plugin.
 async fn posts_once_to_each_ready_pod_of_exactly_the_target_apps(component: &str) {
+    warm_cache().await;
     let _load = LOAD.read().await;
     let manifest = HTTP_MANIFEST
         .replace("DEBOUNCE", "0s")
@@ -1025,21 +1026,19 @@ async fn js_rollout_restart_restarts_each_referencing_workload_once_per_content(
     restarts_each_referencing_workload_once_per_content("js/rollout-restart").await;
 }
 
-/// Compiles the manifest's plugins into the artifact cache the replicas use
-/// (`wasmwatch validate`), so that a replica's start does not wait for a
-/// compile: a JavaScript component takes tens of seconds in a debug build.
-fn warm_cache(manifest: &std::path::Path) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
-        .arg("validate")
-        .arg(manifest)
-        .env("WASMWATCH_CACHE_DIR", artifact_cache_dir())
-        .output()
-        .expect("run wasmwatch validate");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// Compiles the Python and JavaScript twins into the artifact cache the
+/// replicas use, once, before a replica starts: a JavaScript component takes
+/// tens of seconds in a debug build, and a replica loading one plugin while
+/// another test compiles the other could miss its 100 ms config check.
+async fn warm_cache() {
+    tokio::task::spawn_blocking(|| {
+        wasmwatch_testkit::warm_artifact_cache(
+            std::path::Path::new(env!("CARGO_BIN_EXE_wasmwatch")),
+            &["python/http-refresh", "js/rollout-restart"],
+        )
+    })
+    .await
+    .unwrap();
 }
 
 /// rollout-restart `module` (a testkit component name) under `wasmwatch run`.
@@ -1057,10 +1056,7 @@ plugins:
             .replace("MODULE", module)
     );
     let e = env(&manifest).await;
-    let m = e.manifest.clone();
-    tokio::task::spawn_blocking(move || warm_cache(&m))
-        .await
-        .unwrap();
+    warm_cache().await;
     let c = &e.client;
     let auto = json!({"reloader.stakater.com/auto": "true"});
     create(&e.cms, config_map("orders-config", false, json!({}), "1")).await;
