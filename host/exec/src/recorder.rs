@@ -19,6 +19,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use k8s_openapi::jiff::Timestamp;
 use tokio::sync::{Semaphore, mpsc};
 use wasmwatch_core::action::EventType;
 
@@ -31,6 +32,8 @@ pub const DEFAULT_CAPACITY: usize = 1000;
 pub const DEFAULT_CONCURRENCY: usize = 8;
 
 struct Record {
+    /// When it happened (the Event is written later).
+    at: Timestamp,
     origin: Origin,
     event_type: EventType,
     reason: &'static str,
@@ -63,7 +66,7 @@ impl EventRecorder {
                 let kube = kube.clone();
                 tokio::spawn(async move {
                     if let Err(e) = kube
-                        .event(&r.origin, r.event_type, r.reason, &r.message)
+                        .event_at(&r.origin, r.event_type, r.reason, &r.message, r.at)
                         .await
                     {
                         tracing::warn!("cannot record the {} Event: {e}", r.reason);
@@ -88,6 +91,7 @@ impl EventRecorder {
         message: String,
     ) -> bool {
         let r = Record {
+            at: Timestamp::now(),
             origin: origin.clone(),
             event_type,
             reason,
@@ -96,15 +100,16 @@ impl EventRecorder {
         match self.tx.try_send(r) {
             Ok(()) => true,
             Err(e) => {
-                let r = match e {
-                    mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
+                let (r, why) = match e {
+                    mpsc::error::TrySendError::Full(r) => (r, "Event queue full"),
+                    mpsc::error::TrySendError::Closed(r) => (r, "Event writer stopped"),
                 };
                 (self.on_drop)();
                 let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
                 if n.is_power_of_two() {
                     tracing::warn!(
                         dropped = n,
-                        "Event queue full: not recording the {} Event on {} {}/{} ({n} dropped so far)",
+                        "{why}: not recording the {} Event on {} {}/{} ({n} dropped so far)",
                         r.reason,
                         r.origin.kind.as_str(),
                         r.origin.namespace,

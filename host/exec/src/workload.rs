@@ -251,6 +251,20 @@ impl KubeExecutor {
         reason: &str,
         message: &str,
     ) -> Result<(), ExecError> {
+        self.event_at(origin, event_type, reason, message, Timestamp::now())
+            .await
+    }
+
+    /// [`KubeExecutor::event`] stamped with `at`, when what it reports
+    /// happened (a queued Event is written later).
+    pub async fn event_at(
+        &self,
+        origin: &Origin,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+        at: Timestamp,
+    ) -> Result<(), ExecError> {
         let object = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some(origin.kind.as_str().into()),
@@ -273,6 +287,7 @@ impl KubeExecutor {
             event_type,
             reason,
             message,
+            at,
         )
         .await
     }
@@ -301,10 +316,22 @@ impl KubeExecutor {
             field_path: None,
         };
         let what = format!("event {reason:?} on {}", describe(workload));
-        self.emit(&what, object, None, event_type, reason, message)
-            .await
+        self.emit(
+            &what,
+            object,
+            None,
+            event_type,
+            reason,
+            message,
+            Timestamp::now(),
+        )
+        .await
     }
 
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "private: the Event's fields, each a plain value"
+    )]
     async fn emit(
         &self,
         what: &str,
@@ -313,6 +340,7 @@ impl KubeExecutor {
         event_type: EventType,
         reason: &str,
         message: &str,
+        now: Timestamp,
     ) -> Result<(), ExecError> {
         let namespace = object.namespace.clone().unwrap_or_default();
         let name = object.name.clone().unwrap_or_default();
@@ -327,7 +355,6 @@ impl KubeExecutor {
             )));
         }
         let reason = truncate(reason, MAX_EVENT_REASON);
-        let now = Timestamp::now();
         let annotations = plugin.filter(|p| !p.is_empty()).map(|p| {
             [("wasmwatch.io/plugin".to_string(), p.to_string())]
                 .into_iter()

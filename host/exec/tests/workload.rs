@@ -706,6 +706,9 @@ async fn the_recorder_writes_queued_events_in_the_background() {
             format!("refresh {i}")
         ));
     }
+    // Nothing was written yet (this runtime has one thread and the loop
+    // did not yield): each Event must carry the time it was recorded.
+    let recorded_by = Timestamp::now();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let events = events_about(&client, "orders").await;
@@ -719,6 +722,10 @@ async fn the_recorder_writes_queued_events_in_the_background() {
                     .iter()
                     .all(|e| e.reason.as_deref() == Some("Refreshed"))
             );
+            for e in &events {
+                let at = e.event_time.as_ref().expect("eventTime").0;
+                assert!(at <= recorded_by, "{at} is after {recorded_by}");
+            }
             break;
         }
         assert!(

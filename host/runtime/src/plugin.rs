@@ -124,8 +124,16 @@ impl Runtime {
                 // The memory image (a memfd holding the initial memory) is
                 // otherwise made by the first instantiation, inside the
                 // config check's deadline: ~10 ms for a Python plugin's
-                // snapshot, more on a busy machine.
-                component.initialize_copy_on_write_image()?;
+                // snapshot, more on a busy machine. Best effort: sealing the
+                // memfd can fail for a moment (EBUSY while the kernel finds
+                // its pages pinned; seen once in CI for a 12 MB JS
+                // component), and then the first instantiation tries again.
+                if let Err(e) = component.initialize_copy_on_write_image() {
+                    tracing::warn!(
+                        module = %digest,
+                        "memory image not made at load, the first sandbox makes it: {e:#}"
+                    );
+                }
                 Ok::<_, wasmtime::Error>(component)
             })
             .await
