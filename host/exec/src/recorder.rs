@@ -15,9 +15,11 @@
 //! is full (the API server is slow or down, or a storm outruns it) the
 //! Event is dropped and counted, like client-go's broadcaster, which drops
 //! Events when its queue of 1000 is full; a warning names the dropped
-//! Event at the 1st, 2nd, 4th, 8th, ... drop.
+//! Event at the 1st, 2nd, 4th, 8th, ... drop. Each Event carries the time
+//! it was recorded, not written. At shutdown the host waits a little for
+//! the queue ([`EventRecorder::flush`], 500 ms, after the Lease is released).
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::{Semaphore, mpsc};
@@ -43,6 +45,8 @@ struct Record {
 /// Writes Events in the background; see the module docs.
 pub struct EventRecorder {
     tx: mpsc::Sender<Record>,
+    /// Queued or being written.
+    pending: Arc<AtomicUsize>,
     dropped: AtomicU64,
     on_drop: Box<dyn Fn() + Send + Sync>,
 }
@@ -58,12 +62,15 @@ impl EventRecorder {
     ) -> EventRecorder {
         let (tx, mut rx) = mpsc::channel::<Record>(capacity.max(1));
         let permits = Arc::new(Semaphore::new(concurrency.max(1)));
+        let pending = Arc::new(AtomicUsize::new(0));
+        let done = pending.clone();
         tokio::spawn(async move {
             loop {
                 // A free writer first: the queue holds what waits for one.
                 let permit = permits.clone().acquire_owned().await.expect("never closed");
                 let Some(r) = rx.recv().await else { break };
                 let kube = kube.clone();
+                let done = done.clone();
                 tokio::spawn(async move {
                     if let Err(e) = kube
                         .event_at(&r.origin, r.event_type, r.reason, &r.message, r.at)
@@ -71,12 +78,14 @@ impl EventRecorder {
                     {
                         tracing::warn!("cannot record the {} Event: {e}", r.reason);
                     }
+                    done.fetch_sub(1, Ordering::Relaxed);
                     drop(permit);
                 });
             }
         });
         EventRecorder {
             tx,
+            pending,
             dropped: AtomicU64::new(0),
             on_drop: Box::new(on_drop),
         }
@@ -97,9 +106,11 @@ impl EventRecorder {
             reason,
             message,
         };
+        self.pending.fetch_add(1, Ordering::Relaxed);
         match self.tx.try_send(r) {
             Ok(()) => true,
             Err(e) => {
+                self.pending.fetch_sub(1, Ordering::Relaxed);
                 let (r, why) = match e {
                     mpsc::error::TrySendError::Full(r) => (r, "Event queue full"),
                     mpsc::error::TrySendError::Closed(r) => (r, "Event writer stopped"),
@@ -119,6 +130,19 @@ impl EventRecorder {
                 false
             }
         }
+    }
+
+    /// Waits until every queued Event is written (or failed), at most
+    /// `within`; true when none is left. For shutdown, after the leader
+    /// Lease is released: Events recorded in the last moments are written
+    /// rather than dropped with the process.
+    pub async fn flush(&self, within: std::time::Duration) -> bool {
+        let idle = async {
+            while self.pending.load(Ordering::Relaxed) > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(within, idle).await.is_ok()
     }
 
     /// Events dropped so far.

@@ -709,6 +709,8 @@ async fn the_recorder_writes_queued_events_in_the_background() {
     // Nothing was written yet (this runtime has one thread and the loop
     // did not yield): each Event must carry the time it was recorded.
     let recorded_by = Timestamp::now();
+    assert!(recorder.flush(Duration::from_secs(10)).await);
+    assert_eq!(events_about(&client, "orders").await.len(), 50);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let events = events_about(&client, "orders").await;
@@ -774,5 +776,7 @@ async fn a_full_event_queue_drops_and_counts_instead_of_waiting() {
     assert_eq!(refused, 15);
     assert_eq!(recorder.dropped(), 15);
     assert_eq!(counted.load(std::sync::atomic::Ordering::SeqCst), 15);
+    // Shutdown does not wait for an API server that never answers.
+    assert!(!recorder.flush(Duration::from_millis(100)).await);
     held.abort();
 }

@@ -390,6 +390,16 @@ pub async fn run(
             let _ = elector_task.await;
         }
     }
+    // The last Events about actions done, bounded so that SIGTERM still
+    // ends within about a second.
+    if !service
+        .executors
+        .events
+        .flush(Duration::from_millis(500))
+        .await
+    {
+        tracing::warn!("shutting down with Events not yet written");
+    }
     admin.abort();
     Ok(())
 }
