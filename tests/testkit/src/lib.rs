@@ -66,8 +66,8 @@ pub fn artifact_cache_dir() -> PathBuf {
 /// another's 100 ms config checks (a CI failure). Panics with the
 /// binary's output if the compile fails.
 pub fn warm_artifact_cache(bin: &Path, components: &[&str]) {
-    static DONE: OnceLock<()> = OnceLock::new();
-    DONE.get_or_init(|| {
+    static DONE: OnceLock<Vec<String>> = OnceLock::new();
+    let warmed = DONE.get_or_init(|| {
         let mut manifest = String::from("apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nplugins:\n");
         for (i, c) in components.iter().enumerate() {
             manifest.push_str(&format!(
@@ -89,7 +89,12 @@ pub fn warm_artifact_cache(bin: &Path, components: &[&str]) {
             "compiling {components:?} into the artifact cache: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        components.iter().map(|c| c.to_string()).collect()
     });
+    assert_eq!(
+        warmed, components,
+        "one test process warms one list of components"
+    );
 }
 
 /// Builds plugins/ (a no-op when nothing changed). Caveat for a target
