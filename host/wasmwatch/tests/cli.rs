@@ -10,17 +10,9 @@ use wasmwatch_testkit::{pin, repo_root};
 /// config check starved by the others' compiles missed its 100 ms deadline
 /// in CI.
 fn wasmwatch(args: &[&str]) -> Output {
-    wasmwatch_testkit::warm_artifact_cache(
-        Path::new(env!("CARGO_BIN_EXE_wasmwatch")),
-        &["python/http-refresh", "js/rollout-restart"],
-    );
-    Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+    wasmwatch_testkit::wasmwatch_command(Path::new(env!("CARGO_BIN_EXE_wasmwatch")))
         .args(args)
         .env("RUST_LOG", "warn")
-        .env(
-            "WASMWATCH_CACHE_DIR",
-            wasmwatch_testkit::artifact_cache_dir(),
-        )
         .output()
         .expect("run wasmwatch")
 }

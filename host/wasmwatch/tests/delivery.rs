@@ -1033,10 +1033,9 @@ async fn js_rollout_restart_restarts_each_referencing_workload_once_per_content(
 /// another test compiles the other could miss its 100 ms config check.
 async fn warm_cache() {
     tokio::task::spawn_blocking(|| {
-        wasmwatch_testkit::warm_artifact_cache(
-            std::path::Path::new(env!("CARGO_BIN_EXE_wasmwatch")),
-            &["python/http-refresh", "js/rollout-restart"],
-        )
+        wasmwatch_testkit::warm_artifact_cache(std::path::Path::new(env!(
+            "CARGO_BIN_EXE_wasmwatch"
+        )))
     })
     .await
     .unwrap();

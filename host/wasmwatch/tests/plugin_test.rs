@@ -2,24 +2,16 @@
 //! (plugins/<plugin>/tests) are the behaviour every twin in another
 //! language must match: [`golden`] runs them against any built component.
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use wasmwatch_testkit::{pin, repo_root};
 
 /// With the shared artifact cache: the Python and JavaScript twins are
 /// compiled once, not by every test at once (see cli.rs).
 fn wasmwatch(args: &[&str]) -> Output {
-    wasmwatch_testkit::warm_artifact_cache(
-        Path::new(env!("CARGO_BIN_EXE_wasmwatch")),
-        &["python/http-refresh", "js/rollout-restart"],
-    );
-    Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+    wasmwatch_testkit::wasmwatch_command(Path::new(env!("CARGO_BIN_EXE_wasmwatch")))
         .args(args)
         .env("RUST_LOG", "error")
-        .env(
-            "WASMWATCH_CACHE_DIR",
-            wasmwatch_testkit::artifact_cache_dir(),
-        )
         .output()
         .expect("run wasmwatch")
 }

@@ -58,18 +58,21 @@ pub fn artifact_cache_dir() -> PathBuf {
     plugin_target_dir().join("artifact-cache")
 }
 
-/// Compiles `components` (testkit names, e.g. `python/http-refresh`) into
-/// [`artifact_cache_dir`] with the `wasmwatch` binary at `bin`, once per
-/// test process, before its tests run the binary in parallel: a freshly
-/// built component is new to the cache, and tests that each compiled the
-/// same 19 MB Python module at once (~10 s of all cores each) starved one
-/// another's 100 ms config checks (a CI failure). Panics with the
-/// binary's output if the compile fails.
-pub fn warm_artifact_cache(bin: &Path, components: &[&str]) {
-    static DONE: OnceLock<Vec<String>> = OnceLock::new();
-    let warmed = DONE.get_or_init(|| {
+/// The plugins built by another language's toolchain, slow to compile.
+const TWINS: &[&str] = &["python/http-refresh", "js/rollout-restart"];
+
+/// Compiles the Python and JavaScript twins into [`artifact_cache_dir`]
+/// with the `wasmwatch` binary at `bin`, once per test process, before its
+/// tests run the binary in parallel: a freshly built component is new to
+/// the cache, and tests that each compiled the same 19 MB Python module at
+/// once (~10 s of all cores each) starved one another's 100 ms config
+/// checks (a CI failure). Panics with the binary's output if the compile
+/// fails.
+pub fn warm_artifact_cache(bin: &Path) {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
         let mut manifest = String::from("apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nplugins:\n");
-        for (i, c) in components.iter().enumerate() {
+        for (i, c) in TWINS.iter().enumerate() {
             manifest.push_str(&format!(
                 "  - name: warm-{i}\n    module: {{module:{c}}}\n    sha256: {{sha256:{c}}}\n    limits: {{timeout: 30s}}\n"
             ));
@@ -86,15 +89,19 @@ pub fn warm_artifact_cache(bin: &Path, components: &[&str]) {
             .expect("run wasmwatch validate");
         assert!(
             out.status.success(),
-            "compiling {components:?} into the artifact cache: {}",
+            "compiling {TWINS:?} into the artifact cache: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        components.iter().map(|c| c.to_string()).collect()
     });
-    assert_eq!(
-        warmed, components,
-        "one test process warms one list of components"
-    );
+}
+
+/// The `wasmwatch` binary at `bin` as the CLI tests run it: with the shared
+/// artifact cache, warmed first ([`warm_artifact_cache`]).
+pub fn wasmwatch_command(bin: &Path) -> Command {
+    warm_artifact_cache(bin);
+    let mut cmd = Command::new(bin);
+    cmd.env("WASMWATCH_CACHE_DIR", artifact_cache_dir());
+    cmd
 }
 
 /// Builds plugins/ (a no-op when nothing changed). Caveat for a target
