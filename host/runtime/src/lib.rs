@@ -3,7 +3,8 @@
 //! ```text
 //! Runtime::new ── one Engine (pooling allocator, epoch interruption),
 //!                 one Linker (host interface + zero-authority WASI),
-//!                 an epoch ticker thread, a compiled-artifact cache
+//!                 an epoch ticker thread (ticking while calls run),
+//!                 a compiled-artifact cache
 //!     │
 //!     ▼
 //! Runtime::load(entry) ── read module, check sha256, refuse non-components,
@@ -29,6 +30,7 @@ mod convert;
 mod error;
 mod plugin;
 mod sandbox;
+mod ticker;
 
 pub use error::{LoadError, PluginError};
 pub use plugin::{CheckedAction, Decision, Plugin};

@@ -342,6 +342,9 @@ impl Plugin {
         // never closed.
         let _mine = self.permits.acquire().await.expect("permits never close");
         let _slot = inner.permits.acquire().await.expect("permits never close");
+        // The epoch advances while this guard lives, so the deadline below
+        // reaches wasm code (the ticker sleeps between calls).
+        let _ticking = inner.ticker.ticking();
         let stdout = MemoryOutputPipe::new(PIPE_CAPACITY);
         let stderr = MemoryOutputPipe::new(PIPE_CAPACITY);
         let wasi = zero_authority_wasi(stdout.clone(), stderr.clone());

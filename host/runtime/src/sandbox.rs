@@ -1,6 +1,5 @@
 //! The engine, the linker and the per-call sandbox state.
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -14,6 +13,7 @@ use wasmwatch_core::text::{MAX_MESSAGE_BYTES, bounded_line};
 
 use crate::bindings::{self, wit};
 use crate::convert;
+use crate::ticker::EpochTicker;
 
 /// How the runtime is set up. One runtime serves every plugin of a host.
 #[derive(Debug, Clone)]
@@ -27,7 +27,9 @@ pub struct RuntimeConfig {
     /// hostile plugin cannot take every slot from the others. Size
     /// `max_concurrency` as this times the number of plugins.
     pub plugin_concurrency: u32,
-    /// Granularity of the epoch deadline.
+    /// Granularity of the epoch deadline: how often a running call meets
+    /// its deadline check (and yields). The epoch only advances while a
+    /// call runs.
     pub epoch_tick: Duration,
 }
 
@@ -56,7 +58,8 @@ pub(crate) struct RuntimeInner {
     pub lookups: Arc<dyn Lookups>,
     /// Free sandbox slots, across all plugins.
     pub permits: Arc<tokio::sync::Semaphore>,
-    ticker_stop: Arc<AtomicBool>,
+    /// Advances the epoch while calls run (`ticker.ticking()` in `Plugin::call`).
+    pub ticker: EpochTicker,
     /// Drives the blocking entry points ([`Runtime::load_blocking`],
     /// `Plugin::handle_blocking`) for callers outside any async runtime.
     blocking: OnceLock<tokio::runtime::Runtime>,
@@ -64,7 +67,6 @@ pub(crate) struct RuntimeInner {
 
 impl Drop for RuntimeInner {
     fn drop(&mut self) {
-        self.ticker_stop.store(true, Ordering::Relaxed);
         // Never blocks, so the last clone may be dropped in async code too.
         if let Some(rt) = self.blocking.take() {
             rt.shutdown_background();
@@ -123,20 +125,7 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         bindings::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)?;
 
-        let ticker_stop = Arc::new(AtomicBool::new(false));
-        {
-            let engine = engine.clone();
-            let stop = ticker_stop.clone();
-            let tick = config.epoch_tick;
-            std::thread::Builder::new()
-                .name("wasm-epoch".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(tick);
-                        engine.increment_epoch();
-                    }
-                })?;
-        }
+        let ticker = EpochTicker::start(engine.clone(), config.epoch_tick)?;
         if let Some(dir) = &config.cache_dir {
             crate::cache::prepare_dir(dir)?;
         }
@@ -147,7 +136,7 @@ impl Runtime {
                 permits: Arc::new(tokio::sync::Semaphore::new(n as usize)),
                 config,
                 lookups,
-                ticker_stop,
+                ticker,
                 blocking: OnceLock::new(),
             }),
         })
