@@ -292,6 +292,39 @@ impl KubeExecutor {
         .await
     }
 
+    /// A Kubernetes Event of the host itself on a Lease (the state Lease
+    /// it could not read, for one).
+    pub async fn lease_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<String>,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ExecError> {
+        let object = ObjectReference {
+            api_version: Some("coordination.k8s.io/v1".into()),
+            kind: Some("Lease".into()),
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            uid,
+            resource_version: None,
+            field_path: None,
+        };
+        let what = format!("event {reason:?} on Lease {namespace}/{name}");
+        self.emit(
+            &what,
+            object,
+            None,
+            event_type,
+            reason,
+            message,
+            Timestamp::now(),
+        )
+        .await
+    }
+
     /// A Kubernetes Event on a workload (its uid when `restart` saw it).
     pub async fn workload_event(
         &self,

@@ -98,6 +98,29 @@ pub struct Claimed {
     /// Per kind, the stored index of handled objects (all namespaces); split
     /// it per stream with [`ObjectIndex::namespace`].
     pub indexes: BTreeMap<ObjectKind, ObjectIndex>,
+    /// Kinds whose stored checkpoints could not be read, with what was
+    /// wrong (naming the annotation). Nobody can tell which of their
+    /// changes were handled, so their streams must deliver every object
+    /// once (at least once, never lost). The store leaves the annotation
+    /// as found until [`CheckpointStore::save`] is given checkpoints of that
+    /// kind, so a leader failing before then leaves the same instruction to
+    /// the next one.
+    pub unreadable: BTreeMap<ObjectKind, String>,
+    /// Other parts found unreadable and set aside: a term (overwritten by
+    /// this claim), an index shard count or an index (its kind resyncs
+    /// without one, which redelivers more after a 410 but loses nothing).
+    pub set_aside: Vec<String>,
+}
+
+impl Claimed {
+    /// Everything found unreadable, one line each (for the log and an Event).
+    pub fn problems(&self) -> Vec<String> {
+        self.unreadable
+            .values()
+            .chain(&self.set_aside)
+            .cloned()
+            .collect()
+    }
 }
 
 /// The annotation holding one kind's checkpoints.
@@ -117,6 +140,11 @@ pub struct Checkpoints {
 impl Checkpoints {
     pub fn get(&self, kind: ObjectKind, namespace: &str) -> Option<&str> {
         self.versions.get(&kind)?.get(namespace).map(String::as_str)
+    }
+
+    /// Forgets every checkpoint of `kind`.
+    pub fn clear(&mut self, kind: ObjectKind) {
+        self.versions.remove(&kind);
     }
 
     pub fn set(&mut self, kind: ObjectKind, namespace: &str, version: &str) {
@@ -203,6 +231,9 @@ pub struct CheckpointStore {
     /// index of this term, encoded (text is several times smaller than the
     /// index's maps, and this copy is kept for the whole term).
     indexes: BTreeMap<ObjectKind, BTreeMap<String, String>>,
+    /// Kinds whose checkpoints were unreadable at the claim: their
+    /// annotation stays as found until a save carries checkpoints of theirs.
+    unreadable: std::collections::BTreeSet<ObjectKind>,
 }
 
 impl CheckpointStore {
@@ -223,13 +254,20 @@ impl CheckpointStore {
             lease: None,
             claimed: BTreeMap::new(),
             indexes: BTreeMap::new(),
+            unreadable: Default::default(),
         }
+    }
+
+    /// The state Lease's UID once claimed.
+    pub fn uid(&self) -> Option<String> {
+        self.lease.as_ref()?.metadata.uid.clone()
     }
 
     /// Claims the state for this term (creating the Lease on first use) and
     /// returns the stored checkpoints. Fails with `Fenced` if the state
     /// already belongs to a newer term.
     pub async fn claim(&mut self) -> Result<Claimed, CheckpointError> {
+        let mut set_aside = Vec::new();
         let mut lease = match self.api.get_opt(&self.name).await? {
             Some(l) => l,
             None => {
@@ -280,35 +318,41 @@ impl CheckpointStore {
                     return Err(CheckpointError::Fenced(stored.clone()));
                 }
                 Some(_) => {}
-                None => {
-                    return Err(CheckpointError::Corrupt {
-                        lease: self.name.clone(),
-                        message: format!(
-                            "{TERM_ANNOTATION}: cannot read {stored:?}, expected holder/transitions"
-                        ),
-                    });
-                }
+                // Unreadable: no term to be fenced by. This claim writes
+                // ours over it; a leader still writing with the old one
+                // conflicts on the resourceVersion all the same.
+                None => set_aside.push(format!(
+                    "{TERM_ANNOTATION}: cannot read {stored:?}, expected holder/transitions; replaced by this leader's term"
+                )),
             }
         }
         let mut checkpoints = Checkpoints::default();
+        let mut unreadable = BTreeMap::new();
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
-            if let Some(v) = annotations.get(annotation_key(kind)) {
-                checkpoints
-                    .parse_into(kind, v)
-                    .map_err(|message| CheckpointError::Corrupt {
-                        lease: self.name.clone(),
-                        message,
-                    })?;
+            if let Some(v) = annotations.get(annotation_key(kind))
+                && let Err(message) = checkpoints.parse_into(kind, v)
+            {
+                // Entries before the bad one are not trusted either.
+                checkpoints.clear(kind);
+                unreadable.insert(
+                    kind,
+                    format!("{message}; every {} is delivered once", kind.as_str()),
+                );
             }
         }
         let mut shard_counts = BTreeMap::new();
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
             if let Some(v) = annotations.get(shards_key(kind)) {
-                let n: usize = v.parse().map_err(|_| CheckpointError::Corrupt {
-                    lease: self.name.clone(),
-                    message: format!("{}: {v:?} is not a shard count", shards_key(kind)),
-                })?;
-                shard_counts.insert(kind, n);
+                match v.parse::<usize>() {
+                    Ok(n) => {
+                        shard_counts.insert(kind, n);
+                    }
+                    Err(_) => set_aside.push(format!(
+                        "{}: {v:?} is not a shard count; the {} index is not used",
+                        shards_key(kind),
+                        kind.as_str()
+                    )),
+                }
             }
         }
         annotations.insert(TERM_ANNOTATION.to_string(), self.term.to_string());
@@ -326,13 +370,24 @@ impl CheckpointStore {
         // it still wrote is safe anyway, see the module docs).
         let mut indexes = BTreeMap::new();
         for (kind, n) in shard_counts {
-            let (index, text) = self.read_index(kind, n).await?;
-            self.claimed.insert(kind, text);
-            indexes.insert(kind, index);
+            match self.read_index(kind, n).await {
+                Ok((index, text)) => {
+                    self.claimed.insert(kind, text);
+                    indexes.insert(kind, index);
+                }
+                Err(CheckpointError::Corrupt { lease, message }) => set_aside.push(format!(
+                    "index Lease {lease}: {message}; the {} index is not used",
+                    kind.as_str()
+                )),
+                Err(e) => return Err(e),
+            }
         }
+        self.unreadable = unreadable.keys().copied().collect();
         Ok(Claimed {
             checkpoints,
             indexes,
+            unreadable,
+            set_aside,
         })
     }
 
@@ -481,10 +536,19 @@ impl CheckpointStore {
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
             match checkpoints.format(kind) {
                 Some(v) => annotations.insert(annotation_key(kind).to_string(), v),
+                // Unreadable at the claim and nothing of this kind handled
+                // yet: leave it, so that the next leader delivers
+                // everything again rather than taking a baseline.
+                None if self.unreadable.contains(&kind) => None,
                 None => annotations.remove(annotation_key(kind)),
             };
         }
         self.lease = Some(self.replace(&lease).await?);
+        for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+            if checkpoints.format(kind).is_some() {
+                self.unreadable.remove(&kind);
+            }
+        }
         Ok(())
     }
 
@@ -696,6 +760,14 @@ impl Progress {
 
     pub fn checkpoints(&self) -> &Checkpoints {
         &self.checkpoints
+    }
+
+    /// Whether every stream of `kind` has a checkpoint.
+    pub fn has_checkpoints(&self, kind: ObjectKind) -> bool {
+        self.streams
+            .iter()
+            .filter(|s| s.kind == Some(kind))
+            .all(|s| self.checkpoints.get(kind, &s.namespace).is_some())
     }
 
     /// Whether the checkpoints moved since the last call.

@@ -150,6 +150,16 @@ impl WatchLoop {
         }
     }
 
+    /// A loop that lists first and delivers every object as changed (a
+    /// resync against an empty index), then watches: for a kind whose
+    /// checkpoints could not be read, where nobody can tell which changes
+    /// were handled.
+    pub fn deliver_all(client: kube::Client, target: WatchTarget) -> WatchLoop {
+        let mut wl = WatchLoop::new(client, target, None);
+        wl.state = State::Relist;
+        wl
+    }
+
     /// The collection's current resourceVersion (a list of one item): a new
     /// leader marks the changes up to it as replays of what happened while
     /// nobody led.

@@ -160,28 +160,129 @@ async fn a_stale_leader_cannot_write_after_a_successor_claimed() {
     assert!(err.to_string().contains("pod-b/4"), "{err}");
 }
 
+async fn state_lease_with(server: &ServerHandle, annotations: serde_json::Value) {
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "wasmwatch-state", "annotations": annotations}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &lease).await.unwrap();
+}
+
 #[tokio::test]
-async fn an_unreadable_state_is_reported_not_overwritten() {
+async fn unreadable_checkpoints_are_reported_and_kept_until_that_kind_is_saved() {
     let server = Server::start(Config::default()).await.unwrap();
-    let client = server.client().unwrap();
-    let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-        kube::Api::namespaced(client, "default");
-    let lease: k8s_openapi::api::coordination::v1::Lease =
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "wasmwatch-state",
-                         "annotations": {"wasmwatch.io/configmap-resource-version": "default"}}
-        }))
-        .unwrap();
-    api.create(&Default::default(), &lease).await.unwrap();
-    let err = store(&server, term("pod-a", 1)).claim().await.unwrap_err();
+    state_lease_with(
+        &server,
+        serde_json::json!({
+            "wasmwatch.io/configmap-resource-version": "prod=7,default",
+            "wasmwatch.io/secret-resource-version": "default=5",
+        }),
+    )
+    .await;
+    let mut a = store(&server, term("pod-a", 1));
+    let claimed = a.claim().await.unwrap();
+    // The ConfigMaps' checkpoints are all dropped (not just the bad entry);
+    // the Secrets' stay.
     assert_eq!(
-        err.to_string(),
-        "state Lease wasmwatch-state: wasmwatch.io/configmap-resource-version: invalid entry \"default\", expected namespace=resourceVersion"
+        claimed
+            .unreadable
+            .get(&ObjectKind::ConfigMap)
+            .map(String::as_str),
+        Some(
+            "wasmwatch.io/configmap-resource-version: invalid entry \"default\", expected namespace=resourceVersion; every ConfigMap is delivered once"
+        )
     );
+    assert_eq!(claimed.checkpoints.get(ObjectKind::ConfigMap, "prod"), None);
+    assert_eq!(
+        claimed.checkpoints.get(ObjectKind::Secret, "default"),
+        Some("5")
+    );
+    assert_eq!(claimed.problems().len(), 1);
+    // The claim wrote the term and left the unreadable value.
+    assert_eq!(annotation(&server, "wasmwatch.io/term"), "pod-a/1");
     assert_eq!(
         annotation(&server, "wasmwatch.io/configmap-resource-version"),
-        "default"
+        "prod=7,default"
     );
+
+    // A save without ConfigMap checkpoints (their streams are still
+    // delivering) leaves it: a successor must deliver everything again.
+    let mut cps = claimed.checkpoints.clone();
+    cps.set(ObjectKind::Secret, "default", "9");
+    a.save(&cps, &[]).await.unwrap();
+    assert_eq!(
+        annotation(&server, "wasmwatch.io/configmap-resource-version"),
+        "prod=7,default"
+    );
+    assert_eq!(
+        annotation(&server, "wasmwatch.io/secret-resource-version"),
+        "default=9"
+    );
+    let b = store(&server, term("pod-b", 2)).claim().await.unwrap();
+    assert!(b.unreadable.contains_key(&ObjectKind::ConfigMap));
+
+    // Once saved with ConfigMap checkpoints, the value is replaced and the
+    // next leader resumes from it.
+    let mut c = store(&server, term("pod-c", 3));
+    c.claim().await.unwrap();
+    cps.set(ObjectKind::ConfigMap, "default", "20");
+    cps.set(ObjectKind::ConfigMap, "prod", "21");
+    c.save(&cps, &[]).await.unwrap();
+    assert_eq!(
+        annotation(&server, "wasmwatch.io/configmap-resource-version"),
+        "default=20,prod=21"
+    );
+    // And a later save without them removes them as usual.
+    c.save(&Default::default(), &[]).await.unwrap();
+    assert!(annotation(&server, "wasmwatch.io/configmap-resource-version").is_null());
+    let d = store(&server, term("pod-d", 4)).claim().await.unwrap();
+    assert!(d.unreadable.is_empty(), "{:?}", d.problems());
+}
+
+#[tokio::test]
+async fn an_unreadable_term_shard_count_or_index_is_set_aside() {
+    let server = Server::start(Config::default()).await.unwrap();
+    state_lease_with(
+        &server,
+        serde_json::json!({
+            "wasmwatch.io/term": "garbage",
+            "wasmwatch.io/configmap-resource-version": "default=5",
+            "wasmwatch.io/configmap-index-shards": "many",
+            "wasmwatch.io/secret-index-shards": "1",
+        }),
+    )
+    .await;
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    let shard: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "wasmwatch-state-index-secret-0",
+                     "annotations": {"wasmwatch.io/index": "not an index line\n"}}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &shard).await.unwrap();
+
+    let claimed = store(&server, term("pod-a", 1)).claim().await.unwrap();
+    assert!(claimed.unreadable.is_empty());
+    assert!(claimed.indexes.is_empty());
+    assert_eq!(
+        claimed.checkpoints.get(ObjectKind::ConfigMap, "default"),
+        Some("5")
+    );
+    let problems = claimed.problems();
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(
+        problems[0].starts_with("wasmwatch.io/term: cannot read \"garbage\""),
+        "{problems:?}"
+    );
+    assert_eq!(
+        problems[1],
+        "wasmwatch.io/configmap-index-shards: \"many\" is not a shard count; the ConfigMap index is not used"
+    );
+    assert!(
+        problems[2].starts_with("index Lease wasmwatch-state-index-secret-0: "),
+        "{problems:?}"
+    );
+    assert_eq!(annotation(&server, "wasmwatch.io/term"), "pod-a/1");
 }
 
 fn index(lines: &[(&str, u128)]) -> ObjectIndex {

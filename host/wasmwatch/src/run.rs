@@ -454,6 +454,43 @@ enum End {
 }
 
 impl Service {
+    /// Logs what of the state Lease could not be read and puts a Warning
+    /// Event on it (in the background: leading does not wait for it).
+    fn report_unreadable_state(
+        &self,
+        store: &CheckpointStore,
+        claimed: &wasmwatch_kube::checkpoint::Claimed,
+    ) {
+        let problems = claimed.problems();
+        if problems.is_empty() {
+            return;
+        }
+        let lease = &self.manifest.ha.state_lease_name;
+        for p in &problems {
+            tracing::error!(lease = %lease, "state Lease unreadable: {p}");
+        }
+        let kube = self.executors.kube.clone();
+        let namespace = self.lease_namespace.clone();
+        let name = lease.clone();
+        let uid = store.uid();
+        let message = problems.join("; ");
+        tokio::spawn(async move {
+            if let Err(e) = kube
+                .lease_event(
+                    &namespace,
+                    &name,
+                    uid,
+                    EventType::Warning,
+                    "StateUnreadable",
+                    &message,
+                )
+                .await
+            {
+                tracing::warn!("cannot record the StateUnreadable Event: {e}");
+            }
+        });
+    }
+
     /// Leads until leadership is lost (returns false) or shutdown (true).
     async fn lead(
         self: &Arc<Self>,
@@ -499,14 +536,21 @@ impl Service {
                     }
                 }
             }
+            if let Some(c) = &claimed {
+                self.report_unreadable_state(&s, c);
+            }
             saver = Some(Saver {
                 store: s,
                 unsaved: false,
                 indexes: Vec::new(),
+                unreadable: claimed
+                    .as_ref()
+                    .map(|c| c.unreadable.keys().copied().collect())
+                    .unwrap_or_default(),
             });
         }
-        let (checkpoints, indexes) = match claimed {
-            Some(c) => (c.checkpoints, c.indexes),
+        let (checkpoints, indexes, unreadable) = match claimed {
+            Some(c) => (c.checkpoints, c.indexes, c.unreadable),
             None => Default::default(),
         };
         let mut progress = Progress::new(checkpoints.clone());
@@ -521,6 +565,9 @@ impl Service {
         let mut replay_until: HashMap<usize, u64> = HashMap::new();
         // Streams without a stored checkpoint: their baseline is saved at once.
         let mut unsaved_baseline = std::collections::HashSet::new();
+        // Streams delivering every object once (their kind's checkpoints
+        // were unreadable): replays until their first progress.
+        let mut delivering_all = std::collections::HashSet::new();
         let namespaces: Vec<Option<String>> = match watched_namespaces(&self.manifest) {
             None => vec![None],
             Some(list) => list.into_iter().map(Some).collect(),
@@ -542,10 +589,16 @@ impl Service {
                 };
                 let from = checkpoints.get(*kind, &ns_key).map(str::to_string);
                 let resuming = from.is_some();
-                if !resuming {
-                    unsaved_baseline.insert(id);
-                }
-                let mut wl = WatchLoop::new(self.client.clone(), target, from);
+                let mut wl = if unreadable.contains_key(kind) {
+                    delivering_all.insert(id);
+                    replay_until.insert(id, u64::MAX);
+                    WatchLoop::deliver_all(self.client.clone(), target)
+                } else {
+                    if !resuming {
+                        unsaved_baseline.insert(id);
+                    }
+                    WatchLoop::new(self.client.clone(), target, from)
+                };
                 // Changes up to the version current now happened while
                 // nobody led: they reach the plugins with `replay` set.
                 if resuming
@@ -674,6 +727,9 @@ impl Service {
                         }
                         Output::Progress { resource_version } => {
                             progress.progress(id, &resource_version);
+                            if delivering_all.remove(&id) {
+                                replay_until.remove(&id);
+                            }
                             // A stream's first checkpoint (its baseline) is
                             // written before any of its changes is handled:
                             // a successor finding none would take a baseline
@@ -915,6 +971,11 @@ struct Saver {
     store: CheckpointStore,
     unsaved: bool,
     indexes: Vec<wasmwatch_kube::checkpoint::StreamIndex>,
+    /// Kinds whose checkpoints were unreadable at the claim: none of theirs
+    /// is written until every stream of the kind has one, so that a
+    /// successor never finds some namespaces missing (it would take a
+    /// baseline there and miss what this term had not delivered yet).
+    unreadable: std::collections::BTreeSet<ObjectKind>,
 }
 
 impl Saver {
@@ -939,7 +1000,12 @@ impl Saver {
         if !still_leading() {
             return Err(CheckpointError::Fenced("the fence is closed".into()));
         }
-        match self.store.save(progress.checkpoints(), &self.indexes).await {
+        self.unreadable.retain(|k| !progress.has_checkpoints(*k));
+        let mut checkpoints = std::borrow::Cow::Borrowed(progress.checkpoints());
+        for kind in &self.unreadable {
+            checkpoints.to_mut().clear(*kind);
+        }
+        match self.store.save(&checkpoints, &self.indexes).await {
             Ok(()) => {
                 metrics.checkpoint_writes.inc(&["ok"]);
                 self.unsaved = false;

@@ -389,3 +389,90 @@ async fn a_first_leader_stores_its_baseline_before_handling_changes() {
     .await;
     eprintln!("baseline checkpoint stored {took:?} after leading");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_state_lease_makes_the_leader_deliver_everything_once_and_repair_it() {
+    let _alone = ALONE.lock().await;
+    let c = cluster().await;
+    // A hand-edited state Lease: a checkpoint and a term nobody can read.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(c.client.clone(), "default");
+    let state = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "wasmwatch-state", "annotations": {
+            "wasmwatch.io/configmap-resource-version": "shop=12,oops",
+            "wasmwatch.io/term": "garbage",
+        }}
+    }))
+    .unwrap();
+    leases.create(&PostParams::default(), &state).await.unwrap();
+
+    // Nobody can tell which changes were handled: every watched ConfigMap
+    // is delivered once (orders and billing), as a replay.
+    let a = Replica::start(&c.kubeconfig, &c.manifest, "replica-a");
+    eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
+    eventually(
+        Duration::from_secs(10),
+        "every app refreshed once",
+        || async { orders_hits(&c) == vec![1, 1] && c.billing.hits(REFRESH) == 1 },
+    )
+    .await;
+    // The operator is told on the state Lease itself.
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(c.client.clone(), "default");
+    let warning = eventually(Duration::from_secs(5), "StateUnreadable Event", || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("StateUnreadable")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.involved_object.kind.as_deref() == Some("Lease")
+                    && e.involved_object.name.as_deref() == Some("wasmwatch-state")
+            })
+    })
+    .await;
+    let message = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("StateUnreadable"))
+        .and_then(|e| e.message)
+        .unwrap();
+    assert!(
+        message.contains(
+            "wasmwatch.io/configmap-resource-version: invalid entry \"oops\", expected namespace=resourceVersion; every ConfigMap is delivered once"
+        ) && message.contains("wasmwatch.io/term: cannot read \"garbage\""),
+        "{message}"
+    );
+    // The state is repaired: a readable checkpoint past every object.
+    let rv = set(&c.cms, "orders", "2").await;
+    eventually(Duration::from_secs(10), "the next change, once", || async {
+        orders_hits(&c) == vec![2, 2]
+    })
+    .await;
+    eventually(Duration::from_secs(5), "a readable checkpoint", || async {
+        checkpoint(&c.client, "shop").await.is_some_and(|v| v >= rv)
+    })
+    .await;
+    assert_eq!(c.billing.hits(REFRESH), 1, "billing did not change again");
+
+    // A successor resumes from the repaired state: nothing is delivered again.
+    let b = Replica::start(&c.kubeconfig, &c.manifest, "replica-b");
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    eventually(Duration::from_secs(15), "replica-b leads", || b.leading()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        orders_hits(&c),
+        vec![2, 2],
+        "nothing redelivered after repair"
+    );
+    assert_eq!(c.billing.hits(REFRESH), 1);
+    eprintln!("StateUnreadable Event after {warning:?}");
+}
