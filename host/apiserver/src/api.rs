@@ -392,6 +392,12 @@ fn update_with(
 
 pub fn replace(sh: &Shared, t: &Target, q: &Query, body: Value) -> Result<Reply, ApiError> {
     let rt = t.rt();
+    if sh
+        .faults
+        .take_replace_failure(rt.plural, t.ns(), t.name(), &body)
+    {
+        return Err(ApiError::internal("injected fault"));
+    }
     let wanted = body
         .pointer("/metadata/resourceVersion")
         .and_then(Value::as_str)

@@ -54,6 +54,15 @@ pub(crate) struct FaultState {
     conflicts: Mutex<HashMap<(String, String, String), u32>>,
     watch_close: watch::Sender<(u64, WatchClose)>,
     control: mpsc::UnboundedSender<Control>,
+    replace_failures_armed: AtomicBool,
+    replace_failures: Mutex<Vec<ReplaceFailure>>,
+}
+
+/// Replaces of one object to refuse while their new body matches.
+struct ReplaceFailure {
+    object: (String, String, String),
+    left: u32,
+    matches: Box<dyn Fn(&serde_json::Value) -> bool + Send + Sync>,
 }
 
 impl Faults {
@@ -69,6 +78,8 @@ impl Faults {
                 conflicts: Mutex::new(HashMap::new()),
                 watch_close,
                 control,
+                replace_failures_armed: AtomicBool::new(false),
+                replace_failures: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -94,6 +105,77 @@ impl Faults {
     pub fn fail_next(&self, n: u64, failure: Failure) {
         *self.inner.fail.lock().unwrap_or_else(|e| e.into_inner()) = (n, failure);
         self.inner.fail_armed.store(n > 0, Ordering::SeqCst);
+    }
+
+    /// Fail the next `n` replaces (PUT) of one object whose new body
+    /// matches `matches` with a 500, leaving every other request alone:
+    /// one kind of write can fail while the rest of the client works.
+    pub fn fail_replaces_where(
+        &self,
+        resource: &str,
+        namespace: &str,
+        name: &str,
+        n: u32,
+        matches: impl Fn(&serde_json::Value) -> bool + Send + Sync + 'static,
+    ) {
+        let mut f = self
+            .inner
+            .replace_failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        f.push(ReplaceFailure {
+            object: (resource.into(), namespace.into(), name.into()),
+            left: n,
+            matches: Box::new(matches),
+        });
+        self.inner
+            .replace_failures_armed
+            .store(true, Ordering::SeqCst);
+    }
+
+    /// Armed replace failures not yet consumed.
+    pub fn replace_failures_left(&self) -> u32 {
+        self.inner
+            .replace_failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|r| r.left)
+            .sum()
+    }
+
+    /// Consume an armed replace failure matching this write, if any.
+    pub(crate) fn take_replace_failure(
+        &self,
+        resource: &str,
+        namespace: &str,
+        name: &str,
+        body: &serde_json::Value,
+    ) -> bool {
+        if !self.inner.replace_failures_armed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut f = self
+            .inner
+            .replace_failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let hit = f.iter_mut().find(|r| {
+            r.left > 0
+                && r.object.0 == resource
+                && r.object.1 == namespace
+                && r.object.2 == name
+                && (r.matches)(body)
+        });
+        let Some(hit) = hit else { return false };
+        hit.left -= 1;
+        f.retain(|r| r.left > 0);
+        if f.is_empty() {
+            self.inner
+                .replace_failures_armed
+                .store(false, Ordering::SeqCst);
+        }
+        true
     }
 
     /// Add `latency` before every Kubernetes API request is handled (zero to stop).
@@ -148,6 +230,14 @@ impl Faults {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         self.inner.conflicts_armed.store(false, Ordering::SeqCst);
+        self.inner
+            .replace_failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.inner
+            .replace_failures_armed
+            .store(false, Ordering::SeqCst);
     }
 
     /// The injected latency for a request, if any.

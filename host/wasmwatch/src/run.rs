@@ -734,12 +734,35 @@ impl Service {
                             // written before any of its changes is handled:
                             // a successor finding none would take a baseline
                             // of its own and never see what was in flight.
+                            // Until it is stored, nothing of the stream
+                            // is handled: an API error is retried here
+                            // (the other streams wait too; this happens
+                            // once, at the start of a term).
                             if unsaved_baseline.remove(&id)
                                 && let Some(saver) = saver.as_mut()
-                                && let Err(e) = saver.save(&mut progress, &still_leading, &metrics).await
                             {
-                                tracing::error!("{e}; stopping leader work");
-                                break End::Lost;
+                                let mut failures = 0;
+                                let stored = loop {
+                                    match saver.try_save(&mut progress, &still_leading, &metrics).await {
+                                        Ok(true) => break None,
+                                        Ok(false) => {
+                                            failures += 1;
+                                            let delay = wasmwatch_kube::watchloop::backoff(failures);
+                                            tracing::warn!("baseline checkpoint not saved, retrying in {delay:?} before handling changes");
+                                            tokio::select! {
+                                                _ = tokio::time::sleep(delay) => {}
+                                                _ = &mut *shutdown => break Some(End::Shutdown),
+                                            }
+                                        }
+                                        Err(e) => {
+                                            tracing::error!("{e}; stopping leader work");
+                                            break Some(End::Lost);
+                                        }
+                                    }
+                                };
+                                if let Some(end) = stored {
+                                    break end;
+                                }
                             }
                         }
                         Output::Index(index) => progress.index(id, index),
@@ -988,6 +1011,19 @@ impl Saver {
         still_leading: &impl Fn() -> bool,
         metrics: &Metrics,
     ) -> Result<(), CheckpointError> {
+        self.try_save(progress, still_leading, metrics)
+            .await
+            .map(|_| ())
+    }
+
+    /// [`Saver::save`], telling whether everything is stored (false: an API
+    /// error, kept for the next try).
+    async fn try_save(
+        &mut self,
+        progress: &mut Progress,
+        still_leading: &impl Fn() -> bool,
+        metrics: &Metrics,
+    ) -> Result<bool, CheckpointError> {
         self.unsaved |= progress.take_dirty();
         for ix in progress.take_indexes() {
             self.indexes
@@ -995,7 +1031,7 @@ impl Saver {
             self.indexes.push(ix);
         }
         if !self.unsaved && self.indexes.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         if !still_leading() {
             return Err(CheckpointError::Fenced("the fence is closed".into()));
@@ -1010,12 +1046,12 @@ impl Saver {
                 metrics.checkpoint_writes.inc(&["ok"]);
                 self.unsaved = false;
                 self.indexes.clear();
-                Ok(())
+                Ok(true)
             }
             Err(CheckpointError::Api(e)) => {
                 metrics.checkpoint_writes.inc(&["error"]);
-                tracing::warn!("checkpoint not saved, retrying next round: {e}");
-                Ok(())
+                tracing::warn!("checkpoint not saved, retrying: {e}");
+                Ok(false)
             }
             Err(e) => {
                 metrics.checkpoint_writes.inc(&["fenced"]);

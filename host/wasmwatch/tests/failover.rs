@@ -476,3 +476,50 @@ async fn an_unreadable_state_lease_makes_the_leader_deliver_everything_once_and_
     assert_eq!(c.billing.hits(REFRESH), 1);
     eprintln!("StateUnreadable Event after {warning:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_baseline_write_that_fails_is_retried_before_any_change_is_handled() {
+    let _alone = ALONE.lock().await;
+    let c = cluster().await;
+    // The first three writes of a ConfigMap checkpoint fail with a 500
+    // (the claim, which writes only the term, goes through).
+    c.server
+        .faults()
+        .fail_replaces_where("leases", "default", "wasmwatch-state", 3, |lease| {
+            lease
+                .pointer("/metadata/annotations/wasmwatch.io~1configmap-resource-version")
+                .is_some()
+        });
+    // Checkpoints batched every 60 s: only the baseline is written early.
+    let a = Replica::start_with(&c.kubeconfig, &c.manifest, "replica-a", "60s");
+    eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
+    let took = eventually(
+        Duration::from_secs(10),
+        "the baseline stored despite the failures",
+        || async { checkpoint(&c.client, "shop").await.is_some() },
+    )
+    .await;
+    assert_eq!(c.server.faults().replace_failures_left(), 0);
+    set(&c.cms, "orders", "2").await;
+    eventually(Duration::from_secs(10), "first refresh", || async {
+        orders_hits(&c) == vec![1, 1]
+    })
+    .await;
+
+    // Killed; a change in the gap reaches the successor, which resumes from
+    // the baseline (a successor finding none would take a baseline of its
+    // own after the change and never deliver it).
+    let b = Replica::start(&c.kubeconfig, &c.manifest, "replica-b");
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    set(&c.cms, "orders", "3").await;
+    eventually(Duration::from_secs(15), "replica-b leads", || b.leading()).await;
+    eventually(
+        Duration::from_secs(10),
+        "the change made in the gap is delivered",
+        || async { orders_hits(&c).iter().all(|h| *h >= 2) },
+    )
+    .await;
+    eprintln!("baseline stored {took:?} after leading, after 3 failed writes");
+}
