@@ -118,6 +118,9 @@ impl Faults {
         n: u32,
         matches: impl Fn(&serde_json::Value) -> bool + Send + Sync + 'static,
     ) {
+        if n == 0 {
+            return;
+        }
         let mut f = self
             .inner
             .replace_failures

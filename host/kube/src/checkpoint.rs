@@ -169,7 +169,13 @@ impl Checkpoints {
     pub fn parse_into(&mut self, kind: ObjectKind, value: &str) -> Result<(), String> {
         for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part.split_once('=') {
-                Some((ns, rv)) if !ns.is_empty() && !rv.is_empty() && !rv.contains('=') => {
+                // Versions are numbers (etcd's revisions): a watch from
+                // anything else would be refused over and over.
+                Some((ns, rv))
+                    if !ns.is_empty()
+                        && !rv.is_empty()
+                        && rv.bytes().all(|b| b.is_ascii_digit()) =>
+                {
                     self.set(kind, ns, rv);
                 }
                 _ => {
@@ -318,12 +324,27 @@ impl CheckpointStore {
                     return Err(CheckpointError::Fenced(stored.clone()));
                 }
                 Some(_) => {}
-                // Unreadable: no term to be fenced by. This claim writes
-                // ours over it; a leader still writing with the old one
-                // conflicts on the resourceVersion all the same.
-                None => set_aside.push(format!(
-                    "{TERM_ANNOTATION}: cannot read {stored:?}, expected holder/transitions; replaced by this leader's term"
-                )),
+                // Unreadable: no stored term to compare with, so the leader
+                // Lease decides: it must still be ours, as taken for this
+                // term (a replica whose term is over must not claim). Then
+                // this claim writes our term over the bad one.
+                None => {
+                    let leader = self.api.get_opt(&self.leader_lease).await?;
+                    let spec = leader.as_ref().and_then(|l| l.spec.as_ref());
+                    let holder = spec.and_then(|s| s.holder_identity.as_deref());
+                    let transitions = spec.map(|s| s.lease_transitions.unwrap_or(0));
+                    if holder != Some(self.term.holder.as_str())
+                        || transitions != Some(self.term.transitions)
+                    {
+                        return Err(CheckpointError::Fenced(format!(
+                            "the stored term {stored:?} is unreadable and the leader Lease {} is not held by {}",
+                            self.leader_lease, self.term
+                        )));
+                    }
+                    set_aside.push(format!(
+                        "{TERM_ANNOTATION}: cannot read {stored:?}, expected holder/transitions; replaced by this leader's term"
+                    ));
+                }
             }
         }
         let mut checkpoints = Checkpoints::default();
@@ -584,6 +605,14 @@ mod tests {
         );
         assert_eq!(c.get(ObjectKind::Secret, "*"), Some("99"));
         assert_eq!(c.get(ObjectKind::Secret, "prod"), None);
+        for bad in ["prod=abc", "prod=1=2", "=5", "prod="] {
+            assert!(
+                Checkpoints::default()
+                    .parse_into(ObjectKind::ConfigMap, bad)
+                    .is_err(),
+                "{bad}"
+            );
+        }
         let e = c.parse_into(ObjectKind::ConfigMap, "prod").unwrap_err();
         assert_eq!(
             e,
@@ -784,6 +813,32 @@ impl Progress {
 #[cfg(test)]
 mod progress_tests {
     use super::*;
+
+    /// What the delivery of every object (an unreadable checkpoint) relies
+    /// on: its changes are handed out without a version, so the stream has
+    /// no checkpoint until the progress after the last of them, whatever
+    /// was handled before.
+    #[test]
+    fn changes_without_a_version_hold_the_checkpoint_until_the_progress_after_them() {
+        let mut p = Progress::new(Checkpoints::default());
+        let s = p.stream(ObjectKind::ConfigMap, "*");
+        let page1: Vec<_> = (0..3).map(|_| p.change(s, "")).collect();
+        for t in page1 {
+            p.complete(t);
+        }
+        assert!(!p.has_checkpoints(ObjectKind::ConfigMap), "after page 1");
+        let page2 = p.change(s, "");
+        p.progress(s, "40");
+        assert!(
+            !p.has_checkpoints(ObjectKind::ConfigMap),
+            "page 2 in flight"
+        );
+        p.complete(page2);
+        assert!(p.has_checkpoints(ObjectKind::ConfigMap));
+        assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "*"), Some("40"));
+        // A kind without streams has nothing missing.
+        assert!(p.has_checkpoints(ObjectKind::Secret));
+    }
 
     #[test]
     fn the_checkpoint_passes_a_version_only_when_everything_before_it_is_handled() {

@@ -261,6 +261,20 @@ async fn an_unreadable_term_shard_count_or_index_is_set_aside() {
     .unwrap();
     api.create(&PostParams::default(), &shard).await.unwrap();
 
+    // The stored term cannot be compared: the leader Lease decides. Not
+    // held by the claimer as taken for its term: fenced, nothing written.
+    let leader: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "wasmwatch-leader"},
+        "spec": {"holderIdentity": "pod-a", "leaseTransitions": 1}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &leader).await.unwrap();
+    let err = store(&server, term("pod-a", 0)).claim().await.unwrap_err();
+    assert!(matches!(err, CheckpointError::Fenced(_)), "{err}");
+    let err = store(&server, term("pod-b", 1)).claim().await.unwrap_err();
+    assert!(matches!(err, CheckpointError::Fenced(_)), "{err}");
+    assert_eq!(annotation(&server, "wasmwatch.io/term"), "garbage");
+
     let claimed = store(&server, term("pod-a", 1)).claim().await.unwrap();
     assert!(claimed.unreadable.is_empty());
     assert!(claimed.indexes.is_empty());

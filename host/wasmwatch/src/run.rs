@@ -566,7 +566,12 @@ impl Service {
         // Streams without a stored checkpoint: their baseline is saved at once.
         let mut unsaved_baseline = std::collections::HashSet::new();
         // Streams delivering every object once (their kind's checkpoints
-        // were unreadable): replays until their first progress.
+        // were unreadable), until their first progress: those changes are
+        // replays, and they are handed to `progress` without a version, so
+        // the stream's checkpoint appears only once every one of them is
+        // handled (the relist hands them all out at the list's version; a
+        // checkpoint there after the first page would let a successor
+        // skip the rest).
         let mut delivering_all = std::collections::HashSet::new();
         let namespaces: Vec<Option<String>> = match watched_namespaces(&self.manifest) {
             None => vec![None],
@@ -591,7 +596,6 @@ impl Service {
                 let resuming = from.is_some();
                 let mut wl = if unreadable.contains_key(kind) {
                     delivering_all.insert(id);
-                    replay_until.insert(id, u64::MAX);
                     WatchLoop::deliver_all(self.client.clone(), target)
                 } else {
                     if !resuming {
@@ -691,8 +695,11 @@ impl Service {
                 o = outputs.recv() => {
                     let Some((id, output)) = o else { break End::Lost };
                     match output {
-                        Output::Change { mut event, resource_version } => {
-                            if let Some(until) = replay_until.get(&id) {
+                        Output::Change { mut event, mut resource_version } => {
+                            if delivering_all.contains(&id) {
+                                event.replay = true;
+                                resource_version.clear();
+                            } else if let Some(until) = replay_until.get(&id) {
                                 match resource_version.parse::<u64>() {
                                     Ok(rv) if rv <= *until => event.replay = true,
                                     // A resync right after taking over: the
@@ -727,9 +734,7 @@ impl Service {
                         }
                         Output::Progress { resource_version } => {
                             progress.progress(id, &resource_version);
-                            if delivering_all.remove(&id) {
-                                replay_until.remove(&id);
-                            }
+                            delivering_all.remove(&id);
                             // A stream's first checkpoint (its baseline) is
                             // written before any of its changes is handled:
                             // a successor finding none would take a baseline
@@ -751,6 +756,12 @@ impl Service {
                                             tracing::warn!("baseline checkpoint not saved, retrying in {delay:?} before handling changes");
                                             tokio::select! {
                                                 _ = tokio::time::sleep(delay) => {}
+                                                r = leadership.changed() => {
+                                                    if r.is_err() || !leadership.borrow().leading {
+                                                        tracing::warn!("not leading any more; stopping leader work");
+                                                        break Some(End::Lost);
+                                                    }
+                                                }
                                                 _ = &mut *shutdown => break Some(End::Shutdown),
                                             }
                                         }
