@@ -264,6 +264,13 @@ impl CheckpointStore {
         }
     }
 
+    /// Kinds whose checkpoints were unreadable at the claim and have not
+    /// been written since: their annotation is left as found while a save
+    /// carries no checkpoint of theirs.
+    pub fn unreadable_kinds(&self) -> Vec<ObjectKind> {
+        self.unreadable.iter().copied().collect()
+    }
+
     /// The state Lease's UID once claimed.
     pub fn uid(&self) -> Option<String> {
         self.lease.as_ref()?.metadata.uid.clone()

@@ -543,10 +543,6 @@ impl Service {
                 store: s,
                 unsaved: false,
                 indexes: Vec::new(),
-                unreadable: claimed
-                    .as_ref()
-                    .map(|c| c.unreadable.keys().copied().collect())
-                    .unwrap_or_default(),
             });
         }
         let (checkpoints, indexes, unreadable) = match claimed {
@@ -1005,11 +1001,6 @@ struct Saver {
     store: CheckpointStore,
     unsaved: bool,
     indexes: Vec<wasmwatch_kube::checkpoint::StreamIndex>,
-    /// Kinds whose checkpoints were unreadable at the claim: none of theirs
-    /// is written until every stream of the kind has one, so that a
-    /// successor never finds some namespaces missing (it would take a
-    /// baseline there and miss what this term had not delivered yet).
-    unreadable: std::collections::BTreeSet<ObjectKind>,
 }
 
 impl Saver {
@@ -1047,10 +1038,16 @@ impl Saver {
         if !still_leading() {
             return Err(CheckpointError::Fenced("the fence is closed".into()));
         }
-        self.unreadable.retain(|k| !progress.has_checkpoints(*k));
+        // A kind unreadable at the claim is written only once every stream
+        // of it has a checkpoint, so that a successor never finds some
+        // namespaces missing (it would take a baseline there and miss what
+        // this term had not delivered yet); until then the store leaves the
+        // unreadable value for it.
         let mut checkpoints = std::borrow::Cow::Borrowed(progress.checkpoints());
-        for kind in &self.unreadable {
-            checkpoints.to_mut().clear(*kind);
+        for kind in self.store.unreadable_kinds() {
+            if !progress.has_checkpoints(kind) {
+                checkpoints.to_mut().clear(kind);
+            }
         }
         match self.store.save(&checkpoints, &self.indexes).await {
             Ok(()) => {
