@@ -306,6 +306,16 @@ impl ObjectIndex {
                     ev.changed_keys = before.changed_keys(&now);
                     out.push(ev);
                 }
+                // Equal to what the index remembers, but written after the
+                // history was lost: what happened in between is unknown (a
+                // predecessor may have delivered a B the index never saw
+                // before the object went back to A). Deliver it, every key
+                // counted as changed.
+                Some(before) if r.changed_after_floor(&object.resource_version) => {
+                    let mut ev = ChangeEvent::new(ChangeType::Resynced, object, None);
+                    ev.changed_keys = before.all_keys(&now);
+                    out.push(ev);
+                }
                 Some(_) => {}
             }
             r.fresh.insert(key, now);
@@ -348,6 +358,9 @@ impl ObjectIndex {
 pub struct Resync {
     fresh: BTreeMap<(String, String), Handled>,
     metadata_changes: bool,
+    /// The version the watch history was lost from, when known: an object
+    /// last written after it changed while nobody could see it.
+    floor: Option<u64>,
 }
 
 impl Resync {
@@ -355,6 +368,27 @@ impl Resync {
         Resync {
             fresh: BTreeMap::new(),
             metadata_changes,
+            floor: None,
+        }
+    }
+
+    /// A resync after the history was lost from `floor` (the last version
+    /// the stream had handed out, which the index covers): objects written
+    /// after it are delivered even when their content equals the index's
+    /// (the A→B→A of a change handled, but not yet in the stored index,
+    /// then reverted while nobody led). A version that is not a number
+    /// counts as written after it.
+    pub fn after(mut self, floor: &str) -> Resync {
+        self.floor = Some(floor.parse().unwrap_or(0));
+        self
+    }
+
+    fn changed_after_floor(&self, resource_version: &str) -> bool {
+        match self.floor {
+            None => false,
+            Some(floor) => resource_version
+                .parse::<u64>()
+                .map_or(true, |rv| rv > floor),
         }
     }
 }
@@ -632,6 +666,64 @@ mod tests {
         assert_eq!(idx.len(), 1000);
         // A second resync of the same state delivers nothing.
         assert!(idx.resync(after_gap(), false).is_empty());
+    }
+
+    fn at(mut o: ObjectSnapshot, rv: u64) -> ObjectSnapshot {
+        o.resource_version = rv.to_string();
+        o
+    }
+
+    /// Issue 19's first loss: an object goes A → B, B is delivered, the
+    /// stored index still says A (it is stored less often), the history is
+    /// lost and the object goes back to A. Comparing contents alone finds
+    /// nothing; the object's version says it was written after the floor.
+    #[test]
+    fn a_resync_delivers_an_object_written_after_the_floor_even_with_the_indexed_content() {
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap);
+        idx.apply(
+            Seen::Added,
+            at(cm("x", json!({"k": "A"}), json!({})), 10),
+            false,
+        );
+        idx.apply(
+            Seen::Added,
+            at(cm("y", json!({"k": "Y"}), json!({})), 11),
+            false,
+        );
+        let list = || {
+            vec![
+                // Back to A, written at 40, after the floor 20.
+                at(cm("x", json!({"k": "A"}), json!({})), 40),
+                // Untouched since 11.
+                at(cm("y", json!({"k": "Y"}), json!({})), 11),
+            ]
+        };
+        let mut plain = idx.clone();
+        assert!(
+            plain.resync(list(), false).is_empty(),
+            "without a floor the revert is invisible (the old behaviour)"
+        );
+        let mut r = Resync::new(false).after("20");
+        let mut events = idx.resync_page(&mut r, list());
+        events.extend(idx.finish_resync(r));
+        let got: Vec<_> = events
+            .iter()
+            .map(|e| (e.change, e.object.name.as_str(), e.changed_keys.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(ChangeType::Resynced, "x", vec!["k".to_string()])]
+        );
+        // Unparsable versions count as written after the floor.
+        let mut r = Resync::new(false).after("20");
+        let odd = vec![at(cm("y", json!({"k": "Y"}), json!({})), 0)]
+            .into_iter()
+            .map(|mut o| {
+                o.resource_version = "abc".into();
+                o
+            })
+            .collect();
+        assert_eq!(idx.resync_page(&mut r, odd).len(), 1);
     }
 
     #[test]

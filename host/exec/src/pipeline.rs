@@ -19,6 +19,15 @@
 //! - **One at a time per key**: a submission for a key whose job is running
 //!   opens the next window; it runs after the current job, so a change that
 //!   lands during a refresh is refreshed again.
+//! - **Order of content**: actions that carry content (an HTTP call with a
+//!   body, a bus message) are keyed per plugin, object and destination, so
+//!   one object's contents reach a destination in the order of its changes,
+//!   retries included: the newer change's action waits while the older one
+//!   runs or waits out its backoff, and replaces it while it waits for its
+//!   turn (the destination ends on the newer content either way; the older
+//!   change's ticket completes with the newer action). They were keyed per
+//!   message before, and ran concurrently: a 503 retried after the newer
+//!   content had landed left the app on the older one for good (issue 19).
 //! - **Retries**: retryable failures are retried `policy.retries` times with
 //!   exponential backoff from `backoff_initial` to `backoff_max`, ±25 %
 //!   jitter; a permanent failure, or the last retryable one, dead-letters
@@ -185,15 +194,19 @@ pub enum TargetKey {
     Http {
         method: &'static str,
         url: String,
+        /// A call with a body carries the content of one object's change:
+        /// the plugin and object (`plugin/kind/namespace/name`), so that
+        /// calls for other objects never replace it. `None`: bodyless, and
+        /// calls for any object coalesce.
+        content_of: Option<String>,
     },
     Publish {
         connection: String,
         destination: String,
         routing_key: String,
-        /// Messages differ (bus-refresh: one per app, each with its own
-        /// id): only identical messages coalesce, never one app's event
-        /// into another's.
-        message: u64,
+        /// Whose change the message carries (`plugin/kind/namespace/name`):
+        /// a message replaces only a waiting one of the same object.
+        content_of: String,
     },
     Restart {
         workload: String,
@@ -215,9 +228,21 @@ fn method_name(m: wasmwatch_core::action::HttpMethod) -> &'static str {
     }
 }
 
+/// `plugin/kind/namespace/name`: whose change an action carries.
+fn content_of(origin: &Origin) -> String {
+    format!(
+        "{}/{}/{}/{}",
+        origin.plugin,
+        origin.kind.as_str(),
+        origin.namespace,
+        origin.name
+    )
+}
+
 impl TargetKey {
-    /// The key of an action; `unique` numbers the ones that never coalesce.
-    pub fn of(action: &Action, unique: u64) -> TargetKey {
+    /// The key of an action decided for `origin`; `unique` numbers the ones
+    /// that never coalesce.
+    pub fn of(action: &Action, origin: &Origin, unique: u64) -> TargetKey {
         match action {
             Action::RefreshService {
                 namespace,
@@ -234,35 +259,25 @@ impl TargetKey {
                 path: path.clone(),
                 tls: *tls,
             },
-            // Calls with a body are not interchangeable: coalesce only bodyless ones.
+            // Calls with a body are not interchangeable across objects:
+            // only bodyless ones coalesce whatever their object.
             Action::Http {
-                method,
-                url,
-                body: None,
-                ..
+                method, url, body, ..
             } => TargetKey::Http {
                 method: method_name(*method),
                 url: url.clone(),
+                content_of: body.as_ref().map(|_| content_of(origin)),
             },
             Action::Publish {
                 connection,
                 destination,
                 routing_key,
-                headers,
-                payload,
+                ..
             } => TargetKey::Publish {
                 connection: connection.clone(),
                 destination: destination.clone(),
                 routing_key: routing_key.clone(),
-                message: {
-                    use std::hash::{Hash, Hasher};
-                    let mut h = std::collections::hash_map::DefaultHasher::new();
-                    for header in headers {
-                        (&header.name, &header.value).hash(&mut h);
-                    }
-                    payload.hash(&mut h);
-                    h.finish()
-                },
+                content_of: content_of(origin),
             },
             Action::Restart {
                 workload,
@@ -278,12 +293,21 @@ impl TargetKey {
                     .map_or(content_hash.as_str(), |(object, _)| object)
                     .to_string(),
             },
-            Action::Http { .. } | Action::Event { .. } => TargetKey::Unique(unique),
+            Action::Event { .. } => TargetKey::Unique(unique),
         }
     }
 
+    /// HTTP calls with a body and Events go at once (as before keys were
+    /// per object); the rest waits for its debounce window.
     fn debounces(&self) -> bool {
-        !matches!(self, TargetKey::Unique(_))
+        !matches!(
+            self,
+            TargetKey::Unique(_)
+                | TargetKey::Http {
+                    content_of: Some(_),
+                    ..
+                }
+        )
     }
 }
 
@@ -409,11 +433,17 @@ impl Shared {
     async fn rate_limit(&self, key: &TargetKey) {
         let wait = {
             let g = self.global.lock().expect("bucket").take();
-            let mut targets = self.per_target.lock().expect("buckets");
-            let t = targets
-                .entry(key.clone())
-                .or_insert_with(|| Bucket::new(self.config.per_target))
-                .take();
+            // A unique key is never seen again: a bucket of its own would
+            // only grow the map.
+            let t = if matches!(key, TargetKey::Unique(_)) {
+                Duration::ZERO
+            } else {
+                let mut targets = self.per_target.lock().expect("buckets");
+                targets
+                    .entry(key.clone())
+                    .or_insert_with(|| Bucket::new(self.config.per_target))
+                    .take()
+            };
             g.max(t)
         };
         if !wait.is_zero() {
@@ -510,7 +540,7 @@ async fn run<T: Send + 'static>(
                 });
                 for action in s.actions {
                     unique += 1;
-                    let key = TargetKey::of(&action, unique);
+                    let key = TargetKey::of(&action, &s.origin, unique);
                     let slot = slots.entry(key.clone()).or_default();
                     match &mut slot.pending {
                         Some(p) => {

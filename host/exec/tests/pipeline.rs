@@ -418,3 +418,122 @@ async fn the_global_rate_limit_spreads_executions() {
         "21 calls at 10/s with a burst of 1 take ~2 s: {last:?}"
     );
 }
+
+fn post_content(body: &str) -> Action {
+    Action::Http {
+        method: HttpMethod::Post,
+        url: "http://127.0.0.1:9/ledger".into(),
+        headers: vec![],
+        body: Some(body.as_bytes().to_vec()),
+    }
+}
+
+fn publish(payload: &str) -> Action {
+    Action::Publish {
+        connection: "bus".into(),
+        destination: "springCloudBus".into(),
+        routing_key: "#".into(),
+        headers: vec![],
+        payload: payload.as_bytes().to_vec(),
+    }
+}
+
+fn body_of(a: &Action) -> String {
+    match a {
+        Action::Http { body, .. } => String::from_utf8(body.clone().unwrap_or_default()).unwrap(),
+        Action::Publish { payload, .. } => String::from_utf8(payload.clone()).unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Issue 19: A then B of one object, A answered 503 once. Keyed per
+/// message, B ran while A waited out its backoff, and A's retry landed
+/// last: the receiver ended on A. Now B waits for A's retry.
+#[tokio::test(start_paused = true)]
+async fn one_objects_contents_land_in_the_order_of_its_changes_retries_included() {
+    for action in [post_content as fn(&str) -> Action, publish] {
+        let mut h = harness(unlimited());
+        h.rec
+            .script
+            .lock()
+            .unwrap()
+            .push_back(Err(ExecError::Retryable("503".into())));
+        h.pipeline.submit(Submission {
+            ticket: 1,
+            origin: origin("orders"),
+            actions: vec![action("A")],
+            policy: policy(0, 5),
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        h.pipeline.submit(Submission {
+            ticket: 2,
+            origin: origin("orders"),
+            actions: vec![action("B")],
+            policy: policy(0, 5),
+        });
+        assert_eq!(
+            done_within(&mut h, Duration::from_secs(10)).await,
+            vec![1, 2]
+        );
+        let calls: Vec<String> = h
+            .rec
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, a, _)| body_of(a))
+            .collect();
+        assert_eq!(calls, ["A", "A", "B"], "the last content lands last");
+    }
+}
+
+/// While an older content runs, newer ones of the same object wait; the
+/// newest replaces the one waiting (the receiver ends on it either way),
+/// and the replaced change's ticket completes with it. Other objects'
+/// contents to the same URL are neither held nor replaced.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_content_is_replaced_by_a_newer_one_of_the_same_object_only() {
+    let mut h = harness(unlimited());
+    *h.rec.delay.lock().unwrap() = Duration::from_millis(100);
+    let submit = |h: &Harness, ticket, name: &str, body: &str| {
+        h.pipeline.submit(Submission {
+            ticket,
+            origin: origin(name),
+            actions: vec![post_content(body)],
+            policy: policy(0, 5),
+        })
+    };
+    submit(&h, 1, "orders", "A");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    submit(&h, 2, "orders", "B");
+    submit(&h, 3, "orders", "C");
+    submit(&h, 4, "billing", "X");
+    assert_eq!(
+        done_within(&mut h, Duration::from_secs(10)).await,
+        vec![1, 2, 3, 4]
+    );
+    let calls: Vec<(String, String)> = h
+        .rec
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, a, o)| (o.clone(), body_of(a)))
+        .collect();
+    let orders: Vec<&str> = calls
+        .iter()
+        .filter(|(o, _)| o == "orders")
+        .map(|(_, b)| b.as_str())
+        .collect();
+    assert_eq!(orders, ["A", "C"], "B was replaced while it waited");
+    assert!(
+        calls.contains(&("billing".to_string(), "X".to_string())),
+        "{calls:?}"
+    );
+    // billing's call did not wait for orders' running one.
+    let starts: Vec<Instant> = h.rec.calls.lock().unwrap().iter().map(|c| c.0).collect();
+    assert!(
+        starts[1] - starts[0] < Duration::from_millis(50),
+        "{starts:?}"
+    );
+}

@@ -661,14 +661,23 @@ struct Entry {
     done: bool,
     /// An index marker: the loop's index after everything before it.
     index: Option<ObjectIndex>,
+    /// The loop's index changed with this entry (a change, a list, a
+    /// label-only change): the checkpoint may pass it only with an index
+    /// taken after it.
+    changes_index: bool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Stream {
     kind: Option<ObjectKind>,
     namespace: String,
     next_seq: u64,
     pending: std::collections::VecDeque<Entry>,
+    /// The last version of the completed prefix.
+    last: Option<String>,
+    /// No index-changing entry completed since the last safe index: the
+    /// index to be stored covers everything up to `last`.
+    covered: bool,
 }
 
 /// Decides how far each watch stream's checkpoint may advance: only past
@@ -678,6 +687,16 @@ struct Stream {
 ///
 /// It also decides when a watch loop's [`ObjectIndex`] is safe to store:
 /// once every change the loop had seen when it took the index is handled.
+///
+/// And the checkpoint never passes what a safe index covers: past a change
+/// (or a list, or a label-only change) it moves only once an index taken
+/// after it is safe, and [`Progress::take_indexes`] hands that index out
+/// with the checkpoint, so the store writes them in one round. A successor
+/// that meets a 410 then resyncs against an index that knows every object
+/// up to the checkpoint: one created and delivered before it, then deleted
+/// while nobody led, is found missing and its deletion delivered (issue
+/// 19: with the index stored every 5 s and the checkpoint every 2 s, such a
+/// deletion was lost).
 #[derive(Debug, Default)]
 pub struct Progress {
     streams: Vec<Stream>,
@@ -698,22 +717,23 @@ impl Progress {
     }
 
     /// Registers a watch stream (namespace `*` for cluster-wide); returns its id.
+    ///
+    /// The stream starts covered: its stored checkpoint and the stored index
+    /// belong together (a checkpoint is only ever saved with an index that
+    /// covers it).
     pub fn stream(&mut self, kind: ObjectKind, namespace: &str) -> usize {
         self.streams.push(Stream {
             kind: Some(kind),
             namespace: namespace.to_string(),
-            ..Default::default()
+            next_seq: 0,
+            pending: Default::default(),
+            last: None,
+            covered: true,
         });
         self.streams.len() - 1
     }
 
-    fn push(
-        &mut self,
-        stream: usize,
-        version: Option<String>,
-        done: bool,
-        index: Option<ObjectIndex>,
-    ) -> u64 {
+    fn push(&mut self, stream: usize, entry: Entry) -> u64 {
         let s = &mut self.streams[stream];
         let seq = s.next_seq;
         s.next_seq += 1;
@@ -721,22 +741,52 @@ impl Progress {
             seq,
             // An empty version can never be a checkpoint (the state Lease
             // format refuses it): it only waits its turn.
-            version: version.filter(|v| !v.is_empty()),
-            done,
-            index,
+            version: entry.version.filter(|v| !v.is_empty()),
+            ..entry
         });
         seq
     }
 
-    /// A change at `resource_version` was handed out.
-    pub fn change(&mut self, stream: usize, resource_version: &str) -> Ticket {
-        let seq = self.push(stream, Some(resource_version.to_string()), false, None);
+    /// A change at `resource_version` was handed out (`None`: a change
+    /// without a version of its own, which only waits its turn).
+    pub fn change(&mut self, stream: usize, resource_version: Option<&str>) -> Ticket {
+        let seq = self.push(
+            stream,
+            Entry {
+                seq: 0,
+                version: resource_version.map(str::to_string),
+                done: false,
+                index: None,
+                changes_index: true,
+            },
+        );
         Ticket { stream, seq }
     }
 
-    /// Nothing to handle up to `resource_version`.
+    /// Nothing to handle up to `resource_version`, and the loop's index is
+    /// as it was.
     pub fn progress(&mut self, stream: usize, resource_version: &str) {
-        self.push(stream, Some(resource_version.to_string()), true, None);
+        self.push_progress(stream, resource_version, false);
+    }
+
+    /// Nothing to handle up to `resource_version`, but the loop's index
+    /// changed (a list, a label-only change): the checkpoint passes it only
+    /// with the next index.
+    pub fn remembered(&mut self, stream: usize, resource_version: &str) {
+        self.push_progress(stream, resource_version, true);
+    }
+
+    fn push_progress(&mut self, stream: usize, resource_version: &str, changes_index: bool) {
+        self.push(
+            stream,
+            Entry {
+                seq: 0,
+                version: Some(resource_version.to_string()),
+                done: true,
+                index: None,
+                changes_index,
+            },
+        );
         self.advance(stream);
     }
 
@@ -744,7 +794,16 @@ impl Progress {
     /// far: it becomes safe to store (see [`Progress::take_indexes`]) once
     /// all those changes are handled.
     pub fn index(&mut self, stream: usize, index: ObjectIndex) {
-        self.push(stream, None, true, Some(index));
+        self.push(
+            stream,
+            Entry {
+                seq: 0,
+                version: None,
+                done: true,
+                index: Some(index),
+                changes_index: false,
+            },
+        );
         self.advance(stream);
     }
 
@@ -762,11 +821,18 @@ impl Progress {
 
     fn advance(&mut self, stream: usize) {
         let s = &mut self.streams[stream];
-        let mut last = None;
+        // The furthest version the checkpoint may take now.
+        let mut to = None;
         while s.pending.front().is_some_and(|e| e.done) {
             let e = s.pending.pop_front().expect("front");
+            if e.changes_index {
+                s.covered = false;
+            }
             if let Some(v) = e.version {
-                last = Some(v);
+                if s.covered {
+                    to = Some(v.clone());
+                }
+                s.last = Some(v);
             }
             if let (Some(index), Some(kind)) = (e.index, s.kind) {
                 self.safe
@@ -776,9 +842,11 @@ impl Progress {
                     namespace: s.namespace.clone(),
                     index,
                 });
+                s.covered = true;
+                to = s.last.clone().or(to);
             }
         }
-        if let (Some(rv), Some(kind)) = (last, s.kind)
+        if let (Some(rv), Some(kind)) = (to, s.kind)
             && self.checkpoints.get(kind, &s.namespace) != Some(rv.as_str())
         {
             self.checkpoints.set(kind, &s.namespace, &rv);
@@ -821,6 +889,14 @@ impl Progress {
 mod progress_tests {
     use super::*;
 
+    fn index_of(lines: &str) -> ObjectIndex {
+        ObjectIndex::decode(ObjectKind::ConfigMap, lines).unwrap()
+    }
+
+    fn one_object() -> ObjectIndex {
+        index_of(&format!("prod/a {:032x} {:016x} \n", 1, 2))
+    }
+
     /// What the delivery of every object (an unreadable checkpoint) relies
     /// on: its changes are handed out without a version, so the stream has
     /// no checkpoint until the progress after the last of them, whatever
@@ -829,13 +905,14 @@ mod progress_tests {
     fn changes_without_a_version_hold_the_checkpoint_until_the_progress_after_them() {
         let mut p = Progress::new(Checkpoints::default());
         let s = p.stream(ObjectKind::ConfigMap, "*");
-        let page1: Vec<_> = (0..3).map(|_| p.change(s, "")).collect();
+        let page1: Vec<_> = (0..3).map(|_| p.change(s, None)).collect();
         for t in page1 {
             p.complete(t);
         }
         assert!(!p.has_checkpoints(ObjectKind::ConfigMap), "after page 1");
-        let page2 = p.change(s, "");
-        p.progress(s, "40");
+        let page2 = p.change(s, None);
+        p.remembered(s, "40");
+        p.index(s, one_object());
         assert!(
             !p.has_checkpoints(ObjectKind::ConfigMap),
             "page 2 in flight"
@@ -851,9 +928,10 @@ mod progress_tests {
     fn the_checkpoint_passes_a_version_only_when_everything_before_it_is_handled() {
         let mut p = Progress::new(Checkpoints::default());
         let s = p.stream(ObjectKind::ConfigMap, "prod");
-        let a = p.change(s, "10");
-        let b = p.change(s, "11");
+        let a = p.change(s, Some("10"));
+        let b = p.change(s, Some("11"));
         p.progress(s, "12"); // a bookmark
+        p.index(s, one_object());
         assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "prod"), None);
         assert!(!p.take_dirty());
         // The later change finishes first: still nothing, 10 is in flight.
@@ -878,11 +956,12 @@ mod progress_tests {
         let mut p = Progress::new(stored);
         let cm = p.stream(ObjectKind::ConfigMap, "a");
         let sec = p.stream(ObjectKind::Secret, "*");
-        let t = p.change(cm, "7");
+        let t = p.change(cm, Some("7"));
         p.progress(sec, "8");
         assert_eq!(p.checkpoints().get(ObjectKind::Secret, "*"), Some("8"));
         assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "a"), None);
         p.complete(t);
+        p.index(cm, one_object());
         assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "a"), Some("7"));
         // Many events, one dirty flag: the caller batches the writes.
         for i in 0..100 {
@@ -896,17 +975,10 @@ mod progress_tests {
     fn an_index_is_safe_only_once_everything_it_has_seen_is_handled() {
         let mut p = Progress::new(Checkpoints::default());
         let s = p.stream(ObjectKind::ConfigMap, "prod");
-        let a = p.change(s, "10");
-        let mut ix = ObjectIndex::new(ObjectKind::ConfigMap);
-        ix.extend(
-            &ObjectIndex::decode(
-                ObjectKind::ConfigMap,
-                &format!("prod/a {:032x} {:016x} \n", 1, 2),
-            )
-            .unwrap(),
-        );
+        let a = p.change(s, Some("10"));
+        let ix = one_object();
         p.index(s, ix.clone());
-        let b = p.change(s, "11");
+        let b = p.change(s, Some("11"));
         assert!(p.take_indexes().is_empty(), "change 10 is in flight");
         p.complete(b);
         assert!(p.take_indexes().is_empty(), "still in flight");
@@ -918,11 +990,64 @@ mod progress_tests {
             (ObjectKind::ConfigMap, "prod")
         );
         assert_eq!(safe[0].index, ix);
+        // The index was taken before 11: the checkpoint stays at 10 until
+        // an index with 11 in it is safe.
         assert_eq!(
             p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
-            Some("11")
+            Some("10")
         );
         assert!(p.take_indexes().is_empty());
+    }
+
+    /// Issue 19's second loss, at the state machine: W is created at 20 and
+    /// its change handled, the checkpoint is saved past it, the leader
+    /// dies before the index with W is stored, W is deleted while nobody
+    /// leads past the history: the successor's resync against the stored
+    /// index cannot know W. So the checkpoint waits for that index, and
+    /// both are handed out for the same save.
+    #[test]
+    fn the_checkpoint_never_passes_a_change_without_an_index_that_has_it() {
+        let mut p = Progress::new(Checkpoints::default());
+        let s = p.stream(ObjectKind::ConfigMap, "prod");
+        p.remembered(s, "10"); // the baseline list
+        p.index(s, one_object());
+        assert_eq!(
+            p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
+            Some("10")
+        );
+        assert_eq!(p.take_indexes().len(), 1);
+        assert!(p.take_dirty());
+        // W created at 20 and handled, a bookmark at 25: not past 10 yet.
+        let w = p.change(s, Some("20"));
+        p.complete(w);
+        p.progress(s, "25");
+        assert_eq!(
+            p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
+            Some("10")
+        );
+        assert!(!p.take_dirty(), "nothing to save without the index");
+        // A label-only change holds it too (the stored labels route a
+        // deletion found by a resync).
+        p.remembered(s, "26");
+        let with_w = index_of(&format!(
+            "prod/a {:032x} {:016x} \nprod/w {:032x} {:016x} \n",
+            1, 2, 3, 4
+        ));
+        p.index(s, with_w.clone());
+        assert_eq!(
+            p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
+            Some("26")
+        );
+        assert!(p.take_dirty());
+        let safe = p.take_indexes();
+        assert_eq!(safe.len(), 1);
+        assert_eq!(safe[0].index, with_w, "handed out with the checkpoint");
+        // Bookmarks after the index move the checkpoint on their own.
+        p.progress(s, "30");
+        assert_eq!(
+            p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
+            Some("30")
+        );
     }
 
     #[test]

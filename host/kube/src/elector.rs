@@ -116,24 +116,73 @@ pub struct Leadership {
 
 /// Whether this replica may act right now: only while it leads and before the
 /// renew deadline counted from the start of its last successful renew.
-/// Executors check it before every action. A replica that was paused (GC,
-/// SIGSTOP, a stalled node) sees its deadline passed the moment it wakes, on
-/// the monotonic clock, before its elector has even run again.
+/// Executors check it before every action, and `/leader` answers from it. A
+/// replica that was paused (GC, SIGSTOP, a stalled node) sees its deadline
+/// passed the moment it wakes, on the monotonic clock, before its elector
+/// has even run again.
+///
+/// It is the one value for "may this replica act": the term it leads in and
+/// until when, set and cleared together. A term of leader work holds the
+/// [`Acting`] it started with and asks [`Fence::still`]: once the fence has
+/// closed, even briefly, that stretch is over for good (a renew that opens
+/// it again opens a new stretch), so work given up while it was closed can
+/// never be forgotten by a term that goes on.
 #[derive(Clone, Debug, Default)]
 pub struct Fence {
-    until: Arc<Mutex<Option<Instant>>>,
+    state: Arc<Mutex<FenceState>>,
+}
+
+#[derive(Debug, Default)]
+struct FenceState {
+    acting: Option<(Term, Instant)>,
+    /// Stretches opened so far.
+    opened: u64,
+}
+
+/// One stretch of acting: from the fence opening in a term to its closing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Acting {
+    pub term: Term,
+    stretch: u64,
 }
 
 impl Fence {
     pub fn may_act(&self) -> bool {
-        self.until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some_and(|until| Instant::now() < until)
+        self.acting().is_some()
     }
 
-    fn set(&self, until: Option<Instant>) {
-        *self.until.lock().unwrap_or_else(|e| e.into_inner()) = until;
+    /// The stretch this replica may act in now, if any.
+    pub fn acting(&self) -> Option<Acting> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state
+            .acting
+            .as_ref()
+            .filter(|(_, until)| Instant::now() < *until)
+            .map(|(term, _)| Acting {
+                term: term.clone(),
+                stretch: state.opened,
+            })
+    }
+
+    /// Whether `acting` goes on: the fence is open and has not closed since.
+    pub fn still(&self, acting: &Acting) -> bool {
+        self.acting().as_ref() == Some(acting)
+    }
+
+    fn set(&self, acting: Option<(Term, Instant)>) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let open_in = |a: &Option<(Term, Instant)>| {
+            a.as_ref()
+                .filter(|(_, until)| now < *until)
+                .map(|(t, _)| t.clone())
+        };
+        let before = open_in(&state.acting);
+        let after = open_in(&acting);
+        if after.is_some() && before != after {
+            state.opened += 1;
+        }
+        state.acting = acting;
     }
 }
 
@@ -420,7 +469,8 @@ impl Elector {
                     // Count from when the request was sent: the API server
                     // may have stamped the renewal any time after that.
                     last_renew = Some(attempt_started);
-                    self.fence.set(Some(attempt_started + cfg.renew_deadline));
+                    self.fence
+                        .set(Some((term.clone(), attempt_started + cfg.renew_deadline)));
                     self.publish(Some(term));
                 }
                 // Someone else holds the Lease now: whoever took it judged
@@ -563,12 +613,35 @@ mod tests {
     async fn a_paused_leader_may_not_act_once_its_deadline_passed() {
         let fence = Fence::default();
         assert!(!fence.may_act());
-        fence.set(Some(Instant::now() + Duration::from_secs(10)));
+        let term = Term {
+            holder: "me".into(),
+            transitions: 3,
+            lease_uid: "u".into(),
+        };
+        let ten_s = || Instant::now() + Duration::from_secs(10);
+        fence.set(Some((term.clone(), ten_s())));
         assert!(fence.may_act());
+        let acting = fence.acting().expect("open");
+        assert_eq!(acting.term, term);
+        // Renewals within the stretch keep it.
+        fence.set(Some((term.clone(), ten_s())));
+        assert!(fence.still(&acting));
         // The process is paused for 11 s: on waking, before anything else
         // runs, the fence is already closed.
         tokio::time::advance(Duration::from_secs(11)).await;
         assert!(!fence.may_act());
+        assert_eq!(fence.acting(), None);
+        assert!(!fence.still(&acting));
+        // A late renew in the same term opens a new stretch: the old one
+        // (whose work may have been given up meanwhile) stays over.
+        fence.set(Some((term.clone(), ten_s())));
+        assert!(fence.may_act());
+        assert!(!fence.still(&acting), "closed once, over for good");
+        let again = fence.acting().expect("open");
+        assert!(fence.still(&again));
+        fence.set(None);
+        fence.set(Some((term, ten_s())));
+        assert!(!fence.still(&again), "stepped down and back");
     }
 
     #[tokio::test(start_paused = true)]

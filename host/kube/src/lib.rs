@@ -16,4 +16,5 @@ pub mod checkpoint;
 pub mod elector;
 pub mod lookups;
 pub mod references;
+pub mod term;
 pub mod watchloop;

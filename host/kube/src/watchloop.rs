@@ -40,18 +40,32 @@ pub struct WatchTarget {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Output {
     /// A change to handle; the checkpoint may pass `resource_version` once it
-    /// and everything before it are handled.
+    /// and everything before it are handled. `None`: a change without a
+    /// version of its own (the delivery of every object after unreadable
+    /// checkpoints), which only waits its turn.
+    ///
+    /// `event.replay` is set by the loop: the change happened while nobody
+    /// led (see [`WatchLoop::new`]).
     Change {
         event: Box<ChangeEvent>,
-        resource_version: String,
+        resource_version: Option<String>,
     },
     /// Nothing to handle up to this version (a bookmark, a baseline list, a
     /// resync's list version): the checkpoint may advance to it.
-    Progress { resource_version: String },
+    ///
+    /// `index_changed`: the loop's index changed without a change to
+    /// deliver (a baseline or resync list, a label-only change): the
+    /// checkpoint may pass it only together with an index that has it
+    /// ([`crate::checkpoint::Progress::remembered`]).
+    Progress {
+        resource_version: String,
+        index_changed: bool,
+    },
     /// The loop's index of handled objects after everything reported
     /// before it; it may be stored once those changes are handled
-    /// ([`crate::checkpoint::Progress::index`]). Sent after a list and at
-    /// most every `index_interval` while changes come.
+    /// ([`crate::checkpoint::Progress::index`]). Sent after a list, and
+    /// within `index_interval` of any change or `index_changed` progress
+    /// (a checkpoint waits for it).
     Index(ObjectIndex),
 }
 
@@ -100,6 +114,24 @@ pub struct WatchLoop {
     /// The last version handed out before the history was lost: a relist's
     /// differences carry it (see `State::Relist` in `step`).
     relist_floor: Option<String>,
+    /// Which changes are replays of what happened while nobody led.
+    replay: Replay,
+}
+
+/// Which of a loop's changes happened while nobody led (they reach the
+/// plugins with `replay` set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replay {
+    /// A loop that starts live (a baseline): none.
+    No,
+    /// Resuming from a checkpoint: up to the collection's version when the
+    /// loop starts, read at its first step.
+    Unknown,
+    /// Changes up to this version, and a resync's differences until the
+    /// first live change.
+    Until(u64),
+    /// Every change until the first progress (the delivery of every object).
+    All,
 }
 
 /// Objects per list page.
@@ -123,8 +155,14 @@ fn api_resource(kind: ObjectKind) -> ApiResource {
 
 impl WatchLoop {
     /// A loop that resumes from `checkpoint`, or takes a baseline without one.
+    ///
+    /// Resuming, the loop first reads the collection's current version: the
+    /// changes up to it happened while nobody led, and so do the
+    /// differences of a resync before the first live change; they come out
+    /// with `replay` set.
     pub fn new(client: kube::Client, target: WatchTarget, checkpoint: Option<String>) -> WatchLoop {
         let ar = api_resource(target.kind);
+        let checkpoint_given = checkpoint.is_some();
         let api = match &target.namespace {
             Some(ns) => Api::namespaced_with(client, ns, &ar),
             None => Api::all_with(client, &ar),
@@ -147,6 +185,11 @@ impl WatchLoop {
             watched: false,
             gone_in_a_row: 0,
             relist_floor: None,
+            replay: if checkpoint_given {
+                Replay::Unknown
+            } else {
+                Replay::No
+            },
         }
     }
 
@@ -157,7 +200,42 @@ impl WatchLoop {
     pub fn deliver_all(client: kube::Client, target: WatchTarget) -> WatchLoop {
         let mut wl = WatchLoop::new(client, target, None);
         wl.state = State::Relist;
+        wl.replay = Replay::All;
         wl
+    }
+
+    /// Whether a change at `rv` (`None`: no version) is a replay, and what
+    /// the loop knows after it.
+    fn mark_replay(&mut self, event: &mut ChangeEvent, rv: Option<&str>) {
+        event.replay = match self.replay {
+            Replay::No | Replay::Unknown => false,
+            Replay::All => true,
+            Replay::Until(until) => match rv.and_then(|v| v.parse::<u64>().ok()) {
+                Some(v) if v <= until => true,
+                // A resync right after taking over: the differences are
+                // from the gap.
+                _ if event.change == wasmwatch_core::ChangeType::Resynced => true,
+                _ => {
+                    self.replay = Replay::No;
+                    false
+                }
+            },
+        };
+    }
+
+    async fn send_change(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        mut event: ChangeEvent,
+        resource_version: Option<String>,
+    ) -> Result<(), WatchError> {
+        self.mark_replay(&mut event, resource_version.as_deref());
+        out.send(Output::Change {
+            event: Box::new(event),
+            resource_version,
+        })
+        .await
+        .map_err(|_| WatchError::Closed)
     }
 
     /// The collection's current resourceVersion (a list of one item): a new
@@ -269,6 +347,7 @@ impl WatchLoop {
                 };
                 send(Output::Progress {
                     resource_version: rv.clone(),
+                    index_changed: true,
                 })
                 .await?;
                 self.send_index(out).await?;
@@ -283,16 +362,19 @@ impl WatchLoop {
                 // pass the relist before all of it is handed out (a new
                 // leader would resume after it and miss the rest).
                 let mut resync = Resync::new(self.target.metadata_changes);
+                if let Some(floor) = &self.relist_floor {
+                    resync = resync.after(floor);
+                }
+                // Delivering every object: the changes have no version (the
+                // checkpoint appears with the progress after the last one).
+                let versioned = self.replay != Replay::All;
                 let mut token = None;
                 let rv = loop {
                     let (objects, rv, next) = self.list_page(token).await?;
                     let at = self.relist_floor.clone().unwrap_or_else(|| rv.clone());
                     for event in self.index.resync_page(&mut resync, objects) {
-                        send(Output::Change {
-                            event: Box::new(event),
-                            resource_version: at.clone(),
-                        })
-                        .await?;
+                        self.send_change(out, event, versioned.then(|| at.clone()))
+                            .await?;
                     }
                     match next {
                         Some(t) => token = Some(t),
@@ -301,20 +383,29 @@ impl WatchLoop {
                 };
                 let at = self.relist_floor.take().unwrap_or_else(|| rv.clone());
                 for event in self.index.finish_resync(resync) {
-                    send(Output::Change {
-                        event: Box::new(event),
-                        resource_version: at.clone(),
-                    })
-                    .await?;
+                    self.send_change(out, event, versioned.then(|| at.clone()))
+                        .await?;
+                }
+                if self.replay == Replay::All {
+                    self.replay = Replay::No;
                 }
                 send(Output::Progress {
                     resource_version: rv.clone(),
+                    index_changed: true,
                 })
                 .await?;
                 self.send_index(out).await?;
                 self.state = State::Resume { from: rv };
             }
             State::Resume { from } => {
+                if self.replay == Replay::Unknown {
+                    // Not a number (another server's versions): nothing can
+                    // be told apart, so nothing is marked.
+                    self.replay = match self.current_version().await?.parse::<u64>() {
+                        Ok(now) => Replay::Until(now),
+                        Err(_) => Replay::No,
+                    };
+                }
                 if std::mem::replace(&mut self.watched, true) {
                     self.stats
                         .restarts
@@ -391,6 +482,7 @@ impl WatchLoop {
                             at = b.metadata.resource_version;
                             send(Output::Progress {
                                 resource_version: at.clone(),
+                                index_changed: false,
                             })
                             .await?;
                             continue;
@@ -420,15 +512,12 @@ impl WatchLoop {
                         self.index
                             .apply_noting(seen, snapshot, self.target.metadata_changes);
                     // A label-only change delivers nothing but changes what
-                    // the stored index must remember.
-                    self.index_dirty |= remembered_changed;
+                    // the stored index must remember; a change always counts
+                    // (the checkpoint waits for an index sent after it).
+                    self.index_dirty |= remembered_changed || event.is_some();
                     match event {
                         Some(event) => {
-                            send(Output::Change {
-                                event: Box::new(event),
-                                resource_version: rv,
-                            })
-                            .await?;
+                            self.send_change(out, event, Some(rv)).await?;
                             if self.index_sent.elapsed() >= self.index_interval {
                                 self.send_index(out).await?;
                             }
@@ -436,6 +525,7 @@ impl WatchLoop {
                         None => {
                             send(Output::Progress {
                                 resource_version: rv,
+                                index_changed: remembered_changed,
                             })
                             .await?
                         }

@@ -494,6 +494,7 @@ async fn run_elect(args: ElectArgs) -> anyhow::Result<()> {
         listener,
         crate::admin::AdminState {
             leadership,
+            fence: Some(elector.fence()),
             ready,
             metrics: None,
         },

@@ -33,9 +33,12 @@ use wasmwatch_exec::pipeline::{
     BoxFuture, Execute, Outcome, Pipeline, PipelineConfig, Policy, Report, Submission,
 };
 use wasmwatch_exec::{ExecError, Origin};
-use wasmwatch_kube::checkpoint::{CheckpointError, CheckpointStore, Progress, Ticket};
-use wasmwatch_kube::elector::{Elector, ElectorConfig, Fence, Leadership, Term};
+use wasmwatch_kube::checkpoint::{
+    CheckpointError, CheckpointStore, Checkpoints, StreamIndex, Ticket,
+};
+use wasmwatch_kube::elector::{Elector, ElectorConfig, Fence, Leadership};
 use wasmwatch_kube::lookups::KubeLookups;
+use wasmwatch_kube::term::{Effect, End, Input, Saved, Start, Term};
 use wasmwatch_kube::watchloop::{Output, WatchLoop, WatchTarget};
 use wasmwatch_runtime::{Plugin, Runtime, RuntimeConfig};
 
@@ -318,6 +321,7 @@ pub async fn run(
         listener,
         crate::admin::AdminState {
             leadership: leadership.clone(),
+            fence: elector_parts.as_ref().map(Elector::fence),
             ready,
             metrics: Some(metrics.clone()),
         },
@@ -351,7 +355,7 @@ pub async fn run(
     tokio::pin!(shutdown);
     match elector_parts {
         None => {
-            service.lead(None, None, leadership, &mut shutdown).await;
+            service.lead(None, leadership, &mut shutdown).await;
         }
         Some(elector) => {
             let fence = elector.fence();
@@ -368,12 +372,7 @@ pub async fn run(
                 let Some(term) = term else { break };
                 tracing::info!(term = %term, "leading");
                 let stop = service
-                    .lead(
-                        Some(term),
-                        Some(fence.clone()),
-                        leadership.clone(),
-                        &mut shutdown,
-                    )
+                    .lead(Some(fence.clone()), leadership.clone(), &mut shutdown)
                     .await;
                 if stop {
                     break;
@@ -431,7 +430,9 @@ async fn track_leadership(mut leadership: watch::Receiver<Leadership>, metrics: 
 }
 
 /// Waits until this replica leads; `None` when the elector is gone.
-async fn wait_leading(leadership: &mut watch::Receiver<Leadership>) -> Option<Term> {
+async fn wait_leading(
+    leadership: &mut watch::Receiver<Leadership>,
+) -> Option<wasmwatch_kube::elector::Term> {
     loop {
         {
             let l = leadership.borrow_and_update();
@@ -443,14 +444,6 @@ async fn wait_leading(leadership: &mut watch::Receiver<Leadership>) -> Option<Te
         }
         leadership.changed().await.ok()?;
     }
-}
-
-/// How a term of leadership ended.
-enum End {
-    /// Shutdown requested: the caller stops the process.
-    Shutdown,
-    /// Not leading any more (or fenced): wait for the next term.
-    Lost,
 }
 
 impl Service {
@@ -491,28 +484,44 @@ impl Service {
         });
     }
 
-    /// Leads until leadership is lost (returns false) or shutdown (true).
+    /// Leads until this replica may not act any more (returns false) or
+    /// shutdown (true). The rules live in [`Term`] (host/kube/src/term.rs);
+    /// this is its shell: it claims the state, runs the watch loops, the
+    /// plugin calls and the pipeline, feeds the term what happens and
+    /// carries out what it decides.
     async fn lead(
         self: &Arc<Self>,
-        term: Option<Term>,
         fence: Option<Fence>,
         mut leadership: watch::Receiver<Leadership>,
         shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
     ) -> bool {
-        let still_leading = {
-            let fence = fence.clone();
-            move || fence.as_ref().is_none_or(Fence::may_act)
+        // One value for "may this replica act": the stretch of acting this
+        // term began in (HA off: always).
+        let acting = match &fence {
+            Some(f) => match f.acting() {
+                Some(a) => Some(a),
+                None => return false,
+            },
+            None => None,
         };
-        // Claim the state (HA only), retrying while we lead.
-        let mut saver = None;
+        let may_act: Arc<dyn Fn() -> bool + Send + Sync> = {
+            let fence = fence.clone();
+            let acting = acting.clone();
+            Arc::new(move || match (&fence, &acting) {
+                (Some(f), Some(a)) => f.still(a),
+                _ => true,
+            })
+        };
+        // Claim the state (HA only), retrying while we may act.
+        let mut store = None;
         let mut claimed = None;
-        if let Some(term) = &term {
+        if let Some(acting) = &acting {
             let mut s = CheckpointStore::new(
                 self.client.clone(),
                 &self.lease_namespace,
                 &self.manifest.ha.state_lease_name,
                 &self.manifest.ha.lease_name,
-                term.clone(),
+                acting.term.clone(),
             );
             let mut failures = 0;
             loop {
@@ -521,7 +530,7 @@ impl Service {
                         claimed = Some(c);
                         break;
                     }
-                    Err(CheckpointError::Api(e)) if still_leading() => {
+                    Err(CheckpointError::Api(e)) if may_act() => {
                         failures += 1;
                         let delay = wasmwatch_kube::watchloop::backoff(failures);
                         tracing::warn!("cannot claim the state Lease, retrying in {delay:?}: {e}");
@@ -539,36 +548,37 @@ impl Service {
             if let Some(c) = &claimed {
                 self.report_unreadable_state(&s, c);
             }
-            saver = Some(Saver {
-                store: s,
-                unsaved: false,
-                indexes: Vec::new(),
-            });
+            store = Some(s);
         }
         let (checkpoints, indexes, unreadable) = match claimed {
             Some(c) => (c.checkpoints, c.indexes, c.unreadable),
             None => Default::default(),
         };
-        let mut progress = Progress::new(checkpoints.clone());
+        let route = {
+            let plugins: Vec<Arc<Plugin>> = self.plugins.iter().map(|l| l.plugin.clone()).collect();
+            Box::new(move |event: &ChangeEvent| {
+                plugins
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.filter().matches(event))
+                    .map(|(i, _)| i)
+                    .collect()
+            })
+        };
+        let mut term = Term::new(
+            checkpoints.clone(),
+            unreadable.keys().copied(),
+            store.is_some(),
+            self.options.checkpoint_interval,
+            Instant::now(),
+            route,
+        );
 
         // One watch loop per stream, tagged with its stream id.
         let (tx, mut outputs) = mpsc::channel::<(usize, Output)>(1024);
         let mut tasks = Vec::new();
         // Per loop: kind, counters, and the values already counted.
         let mut watch_stats = Vec::new();
-        // Per stream resuming from a predecessor's checkpoint: the version
-        // up to which changes are replays.
-        let mut replay_until: HashMap<usize, u64> = HashMap::new();
-        // Streams without a stored checkpoint: their baseline is saved at once.
-        let mut unsaved_baseline = std::collections::HashSet::new();
-        // Streams delivering every object once (their kind's checkpoints
-        // were unreadable), until their first progress: those changes are
-        // replays, and they are handed to `progress` without a version, so
-        // the stream's checkpoint appears only once every one of them is
-        // handled (the relist hands them all out at the list's version; a
-        // checkpoint there after the first page would let a successor
-        // skip the rest).
-        let mut delivering_all = std::collections::HashSet::new();
         let namespaces: Vec<Option<String>> = match watched_namespaces(&self.manifest) {
             None => vec![None],
             Some(list) => list.into_iter().map(Some).collect(),
@@ -576,7 +586,6 @@ impl Service {
         for kind in &self.manifest.watch.kinds {
             for namespace in &namespaces {
                 let ns_key = namespace.clone().unwrap_or_else(|| "*".into());
-                let id = progress.stream(*kind, &ns_key);
                 let target = WatchTarget {
                     kind: *kind,
                     namespace: namespace.clone(),
@@ -589,27 +598,29 @@ impl Service {
                     metadata_changes: self.manifest.watch.metadata_changes,
                 };
                 let from = checkpoints.get(*kind, &ns_key).map(str::to_string);
-                let resuming = from.is_some();
-                let mut wl = if unreadable.contains_key(kind) {
-                    delivering_all.insert(id);
-                    WatchLoop::deliver_all(self.client.clone(), target)
+                let (start, mut wl) = if unreadable.contains_key(kind) {
+                    (
+                        Start::DeliverAll,
+                        WatchLoop::deliver_all(self.client.clone(), target),
+                    )
+                } else if from.is_some() {
+                    (
+                        Start::Resume,
+                        WatchLoop::new(self.client.clone(), target, from),
+                    )
                 } else {
-                    if !resuming {
-                        unsaved_baseline.insert(id);
-                    }
-                    WatchLoop::new(self.client.clone(), target, from)
+                    (
+                        Start::Baseline,
+                        WatchLoop::new(self.client.clone(), target, None),
+                    )
                 };
-                // Changes up to the version current now happened while
-                // nobody led: they reach the plugins with `replay` set.
-                if resuming
-                    && let Ok(now) = wl.current_version().await
-                    && let Ok(now) = now.parse::<u64>()
-                {
-                    replay_until.insert(id, now);
-                }
+                let id = term.stream(*kind, &ns_key, start);
                 if let Some(index) = indexes.get(kind) {
                     wl = wl.with_index(index.namespace(&ns_key));
                 }
+                // The checkpoint waits for an index taken after each change:
+                // send it as often as checkpoints are saved.
+                wl.index_interval = self.options.checkpoint_interval;
                 watch_stats.push((*kind, wl.stats(), 0u64, 0u64));
                 let (loop_tx, mut loop_rx) = mpsc::channel(256);
                 let span = tracing::info_span!("watch", kind = kind.as_str(), namespace = %ns_key);
@@ -629,13 +640,7 @@ impl Service {
         drop(indexes);
 
         let (done_tx, mut done) = mpsc::unbounded_channel::<Ticket>();
-        // An action given up because the fence closed never completes its
-        // ticket: if leadership came back before this loop noticed it was
-        // gone, the term must still end (and the next one replay it), or
-        // those tickets would hold the checkpoints for the rest of the term.
-        let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let on_report = {
-            let abandoned_flag = abandoned.clone();
             let metrics = self.metrics.clone();
             let print = self.options.reports;
             let identity = self.options.identity.clone();
@@ -651,10 +656,10 @@ impl Service {
                         metrics.actions.inc(&[kind, "dead_lettered"]);
                         metrics.dead_letters.inc(&[kind]);
                     }
-                    Outcome::Abandoned => {
-                        metrics.actions.inc(&[kind, "abandoned"]);
-                        abandoned_flag.store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
+                    // The fence closed: the term ends at its next look
+                    // (`may_act` stays false for this stretch), and the
+                    // next one replays what was given up.
+                    Outcome::Abandoned => metrics.actions.inc(&[kind, "abandoned"]),
                 }
                 match print {
                     Reports::Quiet => {}
@@ -666,152 +671,100 @@ impl Service {
         let pipeline = Pipeline::start(
             self.executors.clone() as Arc<dyn Execute>,
             PipelineConfig::default(),
-            Arc::new(still_leading.clone()),
+            may_act.clone(),
             Some(on_report),
             done_tx.clone(),
         );
-        // Per ticket still outstanding: decisions left, kind, since when.
-        let mut outstanding: HashMap<Ticket, (usize, ObjectKind, Instant)> = HashMap::new();
         let metrics = self.metrics.clone();
-        let mut save_tick = tokio::time::interval(self.options.checkpoint_interval);
-        save_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The plugin calls of this term, and per plugin and object the
         // latest call's turn (see `dispatch`).
         let mut calls = tokio::task::JoinSet::new();
         let mut order: HashMap<OrderKey, oneshot::Receiver<()>> = HashMap::new();
         let end = loop {
-            tokio::select! {
+            let input = tokio::select! {
+                biased;
+                _ = &mut *shutdown => Input::Shutdown,
+                r = leadership.changed() => {
+                    if r.is_ok() && may_act() {
+                        continue;
+                    }
+                    tracing::warn!("not leading any more; stopping leader work");
+                    Input::NotActing
+                }
                 Some(joined) = calls.join_next(), if !calls.is_empty() => {
                     if let Err(e) = joined
                         && e.is_panic()
                     {
                         std::panic::resume_unwind(e.into_panic());
                     }
+                    continue;
                 }
-                o = outputs.recv() => {
-                    let Some((id, output)) = o else { break End::Lost };
-                    match output {
-                        Output::Change { mut event, mut resource_version } => {
-                            if delivering_all.contains(&id) {
-                                event.replay = true;
-                                resource_version.clear();
-                            } else if let Some(until) = replay_until.get(&id) {
-                                match resource_version.parse::<u64>() {
-                                    Ok(rv) if rv <= *until => event.replay = true,
-                                    // A resync right after taking over: the
-                                    // differences are from the gap.
-                                    _ if event.change == wasmwatch_core::ChangeType::Resynced => {
-                                        event.replay = true
-                                    }
-                                    _ => {
-                                        replay_until.remove(&id);
-                                    }
-                                }
-                            }
-                            let kind = event.object.kind;
-                            metrics.events_received.inc(&[kind.as_str()]);
-                            let ticket = progress.change(id, &resource_version);
-                            let span = tracing::info_span!(
-                                "delivery",
-                                object = %format!("{}/{}/{}", kind.as_str(), event.object.namespace, event.object.name),
-                                change = ?event.change,
-                                resource_version = %resource_version,
-                                replay = event.replay,
-                            );
-                            let n = span.in_scope(|| {
-                                self.dispatch(*event, ticket, &pipeline, &done_tx, &mut calls, &mut order)
-                            });
-                            if n == 0 {
-                                progress.complete(ticket);
-                                metrics.events_handled.inc(&[kind.as_str()]);
-                            } else {
-                                outstanding.insert(ticket, (n, kind, Instant::now()));
-                            }
-                        }
-                        Output::Progress { resource_version } => {
-                            progress.progress(id, &resource_version);
-                            delivering_all.remove(&id);
-                            // A stream's first checkpoint (its baseline) is
-                            // written before any of its changes is handled:
-                            // a successor finding none would take a baseline
-                            // of its own and never see what was in flight.
-                            // Until it is stored, nothing of the stream
-                            // is handled: an API error is retried here
-                            // (the other streams wait too; this happens
-                            // once, at the start of a term).
-                            if unsaved_baseline.remove(&id)
-                                && let Some(saver) = saver.as_mut()
-                            {
-                                let mut failures = 0;
-                                let stored = loop {
-                                    match saver.try_save(&mut progress, &still_leading, &metrics).await {
-                                        Ok(true) => break None,
-                                        Ok(false) => {
-                                            failures += 1;
-                                            let delay = wasmwatch_kube::watchloop::backoff(failures);
-                                            tracing::warn!("baseline checkpoint not saved, retrying in {delay:?} before handling changes");
-                                            tokio::select! {
-                                                _ = tokio::time::sleep(delay) => {}
-                                                r = leadership.changed() => {
-                                                    if r.is_err() || !leadership.borrow().leading {
-                                                        tracing::warn!("not leading any more; stopping leader work");
-                                                        break Some(End::Lost);
-                                                    }
-                                                }
-                                                _ = &mut *shutdown => break Some(End::Shutdown),
-                                            }
-                                        }
-                                        Err(e) => {
-                                            tracing::error!("{e}; stopping leader work");
-                                            break Some(End::Lost);
-                                        }
-                                    }
-                                };
-                                if let Some(end) = stored {
-                                    break end;
-                                }
-                            }
-                        }
-                        Output::Index(index) => progress.index(id, index),
-                    }
-                }
-                Some(ticket) = done.recv() => {
-                    finish(&mut outstanding, &mut progress, &metrics, ticket);
-                }
-                _ = save_tick.tick() => {
-                    if abandoned.load(std::sync::atomic::Ordering::Relaxed) {
-                        tracing::warn!("actions were abandoned while the fence was closed; starting a new term to replay them");
-                        break End::Lost;
-                    }
+                Some(ticket) = done.recv() => Input::Finished(ticket),
+                _ = tokio::time::sleep_until(term.wake_at()) => {
                     // Forget the turns of calls that are over.
                     order.retain(|_, turn| matches!(turn.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
-                    metrics.queue_depth.set(pipeline.stats().queued.load(std::sync::atomic::Ordering::Relaxed) as i64);
-                    metrics.checkpoint_lag_versions.set(progress.in_flight() as i64);
-                    for (kind, stats, restarts, resyncs) in watch_stats.iter_mut() {
-                        use std::sync::atomic::Ordering::Relaxed;
-                        let (r, s) = (stats.restarts.load(Relaxed), stats.resyncs.load(Relaxed));
-                        metrics.watch_restarts.add(&[kind.as_str()], r - *restarts);
-                        metrics.resyncs.add(&[kind.as_str()], s - *resyncs);
-                        (*restarts, *resyncs) = (r, s);
-                    }
-                    let oldest = outstanding.values().map(|(_, _, since)| since.elapsed()).max().unwrap_or_default();
-                    metrics.checkpoint_lag_seconds.set(oldest.as_secs_f64());
-                    if let Some(saver) = saver.as_mut()
-                        && let Err(e) = saver.save(&mut progress, &still_leading, &metrics).await
-                    {
-                        tracing::error!("{e}; stopping leader work");
-                        break End::Lost;
+                    self.update_metrics(&term, &pipeline, &mut watch_stats);
+                    if may_act() {
+                        Input::Tick(Instant::now())
+                    } else {
+                        tracing::warn!("the fence closed; stopping leader work");
+                        Input::NotActing
                     }
                 }
-                r = leadership.changed() => {
-                    if r.is_err() || !leadership.borrow().leading {
-                        tracing::warn!("not leading any more; stopping leader work");
-                        break End::Lost;
+                // Back-pressure: outputs are read only while the plugin
+                // calls in flight are under a budget, so a burst waits in
+                // the watch loops' channels, not in tasks.
+                o = outputs.recv(), if term.wants_outputs() && calls.len() < CALLS_IN_FLIGHT => match o {
+                    Some((id, output)) => Input::Output(id, output),
+                    None => Input::WatchesGone,
+                },
+            };
+            let mut effects: std::collections::VecDeque<Effect> =
+                term.handle(input, Instant::now()).into();
+            let mut ended = None;
+            while let Some(effect) = effects.pop_front() {
+                match effect {
+                    Effect::Dispatch {
+                        ticket,
+                        event,
+                        plugins,
+                    } => {
+                        let span = tracing::info_span!(
+                            "delivery",
+                            object = %format!("{}/{}/{}", event.object.kind.as_str(), event.object.namespace, event.object.name),
+                            change = ?event.change,
+                            resource_version = %event.object.resource_version,
+                            replay = event.replay,
+                        );
+                        span.in_scope(|| {
+                            self.dispatch(
+                                *event, ticket, &plugins, &pipeline, &done_tx, &mut calls,
+                                &mut order,
+                            )
+                        });
                     }
+                    Effect::Save {
+                        checkpoints,
+                        indexes,
+                    } => {
+                        let store = store
+                            .as_mut()
+                            .expect("a term without a store saves nothing");
+                        let saved = write(store, &checkpoints, &indexes, &*may_act, &metrics).await;
+                        effects.extend(term.handle(Input::Saved(saved), Instant::now()));
+                    }
+                    Effect::Received(kind) => metrics.events_received.inc(&[kind.as_str()]),
+                    Effect::Handled(kind) => metrics.events_handled.inc(&[kind.as_str()]),
+                    Effect::End(why) => ended = Some(why),
                 }
-                _ = &mut *shutdown => break End::Shutdown,
+            }
+            if let Some(why) = ended {
+                break why;
             }
         };
+        if let End::Fenced(why) = &end {
+            tracing::error!("{why}; stopping leader work");
+        }
         // Stop watching, deciding and executing first, then save what is
         // complete. Dropping a plugin call ends its sandbox at once.
         drop(tasks);
@@ -819,19 +772,56 @@ impl Service {
         drop(calls);
         drop(pipeline);
         while let Ok(ticket) = done.try_recv() {
-            finish(&mut outstanding, &mut progress, &metrics, ticket);
+            if let Some(kind) = term.finish_late(ticket) {
+                metrics.events_handled.inc(&[kind.as_str()]);
+            }
         }
-        if let Some(saver) = saver.as_mut()
-            && still_leading()
-            && let Err(e) = saver.save(&mut progress, &still_leading, &metrics).await
+        if let (
+            Some(store),
+            Some(Effect::Save {
+                checkpoints,
+                indexes,
+            }),
+        ) = (store.as_mut(), term.final_save())
+            && may_act()
+            && let Saved::Failed(e) | Saved::Fenced(e) =
+                write(store, &checkpoints, &indexes, &*may_act, &metrics).await
         {
             tracing::warn!("final checkpoint not saved: {e}");
         }
         matches!(end, End::Shutdown)
     }
 
-    /// Hands the change to every plugin that selects it; returns how many
-    /// decisions will complete on the `done` channel.
+    fn update_metrics(
+        &self,
+        term: &Term,
+        pipeline: &Pipeline<Ticket>,
+        watch_stats: &mut [(
+            ObjectKind,
+            Arc<wasmwatch_kube::watchloop::WatchStats>,
+            u64,
+            u64,
+        )],
+    ) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let metrics = &self.metrics;
+        metrics
+            .queue_depth
+            .set(pipeline.stats().queued.load(Relaxed) as i64);
+        metrics.checkpoint_lag_versions.set(term.in_flight() as i64);
+        for (kind, stats, restarts, resyncs) in watch_stats.iter_mut() {
+            let (r, s) = (stats.restarts.load(Relaxed), stats.resyncs.load(Relaxed));
+            metrics.watch_restarts.add(&[kind.as_str()], r - *restarts);
+            metrics.resyncs.add(&[kind.as_str()], s - *resyncs);
+            (*restarts, *resyncs) = (r, s);
+        }
+        metrics
+            .checkpoint_lag_seconds
+            .set(term.oldest(Instant::now()).as_secs_f64());
+    }
+
+    /// Hands the change to the plugins the term chose (`plugins`, indexes
+    /// into `self.plugins`); each completes on the `done` channel.
     ///
     /// Each plugin decides in a task of its own (in `calls`, which the term
     /// drops when it ends), so a slow or blocked plugin delays neither the
@@ -839,22 +829,20 @@ impl Service {
     /// `order` chains the calls: a change is decided, and its actions
     /// submitted, only after the plugin's decision on the previous change
     /// of the same object.
+    #[allow(clippy::too_many_arguments)]
     fn dispatch(
         self: &Arc<Self>,
         event: ChangeEvent,
         ticket: Ticket,
+        plugins: &[usize],
         pipeline: &Pipeline<Ticket>,
         done: &mpsc::UnboundedSender<Ticket>,
         calls: &mut tokio::task::JoinSet<()>,
         order: &mut HashMap<OrderKey, oneshot::Receiver<()>>,
-    ) -> usize {
+    ) {
         let event = Arc::new(event);
-        let mut n = 0;
-        for (index, loaded) in self.plugins.iter().enumerate() {
-            if !loaded.plugin.filter().matches(&event) {
-                continue;
-            }
-            n += 1;
+        for &index in plugins {
+            let loaded = &self.plugins[index];
             let key = (
                 index,
                 event.object.kind,
@@ -886,7 +874,38 @@ impl Service {
                     .instrument(tracing::Span::current()),
             );
         }
-        n
+    }
+}
+
+/// Plugin calls in flight (waiting for their turn, deciding, retrying)
+/// before the term stops reading watch outputs.
+const CALLS_IN_FLIGHT: usize = 512;
+
+/// Writes one save of the term; what it did, for [`Input::Saved`].
+async fn write(
+    store: &mut CheckpointStore,
+    checkpoints: &Checkpoints,
+    indexes: &[StreamIndex],
+    may_act: &(dyn Fn() -> bool + Send + Sync),
+    metrics: &Metrics,
+) -> Saved {
+    if !may_act() {
+        return Saved::Fenced("the fence is closed".into());
+    }
+    match store.save(checkpoints, indexes).await {
+        Ok(()) => {
+            metrics.checkpoint_writes.inc(&["ok"]);
+            Saved::Stored
+        }
+        Err(CheckpointError::Api(e)) => {
+            metrics.checkpoint_writes.inc(&["error"]);
+            tracing::warn!("checkpoint not saved, retrying: {e}");
+            Saved::Failed(e.to_string())
+        }
+        Err(e) => {
+            metrics.checkpoint_writes.inc(&["fenced"]);
+            Saved::Fenced(e.to_string())
+        }
     }
 }
 
@@ -910,9 +929,14 @@ impl PluginCall {
     /// Waits for the plugin's previous call on the same object (`previous`),
     /// decides, submits the allowed actions, then lets the next call on the
     /// object go (`turn_done`). A failed call is retried per the plugin's
-    /// delivery policy off that order (a newer change of the object need
-    /// not wait for it), then dead-lettered.
+    /// delivery policy, then dead-lettered, holding its turn: a newer
+    /// change's decision must not be submitted before an older one's (its
+    /// actions would run first and the older content land last), and it
+    /// cannot be skipped either (a plugin may act only on the keys a change
+    /// touched).
     async fn run(self, previous: Option<oneshot::Receiver<()>>, turn_done: oneshot::Sender<()>) {
+        // Released when this call is over, whichever way it ends.
+        let _turn = turn_done;
         if let Some(previous) = previous {
             // Sent or dropped: either way the previous call is over.
             let _ = previous.await;
@@ -927,7 +951,6 @@ impl PluginCall {
             }
             Err(e) => e,
         };
-        drop(turn_done);
         tracing::warn!(plugin = name, object = %object, "plugin failed: {error}");
         for attempt in 1..=self.policy.retries {
             // The term is over (its loop dropped `done`): stop.
@@ -976,96 +999,6 @@ impl PluginCall {
             actions: decision.allowed().cloned().collect(),
             policy: self.policy,
         });
-    }
-}
-
-/// One decision for `ticket` is complete; the change is handled once all are.
-fn finish(
-    outstanding: &mut HashMap<Ticket, (usize, ObjectKind, Instant)>,
-    progress: &mut Progress,
-    metrics: &Metrics,
-    ticket: Ticket,
-) {
-    if let Some((n, kind, _)) = outstanding.get_mut(&ticket) {
-        *n -= 1;
-        if *n == 0 {
-            metrics.events_handled.inc(&[kind.as_str()]);
-            outstanding.remove(&ticket);
-            progress.complete(ticket);
-        }
-    }
-}
-
-/// Batches checkpoint writes: what moved since the last successful save.
-struct Saver {
-    store: CheckpointStore,
-    unsaved: bool,
-    indexes: Vec<wasmwatch_kube::checkpoint::StreamIndex>,
-}
-
-impl Saver {
-    /// Writes the checkpoints (and the indexes that became safe) when they
-    /// moved. A retryable failure keeps them for the next round; `Fenced`
-    /// means another leader owns the state: the caller stops.
-    async fn save(
-        &mut self,
-        progress: &mut Progress,
-        still_leading: &impl Fn() -> bool,
-        metrics: &Metrics,
-    ) -> Result<(), CheckpointError> {
-        self.try_save(progress, still_leading, metrics)
-            .await
-            .map(|_| ())
-    }
-
-    /// [`Saver::save`], telling whether everything is stored (false: an API
-    /// error, kept for the next try).
-    async fn try_save(
-        &mut self,
-        progress: &mut Progress,
-        still_leading: &impl Fn() -> bool,
-        metrics: &Metrics,
-    ) -> Result<bool, CheckpointError> {
-        self.unsaved |= progress.take_dirty();
-        for ix in progress.take_indexes() {
-            self.indexes
-                .retain(|o| !(o.kind == ix.kind && o.namespace == ix.namespace));
-            self.indexes.push(ix);
-        }
-        if !self.unsaved && self.indexes.is_empty() {
-            return Ok(true);
-        }
-        if !still_leading() {
-            return Err(CheckpointError::Fenced("the fence is closed".into()));
-        }
-        // A kind unreadable at the claim is written only once every stream
-        // of it has a checkpoint, so that a successor never finds some
-        // namespaces missing (it would take a baseline there and miss what
-        // this term had not delivered yet); until then the store leaves the
-        // unreadable value for it.
-        let mut checkpoints = std::borrow::Cow::Borrowed(progress.checkpoints());
-        for kind in self.store.unreadable_kinds() {
-            if !progress.has_checkpoints(kind) {
-                checkpoints.to_mut().clear(kind);
-            }
-        }
-        match self.store.save(&checkpoints, &self.indexes).await {
-            Ok(()) => {
-                metrics.checkpoint_writes.inc(&["ok"]);
-                self.unsaved = false;
-                self.indexes.clear();
-                Ok(true)
-            }
-            Err(CheckpointError::Api(e)) => {
-                metrics.checkpoint_writes.inc(&["error"]);
-                tracing::warn!("checkpoint not saved, retrying: {e}");
-                Ok(false)
-            }
-            Err(e) => {
-                metrics.checkpoint_writes.inc(&["fenced"]);
-                Err(e)
-            }
-        }
     }
 }
 

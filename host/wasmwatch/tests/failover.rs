@@ -270,6 +270,61 @@ async fn after_a_gap_longer_than_the_history_only_what_changed_is_delivered() {
     assert_eq!(c.billing.hits(REFRESH), 1, "billing did not change again");
 }
 
+/// Issue 19's recipe for the two losses at a 410 resync. The leader handles
+/// X = B, Z = B and a new W, and its checkpoint is saved past them; it is
+/// killed; while nobody leads X goes back to A, Z to C, W is deleted, and
+/// the history is lost. Before the fix the stored index (written at most
+/// every 5 s) still had X = A and no W: the successor's relist found X
+/// equal to it and W unknown, and the apps kept B and W's configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revert_and_a_deletion_in_a_gap_past_the_history_reach_the_apps() {
+    let _alone = ALONE.lock().await;
+    let c = cluster().await;
+    let w_app = Pod::start().await;
+    service(&c.client, "shop", "w", &[&w_app], &[]).await;
+    let a = Replica::start(&c.kubeconfig, &c.manifest, "replica-a");
+    eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    set(&c.cms, "orders", "B").await;
+    set(&c.cms, "billing", "B").await;
+    let w = c
+        .cms
+        .create(&PostParams::default(), &config_map("w", "1"))
+        .await
+        .unwrap();
+    let rv_w: u64 = w.metadata.resource_version.unwrap().parse().unwrap();
+    eventually(Duration::from_secs(10), "B and W delivered", || async {
+        orders_hits(&c) == vec![1, 1] && c.billing.hits(REFRESH) == 1 && w_app.hits(REFRESH) == 1
+    })
+    .await;
+    eventually(Duration::from_secs(10), "checkpoint saved past W", || async {
+        checkpoint(&c.client, "shop")
+            .await
+            .is_some_and(|rv| rv >= rv_w)
+    })
+    .await;
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+
+    set(&c.cms, "orders", "1").await; // back to A
+    set(&c.cms, "billing", "C").await;
+    c.cms.delete("w", &DeleteParams::default()).await.unwrap();
+    c.server.faults().compact_history();
+
+    let b = Replica::start(&c.kubeconfig, &c.manifest, "replica-b");
+    eventually(Duration::from_secs(15), "replica-b leads", || b.leading()).await;
+    eventually(Duration::from_secs(10), "the gap delivered", || async {
+        orders_hits(&c) == vec![2, 2] && c.billing.hits(REFRESH) == 2 && w_app.hits(REFRESH) == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(orders_hits(&c), vec![2, 2], "the revert, once");
+    assert_eq!(c.billing.hits(REFRESH), 2);
+    assert_eq!(w_app.hits(REFRESH), 2, "W's deletion, once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_old_leader_that_wakes_after_a_successor_took_over_does_nothing() {
     let _alone = ALONE.lock().await;

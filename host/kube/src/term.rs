@@ -1,0 +1,411 @@
+//! One term of leadership as a state machine without I/O.
+//!
+//! ```text
+//! inputs                                   effects
+//! ───────────────────────────────────────  ─────────────────────────────────
+//! watch outputs (change, progress, index)  Dispatch(ticket, event, plugins)
+//! Finished(ticket)  (a plugin's decision   Save(checkpoints, indexes)
+//!                    and its actions over) Received(kind) / Handled(kind)
+//! Tick(now)         (the save interval,    End(why)
+//!                    a baseline retry)
+//! Saved(outcome)    (the last Save's)
+//! NotActing, Shutdown
+//! ```
+//!
+//! The async shell (`wasmwatch run`) feeds it what happened and carries out
+//! what it returns: it owns the watch loops, the plugin calls, the pipeline
+//! and the state Lease; this owns the rules that make a failover lose
+//! nothing:
+//!
+//! - A change's ticket completes when every plugin it was dispatched to has
+//!   finished with it; only then may [`Progress`] move the checkpoint past
+//!   it, and only together with an index that has it.
+//! - A stream without a stored checkpoint takes a baseline; that baseline
+//!   (checkpoint and index) is saved before anything else of the term is
+//!   read, retried with backoff: a successor finding no checkpoint would
+//!   take a baseline of its own, after what this term had in flight.
+//!   [`Term::wants_outputs`] says when the shell may read outputs.
+//! - A kind whose checkpoints were unreadable at the claim keeps its stored
+//!   (unreadable) value until every stream of it has a checkpoint, so that a
+//!   leader dying before then leaves its successor the same instruction
+//!   (deliver everything once) rather than a mix.
+//! - Checkpoints are saved at most every interval, when they moved; a
+//!   `Fenced` save ends the term; an API error is retried at the next one.
+//! - The term ends when the shell says the fence closed, on shutdown, or
+//!   when the watches are gone; [`Term::final_save`] is what is left to
+//!   write (the shell writes it only while the fence is still open).
+//!
+//! Replays are marked by the watch loops (they know where they resumed).
+//! The shell must feed `Saved` for a `Save` before any other input (it
+//! awaits the write in place).
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use wasmwatch_core::{ChangeEvent, ObjectKind};
+
+use crate::checkpoint::{Checkpoints, Progress, StreamIndex, Ticket};
+use crate::watchloop::Output;
+
+/// Which plugins (indexes into the shell's list) a change goes to.
+pub type Route = Box<dyn Fn(&ChangeEvent) -> Vec<usize> + Send>;
+
+/// How a stream of the term starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// From a stored checkpoint.
+    Resume,
+    /// No checkpoint: the loop lists a baseline, saved before anything else.
+    Baseline,
+    /// The kind's checkpoints were unreadable: the loop delivers every
+    /// object once (changes without versions), then goes on live.
+    DeliverAll,
+}
+
+/// What happened, for the term to decide on.
+#[derive(Debug)]
+pub enum Input {
+    /// A watch loop's output, with the stream's id ([`Term::stream`]).
+    Output(usize, Output),
+    /// One plugin is done with the ticket's change (its actions finished
+    /// or were dead-lettered, or the plugin failed for good).
+    Finished(Ticket),
+    /// Time passed: a save or a retry may be due.
+    Tick(Instant),
+    /// What the last [`Effect::Save`] did.
+    Saved(Saved),
+    /// The fence closed, or leadership went elsewhere.
+    NotActing,
+    Shutdown,
+    /// Every watch loop is gone.
+    WatchesGone,
+}
+
+/// The outcome of a save.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Saved {
+    Stored,
+    /// An API error: kept for the next round.
+    Failed(String),
+    /// Another leader owns the state (or the fence closed).
+    Fenced(String),
+}
+
+/// What the shell must do.
+#[derive(Debug)]
+pub enum Effect {
+    /// Hand the change to these plugins (indexes into the shell's list);
+    /// feed [`Input::Finished`] once per plugin.
+    Dispatch {
+        ticket: Ticket,
+        event: Box<ChangeEvent>,
+        plugins: Vec<usize>,
+    },
+    /// Write these (index shards first, then the state Lease), then feed
+    /// [`Input::Saved`].
+    Save {
+        checkpoints: Checkpoints,
+        indexes: Vec<StreamIndex>,
+    },
+    /// A change arrived (for metrics).
+    Received(ObjectKind),
+    /// A change is handled (for metrics).
+    Handled(ObjectKind),
+    /// The term is over.
+    End(End),
+}
+
+/// Why a term ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    Shutdown,
+    /// The fence closed or leadership went elsewhere.
+    NotActing,
+    /// A save found the state owned by another term.
+    Fenced(String),
+    WatchesGone,
+}
+
+#[derive(Debug)]
+struct Stream {
+    /// A baseline whose index (and so checkpoint) is not stored yet.
+    baseline_unsaved: bool,
+}
+
+#[derive(Debug)]
+struct Outstanding {
+    left: usize,
+    kind: ObjectKind,
+    since: Instant,
+}
+
+/// One term of leadership (see the module docs).
+pub struct Term {
+    progress: Progress,
+    streams: Vec<Stream>,
+    outstanding: HashMap<Ticket, Outstanding>,
+    /// Which plugins a change goes to.
+    route: Route,
+    /// Kinds unreadable at the claim whose checkpoints are not all there.
+    unreadable: BTreeSet<ObjectKind>,
+    /// Checkpoints moved since the last stored save.
+    unsaved: bool,
+    /// Safe indexes not stored yet, the newest per stream.
+    indexes: Vec<StreamIndex>,
+    /// With checkpoints (HA): saves happen. Without, nothing is stored.
+    stores: bool,
+    interval: Duration,
+    next_save: Instant,
+    /// A baseline must be stored before anything else: retry at.
+    urgent: Option<Instant>,
+    urgent_failures: u32,
+    saving: bool,
+    ended: bool,
+}
+
+impl Term {
+    /// A term that starts from `checkpoints` (as claimed; empty without HA)
+    /// and saves every `interval` when `stores`. `route` names the plugins
+    /// a change goes to. `unreadable`: kinds whose stored checkpoints could
+    /// not be read.
+    pub fn new(
+        checkpoints: Checkpoints,
+        unreadable: impl IntoIterator<Item = ObjectKind>,
+        stores: bool,
+        interval: Duration,
+        now: Instant,
+        route: Route,
+    ) -> Term {
+        Term {
+            progress: Progress::new(checkpoints),
+            streams: Vec::new(),
+            outstanding: HashMap::new(),
+            route,
+            unreadable: unreadable.into_iter().collect(),
+            unsaved: false,
+            indexes: Vec::new(),
+            stores,
+            interval,
+            next_save: now + interval,
+            urgent: None,
+            urgent_failures: 0,
+            saving: false,
+            ended: false,
+        }
+    }
+
+    /// Registers a stream (namespace `*` for cluster-wide); returns its id.
+    pub fn stream(&mut self, kind: ObjectKind, namespace: &str, start: Start) -> usize {
+        let id = self.progress.stream(kind, namespace);
+        self.streams.push(Stream {
+            baseline_unsaved: self.stores && start == Start::Baseline,
+        });
+        id
+    }
+
+    /// Whether the shell may read watch outputs now: not while a baseline
+    /// waits to be stored (nothing of the term is handled before it), nor
+    /// once the term ended.
+    pub fn wants_outputs(&self) -> bool {
+        !self.ended && self.urgent.is_none()
+    }
+
+    /// When the shell must feed [`Input::Tick`] next.
+    pub fn wake_at(&self) -> Instant {
+        self.urgent.unwrap_or(self.next_save).min(self.next_save)
+    }
+
+    /// Changes handed out and not handled yet.
+    pub fn in_flight(&self) -> usize {
+        self.progress.in_flight()
+    }
+
+    /// How long the oldest change not handled yet has waited.
+    pub fn oldest(&self, now: Instant) -> Duration {
+        self.outstanding
+            .values()
+            .map(|o| now.saturating_duration_since(o.since))
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The checkpoints as this term has them now.
+    pub fn checkpoints(&self) -> &Checkpoints {
+        self.progress.checkpoints()
+    }
+
+    /// Decides on one input.
+    pub fn handle(&mut self, input: Input, now: Instant) -> Vec<Effect> {
+        let mut out = Vec::new();
+        if self.ended {
+            return out;
+        }
+        match input {
+            Input::Output(id, output) => self.output(id, output, now, &mut out),
+            Input::Finished(ticket) => self.finished(ticket, &mut out),
+            Input::Tick(now) => {
+                let due = now >= self.next_save || self.urgent.is_some_and(|at| now >= at);
+                if due && !self.saving {
+                    if now >= self.next_save {
+                        self.next_save = now + self.interval;
+                    }
+                    self.save(&mut out);
+                }
+            }
+            Input::Saved(saved) => self.saved(saved, now, &mut out),
+            Input::NotActing => self.end(End::NotActing, &mut out),
+            Input::Shutdown => self.end(End::Shutdown, &mut out),
+            Input::WatchesGone => self.end(End::WatchesGone, &mut out),
+        }
+        out
+    }
+
+    fn output(&mut self, id: usize, output: Output, now: Instant, out: &mut Vec<Effect>) {
+        match output {
+            Output::Change {
+                event,
+                resource_version,
+            } => {
+                let kind = event.object.kind;
+                out.push(Effect::Received(kind));
+                let ticket = self.progress.change(id, resource_version.as_deref());
+                let plugins = (self.route)(&event);
+                if plugins.is_empty() {
+                    self.progress.complete(ticket);
+                    out.push(Effect::Handled(kind));
+                } else {
+                    self.outstanding.insert(
+                        ticket,
+                        Outstanding {
+                            left: plugins.len(),
+                            kind,
+                            since: now,
+                        },
+                    );
+                    out.push(Effect::Dispatch {
+                        ticket,
+                        event,
+                        plugins,
+                    });
+                }
+            }
+            Output::Progress {
+                resource_version,
+                index_changed,
+            } => {
+                if index_changed {
+                    self.progress.remembered(id, &resource_version);
+                } else {
+                    self.progress.progress(id, &resource_version);
+                }
+            }
+            Output::Index(index) => {
+                self.progress.index(id, index);
+                let stream = &mut self.streams[id];
+                if std::mem::take(&mut stream.baseline_unsaved) {
+                    // Stored at once, and nothing else read until it is.
+                    self.urgent = Some(now);
+                    if !self.saving {
+                        self.save(out);
+                    }
+                }
+            }
+        }
+    }
+
+    fn finished(&mut self, ticket: Ticket, out: &mut Vec<Effect>) {
+        let Some(o) = self.outstanding.get_mut(&ticket) else {
+            return;
+        };
+        o.left -= 1;
+        if o.left == 0 {
+            out.push(Effect::Handled(o.kind));
+            self.outstanding.remove(&ticket);
+            self.progress.complete(ticket);
+        }
+    }
+
+    /// Collects what moved; emits a save when there is something.
+    fn save(&mut self, out: &mut Vec<Effect>) {
+        if !self.stores {
+            self.urgent = None;
+            return;
+        }
+        self.unsaved |= self.progress.take_dirty();
+        for ix in self.progress.take_indexes() {
+            self.indexes
+                .retain(|o| !(o.kind == ix.kind && o.namespace == ix.namespace));
+            self.indexes.push(ix);
+        }
+        if !self.unsaved && self.indexes.is_empty() {
+            self.urgent = None;
+            return;
+        }
+        let mut checkpoints = self.progress.checkpoints().clone();
+        for kind in &self.unreadable {
+            if !self.progress.has_checkpoints(*kind) {
+                checkpoints.clear(*kind);
+            }
+        }
+        self.saving = true;
+        out.push(Effect::Save {
+            checkpoints,
+            indexes: self.indexes.clone(),
+        });
+    }
+
+    fn saved(&mut self, saved: Saved, now: Instant, out: &mut Vec<Effect>) {
+        self.saving = false;
+        match saved {
+            Saved::Stored => {
+                self.unsaved = false;
+                self.indexes.clear();
+                let progress = &self.progress;
+                self.unreadable.retain(|k| !progress.has_checkpoints(*k));
+                self.urgent = None;
+                self.urgent_failures = 0;
+                // A baseline that arrived while this save was written.
+                if self.streams.iter().any(|s| s.baseline_unsaved) {
+                    self.urgent = Some(now);
+                }
+            }
+            Saved::Failed(_) => {
+                if self.urgent.is_some() {
+                    self.urgent_failures += 1;
+                    self.urgent = Some(now + crate::watchloop::backoff(self.urgent_failures));
+                }
+            }
+            Saved::Fenced(why) => self.end(End::Fenced(why), out),
+        }
+    }
+
+    fn end(&mut self, why: End, out: &mut Vec<Effect>) {
+        self.ended = true;
+        out.push(Effect::End(why));
+    }
+
+    /// After the term ended: the last save, if anything moved (the shell
+    /// writes it only while the fence is open). Tickets finished after the
+    /// end may still be fed as [`Input::Finished`] first (use
+    /// [`Term::finish_late`]).
+    pub fn final_save(&mut self) -> Option<Effect> {
+        let mut out = Vec::new();
+        self.save(&mut out);
+        self.saving = false;
+        out.pop()
+    }
+
+    /// A ticket finished after the term ended (drained from the shell's
+    /// channel before the final save).
+    pub fn finish_late(&mut self, ticket: Ticket) -> Option<ObjectKind> {
+        let mut out = Vec::new();
+        self.finished(ticket, &mut out);
+        out.into_iter().find_map(|e| match e {
+            Effect::Handled(kind) => Some(kind),
+            _ => None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
