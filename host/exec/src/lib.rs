@@ -1,5 +1,7 @@
 //! What the host does with the actions plugins return.
 //!
+//! - [`executors`]: the [`pipeline::Execute`] the service runs: each action
+//!   to its executor, and the host's own Events.
 //! - [`http`]: HTTP calls and Service refreshes (every ready pod).
 //! - [`workload`]: rollout restarts by a pod-template hash annotation, and
 //!   Kubernetes Events.
@@ -8,6 +10,7 @@
 //!   actions finished or dead-lettered.
 #![forbid(unsafe_code)]
 
+pub mod executors;
 pub mod http;
 pub mod pipeline;
 pub mod recorder;

@@ -298,11 +298,15 @@ async fn a_revert_and_a_deletion_in_a_gap_past_the_history_reach_the_apps() {
         orders_hits(&c) == vec![1, 1] && c.billing.hits(REFRESH) == 1 && w_app.hits(REFRESH) == 1
     })
     .await;
-    eventually(Duration::from_secs(10), "checkpoint saved past W", || async {
-        checkpoint(&c.client, "shop")
-            .await
-            .is_some_and(|rv| rv >= rv_w)
-    })
+    eventually(
+        Duration::from_secs(10),
+        "checkpoint saved past W",
+        || async {
+            checkpoint(&c.client, "shop")
+                .await
+                .is_some_and(|rv| rv >= rv_w)
+        },
+    )
     .await;
     let mut a = a;
     a.child.kill().unwrap();
