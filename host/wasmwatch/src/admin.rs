@@ -141,7 +141,7 @@ mod tests {
     /// A leader whose fence closed (paused past its renew deadline) says
     /// `false`, though the published leadership still says it leads: its
     /// elector has not run since it woke.
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn leader_answers_from_the_fence_not_the_published_leadership() {
         let term = wasmwatch_kube::elector::Term {
             holder: "me".into(),

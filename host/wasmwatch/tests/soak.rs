@@ -215,12 +215,15 @@ struct World {
 
 impl World {
     async fn write(&mut self, i: usize, name: &str, value: String) {
+        let id = format!("{}/{name}", NAMESPACES[i]);
+        if self.values.get(&id).and_then(|v| v.last()) == Some(&value) {
+            return; // the same content: no change to deliver
+        }
         let patch = serde_json::json!({"data": {"v": value}});
         self.apis[i]
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .unwrap();
-        let id = format!("{}/{name}", NAMESPACES[i]);
         self.log
             .push((Instant::now(), id.clone(), Some(digest(&value))));
         self.values.entry(id).or_default().push(value);
@@ -260,12 +263,13 @@ impl World {
                 2 | 3 if reverts => {
                     let (i, name) = self.live[self.rng.below(self.live.len())].clone();
                     let id = format!("{}/{name}", NAMESPACES[i]);
+                    // Back to the content before the last (a regular write
+                    // for an object that has only had one).
                     let before = self
                         .values
                         .get(&id)
                         .and_then(|v| v.iter().rev().nth(1).cloned());
-                    self.write(i, &name, before.unwrap_or_else(|| "0".into()))
-                        .await;
+                    self.write(i, &name, before.unwrap_or(value)).await;
                 }
                 _ => {
                     let (i, name) = self.live[self.rng.below(self.live.len())].clone();
@@ -438,7 +442,8 @@ async fn soak_hostile_disruptions_lose_nothing_end_on_the_last_content_and_no_fo
         let identity = replicas.list[i].identity.clone();
         let mark = receipts.lock().unwrap().len();
         let t0 = Instant::now();
-        match kind {
+        // When someone led again.
+        let led = match kind {
             Disruption::Kill | Disruption::Term => {
                 if kind == Disruption::Kill {
                     replicas.kill(i);
@@ -451,6 +456,7 @@ async fn soak_hostile_disruptions_lose_nothing_end_on_the_last_content_and_no_fo
                 replicas
                     .successor(&server, &identity, Duration::from_secs(15))
                     .await;
+                Instant::now()
             }
             Disruption::StopPastLease => {
                 replicas.signal(i, "STOP");
@@ -458,6 +464,7 @@ async fn soak_hostile_disruptions_lose_nothing_end_on_the_last_content_and_no_fo
                 replicas
                     .successor(&server, &identity, Duration::from_secs(15))
                     .await;
+                let led = Instant::now();
                 tokio::time::sleep(Duration::from_secs(4).saturating_sub(t0.elapsed())).await;
                 let i = replicas
                     .list
@@ -465,6 +472,7 @@ async fn soak_hostile_disruptions_lose_nothing_end_on_the_last_content_and_no_fo
                     .position(|r| r.identity == identity)
                     .unwrap();
                 replicas.signal(i, "CONT");
+                led
             }
             Disruption::StopUnderLease => {
                 replicas.signal(i, "STOP");
@@ -473,6 +481,7 @@ async fn soak_hostile_disruptions_lose_nothing_end_on_the_last_content_and_no_fo
                 replicas
                     .successor(&server, "", Duration::from_secs(15))
                     .await;
+                Instant::now()
             }
             Disruption::GapPastHistory => {
                 replicas.kill(i);
@@ -489,6 +498,7 @@ async fn soak_hostile_disruptions_lose_nothing_end_on_the_last_content_and_no_fo
                 replicas
                     .successor(&server, &identity, Duration::from_secs(15))
                     .await;
+                Instant::now()
             }
             Disruption::KillSuccessorInReplay => {
                 replicas.kill(i);
@@ -505,10 +515,11 @@ async fn soak_hostile_disruptions_lose_nothing_end_on_the_last_content_and_no_fo
                 replicas
                     .successor(&server, &second, Duration::from_secs(15))
                     .await;
+                Instant::now()
             }
-        }
-        leaderless.push((t0, Instant::now()));
-        disruptions.push((kind, mark, t0.elapsed()));
+        };
+        leaderless.push((t0, led));
+        disruptions.push((kind, mark, led - t0));
     }
     let churn_over = Instant::now();
 
@@ -565,6 +576,59 @@ async fn soak_hostile_disruptions_lose_nothing_end_on_the_last_content_and_no_fo
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let receipts = receipts.lock().unwrap();
+    // Per kind of failover: duplicates (an accepted delivery of a change
+    // already accepted) and the largest replay (objects delivered as
+    // replays after it, as a share of the objects watched).
+    let objects = baseline.len() + world.created;
+    let mut seen: HashSet<(&str, &str, bool)> = HashSet::new();
+    let mut per_kind: BTreeMap<Disruption, (usize, usize, f64, Vec<Duration>)> = BTreeMap::new();
+    let mut duplicates = 0;
+    for (n, r) in receipts.iter().enumerate() {
+        let window = disruptions.iter().rposition(|(_, mark, _)| *mark <= n);
+        // The same content (or deletion) of the same object again, whether
+        // as a modification, a replay or a resync.
+        let mut p = r.line.split(' ');
+        let key = (
+            p.next().unwrap_or(""),
+            p.next().unwrap_or(""),
+            p.next() == Some("deleted"),
+        );
+        if r.accepted && !seen.insert(key) {
+            duplicates += 1;
+            if let Some(w) = window {
+                per_kind.entry(disruptions[w].0).or_default().1 += 1;
+            }
+        }
+    }
+    for (w, (kind, mark, took)) in disruptions.iter().enumerate() {
+        let end = disruptions.get(w + 1).map_or(receipts.len(), |d| d.1);
+        let replayed: HashSet<&str> = receipts[*mark..end]
+            .iter()
+            .filter(|r| r.line.split(' ').nth(4) == Some("true"))
+            .filter_map(|r| r.line.split(' ').next())
+            .collect();
+        let e = per_kind.entry(*kind).or_default();
+        e.0 += 1;
+        e.2 = e.2.max(replayed.len() as f64 / objects as f64);
+        e.3.push(*took);
+    }
+    let replays = receipts
+        .iter()
+        .filter(|r| r.line.split(' ').nth(4) == Some("true"))
+        .count();
+    eprintln!(
+        "soak: {} writes and deletions over {objects} objects in {:?}; {} deliveries ({} answered 503, {replays} marked replay), {duplicates} duplicates; every app on its last content {done:?} after the churn",
+        world.log.len(),
+        started.elapsed(),
+        receipts.len(),
+        receipts.iter().filter(|r| !r.accepted).count(),
+    );
+    for (kind, (n, dups, largest, took)) in &per_kind {
+        eprintln!(
+            "soak: {kind:?} x{n}: {dups} duplicates, largest replay {:.1}% of the objects, led again after {took:?}",
+            largest * 100.0
+        );
+    }
     let wrong = ends_right(&receipts);
     assert!(
         wrong.is_empty(),
@@ -607,57 +671,6 @@ async fn soak_hostile_disruptions_lose_nothing_end_on_the_last_content_and_no_fo
         "actions by non-leaders: {violations:#?}"
     );
 
-    // Per kind of failover: duplicates (an accepted delivery of a change
-    // already accepted) and the largest replay (objects delivered as
-    // replays after it, as a share of the objects watched).
-    let objects = baseline.len() + world.created;
-    let mut seen: HashSet<(&str, &str, &str)> = HashSet::new();
-    let mut per_kind: BTreeMap<Disruption, (usize, usize, f64, Vec<Duration>)> = BTreeMap::new();
-    let mut duplicates = 0;
-    for (n, r) in receipts.iter().enumerate() {
-        let window = disruptions.iter().rposition(|(_, mark, _)| *mark <= n);
-        let mut p = r.line.split(' ');
-        let key = (
-            p.next().unwrap_or(""),
-            p.next().unwrap_or(""),
-            p.next().unwrap_or(""),
-        );
-        if r.accepted && !seen.insert(key) {
-            duplicates += 1;
-            if let Some(w) = window {
-                per_kind.entry(disruptions[w].0).or_default().1 += 1;
-            }
-        }
-    }
-    for (w, (kind, mark, took)) in disruptions.iter().enumerate() {
-        let end = disruptions.get(w + 1).map_or(receipts.len(), |d| d.1);
-        let replayed: HashSet<&str> = receipts[*mark..end]
-            .iter()
-            .filter(|r| r.line.split(' ').nth(4) == Some("true"))
-            .filter_map(|r| r.line.split(' ').next())
-            .collect();
-        let e = per_kind.entry(*kind).or_default();
-        e.0 += 1;
-        e.2 = e.2.max(replayed.len() as f64 / objects as f64);
-        e.3.push(*took);
-    }
-    let replays = receipts
-        .iter()
-        .filter(|r| r.line.split(' ').nth(4) == Some("true"))
-        .count();
-    eprintln!(
-        "soak: {} writes and deletions over {objects} objects in {:?}; {} deliveries ({} answered 503, {replays} marked replay), {duplicates} duplicates; every app on its last content {done:?} after the churn",
-        world.log.len(),
-        started.elapsed(),
-        receipts.len(),
-        receipts.iter().filter(|r| !r.accepted).count(),
-    );
-    for (kind, (n, dups, largest, took)) in &per_kind {
-        eprintln!(
-            "soak: {kind:?} x{n}: {dups} duplicates, largest replay {:.1}% of the objects, led again after {took:?}",
-            largest * 100.0
-        );
-    }
     assert!(
         disruptions.len() >= ROUNDS - 2,
         "{} disruptions",
