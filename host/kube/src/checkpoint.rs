@@ -13,7 +13,7 @@
 //! Fencing: a new leader first *claims* the state Lease, writing its term.
 //! Every later write is a `replace` carrying the resourceVersion this leader
 //! last wrote or read, so once another leader has claimed the Lease, a stale
-//! leader's next write fails with 409 and it must stop ([`CheckpointError::Fenced`]).
+//! leader's next write fails with 409 and it must stop ([`CheckpointError::Conflict`]).
 //! The store never re-reads to "fix" a 409: a conflict means someone else owns
 //! the state now.
 //!
@@ -208,17 +208,38 @@ fn parse_term(value: &str, lease_uid: &str) -> Option<Term> {
     })
 }
 
+/// Why the state cannot be claimed or written. Every variant but `Api`
+/// means "stop leader work" ([`CheckpointError::is_fenced`]); `Api` is
+/// retryable.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    /// Another leader has claimed the state: stop all leader work. Not retryable.
-    #[error("fenced: the state Lease was written by a newer leader ({0})")]
-    Fenced(String),
+    /// The state belongs to a newer term (of this leader Lease, or of the
+    /// leader Lease that exists now).
+    #[error("fenced: the state Lease belongs to a newer term ({0})")]
+    NewerTerm(String),
+    /// The stored term cannot be read, and the leader Lease is not held by
+    /// this term: nobody can tell whose state it is.
+    #[error("fenced: {0}")]
+    NotHolder(String),
+    /// A write conflicted: another leader claimed the state since.
+    #[error("fenced: the state Lease was written by another leader ({0})")]
+    Conflict(String),
+    /// A save before this store claimed the state.
+    #[error("this store has not claimed the state")]
+    NotClaimed,
     /// The state Lease holds something we cannot read. Not retryable.
     #[error("state Lease {lease}: {message}")]
     Corrupt { lease: String, message: String },
     /// Retryable.
     #[error("state Lease: {0}")]
     Api(#[from] kube::Error),
+}
+
+impl CheckpointError {
+    /// Whether leader work must stop (everything but an API error).
+    pub fn is_fenced(&self) -> bool {
+        !matches!(self, CheckpointError::Api(_))
+    }
 }
 
 /// Reads and writes the state Lease for one leadership term.
@@ -277,7 +298,7 @@ impl CheckpointStore {
     }
 
     /// Claims the state for this term (creating the Lease on first use) and
-    /// returns the stored checkpoints. Fails with `Fenced` if the state
+    /// returns the stored checkpoints. Fails with `NewerTerm` if the state
     /// already belongs to a newer term.
     pub async fn claim(&mut self) -> Result<Claimed, CheckpointError> {
         let mut set_aside = Vec::new();
@@ -321,14 +342,14 @@ impl CheckpointStore {
                         .await?
                         .and_then(|l| l.metadata.uid);
                     if current.as_deref() != Some(self.term.lease_uid.as_str()) {
-                        return Err(CheckpointError::Fenced(format!(
+                        return Err(CheckpointError::NewerTerm(format!(
                             "{stored} (and the leader Lease {} is no longer the one this term holds)",
                             self.leader_lease
                         )));
                     }
                 }
                 Some(t) if t.transitions > self.term.transitions => {
-                    return Err(CheckpointError::Fenced(stored.clone()));
+                    return Err(CheckpointError::NewerTerm(stored.clone()));
                 }
                 Some(_) => {}
                 // Unreadable: no stored term to compare with, so the leader
@@ -343,7 +364,7 @@ impl CheckpointStore {
                     if holder != Some(self.term.holder.as_str())
                         || transitions != Some(self.term.transitions)
                     {
-                        return Err(CheckpointError::Fenced(format!(
+                        return Err(CheckpointError::NotHolder(format!(
                             "the stored term {stored:?} is unreadable and the leader Lease {} is not held by {}",
                             self.leader_lease, self.term
                         )));
@@ -526,7 +547,7 @@ impl CheckpointStore {
     }
 
     /// Writes the checkpoints. A 409 means another leader claimed the state:
-    /// `Fenced`, and the caller must stop.
+    /// `Conflict`, and the caller must stop.
     ///
     /// `indexes` are streams' indexes that became safe since the last
     /// successful save; the shards of their kinds are rewritten first.
@@ -536,9 +557,7 @@ impl CheckpointStore {
         indexes: &[StreamIndex],
     ) -> Result<(), CheckpointError> {
         let Some(mut lease) = self.lease.clone() else {
-            return Err(CheckpointError::Fenced(
-                "this store has not claimed the state".into(),
-            ));
+            return Err(CheckpointError::NotClaimed);
         };
         let mut kinds = Vec::new();
         for ix in indexes {
@@ -587,7 +606,7 @@ impl CheckpointStore {
             .await
         {
             Ok(l) => Ok(l),
-            Err(kube::Error::Api(s)) if s.code == 409 => Err(CheckpointError::Fenced(format!(
+            Err(kube::Error::Api(s)) if s.code == 409 => Err(CheckpointError::Conflict(format!(
                 "write as {} conflicted",
                 self.term
             ))),
@@ -653,18 +672,29 @@ pub struct Ticket {
 
 /// One entry of a stream's queue, in stream order.
 #[derive(Debug)]
-struct Entry {
-    seq: u64,
-    /// The version the checkpoint may pass once this entry and all before
-    /// it are done (`None` for an index marker).
-    version: Option<String>,
-    done: bool,
-    /// An index marker: the loop's index after everything before it.
-    index: Option<ObjectIndex>,
-    /// The loop's index changed with this entry (a change, a list, a
-    /// label-only change): the checkpoint may pass it only with an index
-    /// taken after it.
-    changes_index: bool,
+enum Entry {
+    /// A change handed out; done once handled. `version: None` only waits
+    /// its turn (it can never be a checkpoint).
+    Change {
+        seq: u64,
+        version: Option<String>,
+        done: bool,
+    },
+    /// Nothing to handle up to `version`. `changes_index`: the loop's index
+    /// changed with it (a list, a label-only change), so the checkpoint may
+    /// pass it only with an index taken after it.
+    Progress {
+        version: String,
+        changes_index: bool,
+    },
+    /// The loop's index after everything before it.
+    Index(ObjectIndex),
+}
+
+impl Entry {
+    fn done(&self) -> bool {
+        !matches!(self, Entry::Change { done: false, .. })
+    }
 }
 
 #[derive(Debug)]
@@ -733,33 +763,21 @@ impl Progress {
         self.streams.len() - 1
     }
 
-    fn push(&mut self, stream: usize, entry: Entry) -> u64 {
-        let s = &mut self.streams[stream];
-        let seq = s.next_seq;
-        s.next_seq += 1;
-        s.pending.push_back(Entry {
-            seq,
-            // An empty version can never be a checkpoint (the state Lease
-            // format refuses it): it only waits its turn.
-            version: entry.version.filter(|v| !v.is_empty()),
-            ..entry
-        });
-        seq
-    }
-
     /// A change at `resource_version` was handed out (`None`: a change
     /// without a version of its own, which only waits its turn).
     pub fn change(&mut self, stream: usize, resource_version: Option<&str>) -> Ticket {
-        let seq = self.push(
-            stream,
-            Entry {
-                seq: 0,
-                version: resource_version.map(str::to_string),
-                done: false,
-                index: None,
-                changes_index: true,
-            },
-        );
+        let s = &mut self.streams[stream];
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        s.pending.push_back(Entry::Change {
+            seq,
+            // An empty version can never be a checkpoint (the state Lease
+            // format refuses it).
+            version: resource_version
+                .filter(|v| !v.is_empty())
+                .map(str::to_string),
+            done: false,
+        });
         Ticket { stream, seq }
     }
 
@@ -777,16 +795,10 @@ impl Progress {
     }
 
     fn push_progress(&mut self, stream: usize, resource_version: &str, changes_index: bool) {
-        self.push(
-            stream,
-            Entry {
-                seq: 0,
-                version: Some(resource_version.to_string()),
-                done: true,
-                index: None,
-                changes_index,
-            },
-        );
+        self.streams[stream].pending.push_back(Entry::Progress {
+            version: resource_version.to_string(),
+            changes_index,
+        });
         self.advance(stream);
     }
 
@@ -794,27 +806,19 @@ impl Progress {
     /// far: it becomes safe to store (see [`Progress::take_indexes`]) once
     /// all those changes are handled.
     pub fn index(&mut self, stream: usize, index: ObjectIndex) {
-        self.push(
-            stream,
-            Entry {
-                seq: 0,
-                version: None,
-                done: true,
-                index: Some(index),
-                changes_index: false,
-            },
-        );
+        self.streams[stream].pending.push_back(Entry::Index(index));
         self.advance(stream);
     }
 
     /// The change behind `ticket` is fully handled.
     pub fn complete(&mut self, ticket: Ticket) {
-        if let Some(entry) = self.streams[ticket.stream]
-            .pending
-            .iter_mut()
-            .find(|e| e.seq == ticket.seq)
-        {
-            entry.done = true;
+        for entry in self.streams[ticket.stream].pending.iter_mut() {
+            if let Entry::Change { seq, done, .. } = entry
+                && *seq == ticket.seq
+            {
+                *done = true;
+                break;
+            }
         }
         self.advance(ticket.stream);
     }
@@ -823,27 +827,40 @@ impl Progress {
         let s = &mut self.streams[stream];
         // The furthest version the checkpoint may take now.
         let mut to = None;
-        while s.pending.front().is_some_and(|e| e.done) {
-            let e = s.pending.pop_front().expect("front");
-            if e.changes_index {
-                s.covered = false;
-            }
-            if let Some(v) = e.version {
-                if s.covered {
-                    to = Some(v.clone());
+        while s.pending.front().is_some_and(Entry::done) {
+            match s.pending.pop_front().expect("front") {
+                Entry::Change { version, .. } => {
+                    s.covered = false;
+                    if version.is_some() {
+                        s.last = version;
+                    }
                 }
-                s.last = Some(v);
-            }
-            if let (Some(index), Some(kind)) = (e.index, s.kind) {
-                self.safe
-                    .retain(|o| !(o.kind == kind && o.namespace == s.namespace));
-                self.safe.push(StreamIndex {
-                    kind,
-                    namespace: s.namespace.clone(),
-                    index,
-                });
-                s.covered = true;
-                to = s.last.clone().or(to);
+                Entry::Progress {
+                    version,
+                    changes_index,
+                } => {
+                    s.covered &= !changes_index;
+                    // An empty version can never be a checkpoint.
+                    if !version.is_empty() {
+                        if s.covered {
+                            to = Some(version.clone());
+                        }
+                        s.last = Some(version);
+                    }
+                }
+                Entry::Index(index) => {
+                    if let Some(kind) = s.kind {
+                        self.safe
+                            .retain(|o| !(o.kind == kind && o.namespace == s.namespace));
+                        self.safe.push(StreamIndex {
+                            kind,
+                            namespace: s.namespace.clone(),
+                            index,
+                        });
+                    }
+                    s.covered = true;
+                    to = s.last.clone().or(to);
+                }
             }
         }
         if let (Some(rv), Some(kind)) = (to, s.kind)
@@ -858,7 +875,7 @@ impl Progress {
     pub fn in_flight(&self) -> usize {
         self.streams
             .iter()
-            .map(|s| s.pending.iter().filter(|e| !e.done).count())
+            .map(|s| s.pending.iter().filter(|e| !e.done()).count())
             .sum()
     }
 

@@ -87,8 +87,10 @@ pub enum Saved {
     Stored,
     /// An API error: kept for the next round.
     Failed(String),
-    /// Another leader owns the state (or the fence closed).
+    /// Another leader owns the state.
     Fenced(String),
+    /// Not written: the fence was closed when the save was due.
+    NotActing,
 }
 
 /// What the shell must do.
@@ -376,6 +378,7 @@ impl Term {
                 }
             }
             Saved::Fenced(why) => self.end(End::Fenced(why), out),
+            Saved::NotActing => self.end(End::NotActing, out),
         }
     }
 

@@ -118,7 +118,7 @@ async fn a_leader_lease_created_again_starts_a_new_line_of_terms() {
     assert_eq!(annotation(&server, "wasmwatch.io/term-lease-uid"), second);
     // The leader of the old Lease is fenced, writing or claiming.
     let err = old.save(&cps, &[]).await.unwrap_err();
-    assert!(matches!(err, CheckpointError::Fenced(_)), "{err}");
+    assert!(matches!(err, CheckpointError::Conflict(_)), "{err}");
     let err = store(&server, on("pod-a", 6, &first))
         .claim()
         .await
@@ -150,7 +150,7 @@ async fn a_stale_leader_cannot_write_after_a_successor_claimed() {
     // The old leader wakes up and tries to checkpoint further.
     cps.set(ObjectKind::ConfigMap, "default", "99");
     let err = old.save(&cps, &[]).await.unwrap_err();
-    assert!(matches!(err, CheckpointError::Fenced(_)), "{err}");
+    assert!(matches!(err, CheckpointError::Conflict(_)), "{err}");
     assert_eq!(
         annotation(&server, "wasmwatch.io/configmap-resource-version"),
         "default=10"
@@ -270,9 +270,9 @@ async fn an_unreadable_term_shard_count_or_index_is_set_aside() {
     .unwrap();
     api.create(&PostParams::default(), &leader).await.unwrap();
     let err = store(&server, term("pod-a", 0)).claim().await.unwrap_err();
-    assert!(matches!(err, CheckpointError::Fenced(_)), "{err}");
+    assert!(matches!(err, CheckpointError::NotHolder(_)), "{err}");
     let err = store(&server, term("pod-b", 1)).claim().await.unwrap_err();
-    assert!(matches!(err, CheckpointError::Fenced(_)), "{err}");
+    assert!(matches!(err, CheckpointError::NotHolder(_)), "{err}");
     assert_eq!(annotation(&server, "wasmwatch.io/term"), "garbage");
 
     let claimed = store(&server, term("pod-a", 1)).claim().await.unwrap();

@@ -664,10 +664,14 @@ impl Service {
             }),
         ) = (store.as_mut(), term.final_save())
             && may_act()
-            && let Saved::Failed(e) | Saved::Fenced(e) =
-                write(store, &checkpoints, &indexes, &*may_act, &metrics).await
         {
-            tracing::warn!("final checkpoint not saved: {e}");
+            match write(store, &checkpoints, &indexes, &*may_act, &metrics).await {
+                Saved::Stored => {}
+                Saved::Failed(e) | Saved::Fenced(e) => {
+                    tracing::warn!("final checkpoint not saved: {e}")
+                }
+                Saved::NotActing => tracing::warn!("final checkpoint not saved: the fence closed"),
+            }
         }
         matches!(end, End::Shutdown)
     }
@@ -770,7 +774,7 @@ async fn write(
     metrics: &Metrics,
 ) -> Saved {
     if !may_act() {
-        return Saved::Fenced("the fence is closed".into());
+        return Saved::NotActing;
     }
     match store.save(checkpoints, indexes).await {
         Ok(()) => {
