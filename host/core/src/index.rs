@@ -175,10 +175,9 @@ impl ObjectIndex {
         self.kind
     }
 
-    /// The part of the index for one namespace (`*`: all of it), for a
-    /// watch stream of that namespace.
-    pub fn namespace(&self, namespace: &str) -> ObjectIndex {
-        if namespace == "*" {
+    /// The part of the index a watch stream of `scope` covers.
+    pub fn part(&self, scope: &crate::Scope) -> ObjectIndex {
+        if scope == &crate::Scope::All {
             return self.clone();
         }
         ObjectIndex {
@@ -186,7 +185,7 @@ impl ObjectIndex {
             objects: self
                 .objects
                 .iter()
-                .filter(|((ns, _), _)| ns == namespace)
+                .filter(|((ns, _), _)| scope.contains(ns))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
         }

@@ -66,6 +66,20 @@ impl Default for WatchSpec {
     }
 }
 
+impl WatchSpec {
+    /// One scope per watch stream of a kind: each namespace, or all of them.
+    pub fn scopes(&self) -> Vec<crate::Scope> {
+        if self.namespaces.iter().any(|n| n == "*") {
+            vec![crate::Scope::All]
+        } else {
+            self.namespaces
+                .iter()
+                .map(|n| crate::Scope::Namespace(n.clone()))
+                .collect()
+        }
+    }
+}
+
 fn all_kinds() -> Vec<ObjectKind> {
     vec![ObjectKind::ConfigMap, ObjectKind::Secret]
 }

@@ -42,8 +42,8 @@ use std::fmt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
-use wasmwatch_core::ObjectKind;
 use wasmwatch_core::index::ObjectIndex;
+use wasmwatch_core::{ObjectKind, Scope};
 
 use crate::elector::Term;
 
@@ -86,8 +86,7 @@ pub fn split_shards(text: &str, max: usize) -> Vec<String> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamIndex {
     pub kind: ObjectKind,
-    /// The stream's namespace, `*` for cluster-wide.
-    pub namespace: String,
+    pub scope: Scope,
     pub index: ObjectIndex,
 }
 
@@ -96,7 +95,7 @@ pub struct StreamIndex {
 pub struct Claimed {
     pub checkpoints: Checkpoints,
     /// Per kind, the stored index of handled objects (all namespaces); split
-    /// it per stream with [`ObjectIndex::namespace`].
+    /// it per stream with [`ObjectIndex::part`].
     pub indexes: BTreeMap<ObjectKind, ObjectIndex>,
     /// Kinds whose stored checkpoints could not be read, with what was
     /// wrong (naming the annotation). Nobody can tell which of their
@@ -131,15 +130,15 @@ pub fn annotation_key(kind: ObjectKind) -> &'static str {
     }
 }
 
-/// Handled resourceVersions: kind -> namespace (or `*`) -> version.
+/// Handled resourceVersions: kind -> stream scope -> version.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Checkpoints {
-    versions: BTreeMap<ObjectKind, BTreeMap<String, String>>,
+    versions: BTreeMap<ObjectKind, BTreeMap<Scope, String>>,
 }
 
 impl Checkpoints {
-    pub fn get(&self, kind: ObjectKind, namespace: &str) -> Option<&str> {
-        self.versions.get(&kind)?.get(namespace).map(String::as_str)
+    pub fn get(&self, kind: ObjectKind, scope: &Scope) -> Option<&str> {
+        self.versions.get(&kind)?.get(scope).map(String::as_str)
     }
 
     /// Forgets every checkpoint of `kind`.
@@ -147,22 +146,22 @@ impl Checkpoints {
         self.versions.remove(&kind);
     }
 
-    pub fn set(&mut self, kind: ObjectKind, namespace: &str, version: &str) {
+    pub fn set(&mut self, kind: ObjectKind, scope: &Scope, version: &str) {
         self.versions
             .entry(kind)
             .or_default()
-            .insert(namespace.to_string(), version.to_string());
+            .insert(scope.clone(), version.to_string());
     }
 
-    /// `ns=rv,ns2=rv2`, namespaces sorted.
+    /// `ns=rv,ns2=rv2` (`*=rv` for all namespaces), sorted.
     pub fn format(&self, kind: ObjectKind) -> Option<String> {
         let m = self.versions.get(&kind).filter(|m| !m.is_empty())?;
-        Some(
-            m.iter()
-                .map(|(ns, rv)| format!("{ns}={rv}"))
-                .collect::<Vec<_>>()
-                .join(","),
-        )
+        let mut parts: Vec<String> = m
+            .iter()
+            .map(|(s, rv)| format!("{}={rv}", s.key()))
+            .collect();
+        parts.sort();
+        Some(parts.join(","))
     }
 
     /// Parses one annotation value; an empty value means no checkpoints.
@@ -176,7 +175,7 @@ impl Checkpoints {
                         && !rv.is_empty()
                         && rv.bytes().all(|b| b.is_ascii_digit()) =>
                 {
-                    self.set(kind, ns, rv);
+                    self.set(kind, &Scope::from_key(ns), rv);
                 }
                 _ => {
                     return Err(format!(
@@ -254,10 +253,10 @@ pub struct CheckpointStore {
     /// Per kind, the index stored by an earlier term (encoded): it stands
     /// for every namespace that has no newer index of its own in `indexes`.
     claimed: BTreeMap<ObjectKind, String>,
-    /// Per kind and stream namespace (`*`: cluster-wide): the newest safe
-    /// index of this term, encoded (text is several times smaller than the
-    /// index's maps, and this copy is kept for the whole term).
-    indexes: BTreeMap<ObjectKind, BTreeMap<String, String>>,
+    /// Per kind and stream scope: the newest safe index of this term,
+    /// encoded (text is several times smaller than the index's maps, and
+    /// this copy is kept for the whole term).
+    indexes: BTreeMap<ObjectKind, BTreeMap<Scope, String>>,
     /// Kinds whose checkpoints were unreadable at the claim: their
     /// annotation stays as found until a save carries checkpoints of theirs.
     unreadable: std::collections::BTreeSet<ObjectKind>,
@@ -476,14 +475,16 @@ impl CheckpointStore {
         let empty = BTreeMap::new();
         let streams = self.indexes.get(&kind).unwrap_or(&empty);
         let mut merged = String::new();
-        if !streams.contains_key("*")
+        if !streams.contains_key(&Scope::All)
             && let Some(claimed) = self.claimed.get(&kind)
         {
             // Lines are `ns/name ...`: keep those of namespaces without a
             // newer index of their own.
+            let newer: std::collections::BTreeSet<&str> =
+                streams.keys().filter_map(Scope::namespace).collect();
             for line in claimed.split_inclusive('\n') {
                 let ns = line.split('/').next().unwrap_or_default();
-                if !streams.contains_key(ns) {
+                if !newer.contains(ns) {
                     merged.push_str(line);
                 }
             }
@@ -564,7 +565,7 @@ impl CheckpointStore {
             self.indexes
                 .entry(ix.kind)
                 .or_default()
-                .insert(ix.namespace.clone(), ix.index.encode());
+                .insert(ix.scope.clone(), ix.index.encode());
             if !kinds.contains(&ix.kind) {
                 kinds.push(ix.kind);
             }
@@ -624,13 +625,13 @@ mod tests {
         let mut c = Checkpoints::default();
         c.parse_into(ObjectKind::ConfigMap, "prod=456, default=123")
             .unwrap();
-        c.set(ObjectKind::Secret, "*", "99");
+        c.set(ObjectKind::Secret, &Scope::from_key("*"), "99");
         assert_eq!(
             c.format(ObjectKind::ConfigMap).unwrap(),
             "default=123,prod=456"
         );
-        assert_eq!(c.get(ObjectKind::Secret, "*"), Some("99"));
-        assert_eq!(c.get(ObjectKind::Secret, "prod"), None);
+        assert_eq!(c.get(ObjectKind::Secret, &Scope::from_key("*")), Some("99"));
+        assert_eq!(c.get(ObjectKind::Secret, &Scope::from_key("prod")), None);
         for bad in ["prod=abc", "prod=1=2", "=5", "prod="] {
             assert!(
                 Checkpoints::default()
@@ -700,7 +701,7 @@ impl Entry {
 #[derive(Debug)]
 struct Stream {
     kind: Option<ObjectKind>,
-    namespace: String,
+    scope: Scope,
     next_seq: u64,
     pending: std::collections::VecDeque<Entry>,
     /// The last version of the completed prefix.
@@ -746,15 +747,15 @@ impl Progress {
         }
     }
 
-    /// Registers a watch stream (namespace `*` for cluster-wide); returns its id.
+    /// Registers a watch stream; returns its id.
     ///
     /// The stream starts covered: its stored checkpoint and the stored index
     /// belong together (a checkpoint is only ever saved with an index that
     /// covers it).
-    pub fn stream(&mut self, kind: ObjectKind, namespace: &str) -> usize {
+    pub fn stream(&mut self, kind: ObjectKind, scope: Scope) -> usize {
         self.streams.push(Stream {
             kind: Some(kind),
-            namespace: namespace.to_string(),
+            scope,
             next_seq: 0,
             pending: Default::default(),
             last: None,
@@ -851,10 +852,10 @@ impl Progress {
                 Entry::Index(index) => {
                     if let Some(kind) = s.kind {
                         self.safe
-                            .retain(|o| !(o.kind == kind && o.namespace == s.namespace));
+                            .retain(|o| !(o.kind == kind && o.scope == s.scope));
                         self.safe.push(StreamIndex {
                             kind,
-                            namespace: s.namespace.clone(),
+                            scope: s.scope.clone(),
                             index,
                         });
                     }
@@ -864,9 +865,9 @@ impl Progress {
             }
         }
         if let (Some(rv), Some(kind)) = (to, s.kind)
-            && self.checkpoints.get(kind, &s.namespace) != Some(rv.as_str())
+            && self.checkpoints.get(kind, &s.scope) != Some(rv.as_str())
         {
-            self.checkpoints.set(kind, &s.namespace, &rv);
+            self.checkpoints.set(kind, &s.scope, &rv);
             self.dirty = true;
         }
     }
@@ -888,7 +889,7 @@ impl Progress {
         self.streams
             .iter()
             .filter(|s| s.kind == Some(kind))
-            .all(|s| self.checkpoints.get(kind, &s.namespace).is_some())
+            .all(|s| self.checkpoints.get(kind, &s.scope).is_some())
     }
 
     /// Whether the checkpoints moved since the last call.
@@ -921,7 +922,7 @@ mod progress_tests {
     #[test]
     fn changes_without_a_version_hold_the_checkpoint_until_the_progress_after_them() {
         let mut p = Progress::new(Checkpoints::default());
-        let s = p.stream(ObjectKind::ConfigMap, "*");
+        let s = p.stream(ObjectKind::ConfigMap, Scope::from_key("*"));
         let page1: Vec<_> = (0..3).map(|_| p.change(s, None)).collect();
         for t in page1 {
             p.complete(t);
@@ -936,7 +937,11 @@ mod progress_tests {
         );
         p.complete(page2);
         assert!(p.has_checkpoints(ObjectKind::ConfigMap));
-        assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "*"), Some("40"));
+        assert_eq!(
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("*")),
+            Some("40")
+        );
         // A kind without streams has nothing missing.
         assert!(p.has_checkpoints(ObjectKind::Secret));
     }
@@ -944,21 +949,30 @@ mod progress_tests {
     #[test]
     fn the_checkpoint_passes_a_version_only_when_everything_before_it_is_handled() {
         let mut p = Progress::new(Checkpoints::default());
-        let s = p.stream(ObjectKind::ConfigMap, "prod");
+        let s = p.stream(ObjectKind::ConfigMap, Scope::from_key("prod"));
         let a = p.change(s, Some("10"));
         let b = p.change(s, Some("11"));
         p.progress(s, "12"); // a bookmark
         p.index(s, one_object());
-        assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "prod"), None);
+        assert_eq!(
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("prod")),
+            None
+        );
         assert!(!p.take_dirty());
         // The later change finishes first: still nothing, 10 is in flight.
         p.complete(b);
-        assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "prod"), None);
+        assert_eq!(
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("prod")),
+            None
+        );
         assert_eq!(p.in_flight(), 1);
         // Now everything up to the bookmark is done.
         p.complete(a);
         assert_eq!(
-            p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("prod")),
             Some("12")
         );
         assert!(p.take_dirty());
@@ -969,29 +983,45 @@ mod progress_tests {
     #[test]
     fn streams_advance_independently_and_start_from_the_stored_state() {
         let mut stored = Checkpoints::default();
-        stored.set(ObjectKind::Secret, "*", "5");
+        stored.set(ObjectKind::Secret, &Scope::from_key("*"), "5");
         let mut p = Progress::new(stored);
-        let cm = p.stream(ObjectKind::ConfigMap, "a");
-        let sec = p.stream(ObjectKind::Secret, "*");
+        let cm = p.stream(ObjectKind::ConfigMap, Scope::from_key("a"));
+        let sec = p.stream(ObjectKind::Secret, Scope::from_key("*"));
         let t = p.change(cm, Some("7"));
         p.progress(sec, "8");
-        assert_eq!(p.checkpoints().get(ObjectKind::Secret, "*"), Some("8"));
-        assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "a"), None);
+        assert_eq!(
+            p.checkpoints()
+                .get(ObjectKind::Secret, &Scope::from_key("*")),
+            Some("8")
+        );
+        assert_eq!(
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("a")),
+            None
+        );
         p.complete(t);
         p.index(cm, one_object());
-        assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "a"), Some("7"));
+        assert_eq!(
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("a")),
+            Some("7")
+        );
         // Many events, one dirty flag: the caller batches the writes.
         for i in 0..100 {
             p.progress(cm, &(100 + i).to_string());
         }
         assert!(p.take_dirty());
-        assert_eq!(p.checkpoints().get(ObjectKind::ConfigMap, "a"), Some("199"));
+        assert_eq!(
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("a")),
+            Some("199")
+        );
     }
 
     #[test]
     fn an_index_is_safe_only_once_everything_it_has_seen_is_handled() {
         let mut p = Progress::new(Checkpoints::default());
-        let s = p.stream(ObjectKind::ConfigMap, "prod");
+        let s = p.stream(ObjectKind::ConfigMap, Scope::from_key("prod"));
         let a = p.change(s, Some("10"));
         let ix = one_object();
         p.index(s, ix.clone());
@@ -1003,14 +1033,15 @@ mod progress_tests {
         let safe = p.take_indexes();
         assert_eq!(safe.len(), 1);
         assert_eq!(
-            (safe[0].kind, safe[0].namespace.as_str()),
+            (safe[0].kind, safe[0].scope.key()),
             (ObjectKind::ConfigMap, "prod")
         );
         assert_eq!(safe[0].index, ix);
         // The index was taken before 11: the checkpoint stays at 10 until
         // an index with 11 in it is safe.
         assert_eq!(
-            p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("prod")),
             Some("10")
         );
         assert!(p.take_indexes().is_empty());
@@ -1025,11 +1056,12 @@ mod progress_tests {
     #[test]
     fn the_checkpoint_never_passes_a_change_without_an_index_that_has_it() {
         let mut p = Progress::new(Checkpoints::default());
-        let s = p.stream(ObjectKind::ConfigMap, "prod");
+        let s = p.stream(ObjectKind::ConfigMap, Scope::from_key("prod"));
         p.remembered(s, "10"); // the baseline list
         p.index(s, one_object());
         assert_eq!(
-            p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("prod")),
             Some("10")
         );
         assert_eq!(p.take_indexes().len(), 1);
@@ -1039,7 +1071,8 @@ mod progress_tests {
         p.complete(w);
         p.progress(s, "25");
         assert_eq!(
-            p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("prod")),
             Some("10")
         );
         assert!(!p.take_dirty(), "nothing to save without the index");
@@ -1052,7 +1085,8 @@ mod progress_tests {
         ));
         p.index(s, with_w.clone());
         assert_eq!(
-            p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("prod")),
             Some("26")
         );
         assert!(p.take_dirty());
@@ -1062,7 +1096,8 @@ mod progress_tests {
         // Bookmarks after the index move the checkpoint on their own.
         p.progress(s, "30");
         assert_eq!(
-            p.checkpoints().get(ObjectKind::ConfigMap, "prod"),
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("prod")),
             Some("30")
         );
     }

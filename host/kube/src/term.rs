@@ -42,7 +42,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use wasmwatch_core::{ChangeEvent, ObjectKind};
+use wasmwatch_core::{ChangeEvent, ObjectKind, Scope};
 
 use crate::checkpoint::{Checkpoints, Progress, StreamIndex, Ticket};
 use crate::watchloop::Output;
@@ -196,9 +196,9 @@ impl Term {
         }
     }
 
-    /// Registers a stream (namespace `*` for cluster-wide); returns its id.
-    pub fn stream(&mut self, kind: ObjectKind, namespace: &str, start: Start) -> usize {
-        let id = self.progress.stream(kind, namespace);
+    /// Registers a stream; returns its id.
+    pub fn stream(&mut self, kind: ObjectKind, scope: Scope, start: Start) -> usize {
+        let id = self.progress.stream(kind, scope);
         self.streams.push(Stream {
             baseline_unsaved: self.stores && start == Start::Baseline,
         });
@@ -336,7 +336,7 @@ impl Term {
         self.unsaved |= self.progress.take_dirty();
         for ix in self.progress.take_indexes() {
             self.indexes
-                .retain(|o| !(o.kind == ix.kind && o.namespace == ix.namespace));
+                .retain(|o| !(o.kind == ix.kind && o.scope == ix.scope));
             self.indexes.push(ix);
         }
         if !self.unsaved && self.indexes.is_empty() {

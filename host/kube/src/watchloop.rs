@@ -23,14 +23,13 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
 use tokio::sync::mpsc;
 use wasmwatch_core::index::{ObjectIndex, Resync, Seen};
-use wasmwatch_core::{ChangeEvent, ObjectKind, ObjectSnapshot};
+use wasmwatch_core::{ChangeEvent, ObjectKind, ObjectSnapshot, Scope};
 
 /// What one watch loop watches.
 #[derive(Debug, Clone)]
 pub struct WatchTarget {
     pub kind: ObjectKind,
-    /// `None`: all namespaces, one cluster-wide stream.
-    pub namespace: Option<String>,
+    pub scope: Scope,
     pub label_selector: Option<String>,
     /// Count label/annotation-only changes as modifications.
     pub metadata_changes: bool,
@@ -163,7 +162,7 @@ impl WatchLoop {
     pub fn new(client: kube::Client, target: WatchTarget, checkpoint: Option<String>) -> WatchLoop {
         let ar = api_resource(target.kind);
         let checkpoint_given = checkpoint.is_some();
-        let api = match &target.namespace {
+        let api = match target.scope.namespace() {
             Some(ns) => Api::namespaced_with(client, ns, &ar),
             None => Api::all_with(client, &ar),
         };

@@ -1,7 +1,7 @@
 //! The state Lease: checkpoints round-trip, and a stale leader is fenced.
 use wasmwatch_apiserver::{Config, Server, ServerHandle};
-use wasmwatch_core::ObjectKind;
 use wasmwatch_core::index::ObjectIndex;
+use wasmwatch_core::{ObjectKind, Scope};
 use wasmwatch_kube::checkpoint::{CheckpointError, CheckpointStore, StreamIndex};
 use wasmwatch_kube::elector::Term;
 
@@ -58,9 +58,9 @@ async fn checkpoints_round_trip_through_the_state_lease() {
     assert!(claimed.indexes.is_empty());
     let mut cps = claimed.checkpoints;
     assert_eq!(cps, Default::default(), "first use creates an empty state");
-    cps.set(ObjectKind::ConfigMap, "prod", "456");
-    cps.set(ObjectKind::ConfigMap, "default", "123");
-    cps.set(ObjectKind::Secret, "default", "120");
+    cps.set(ObjectKind::ConfigMap, &Scope::from_key("prod"), "456");
+    cps.set(ObjectKind::ConfigMap, &Scope::from_key("default"), "123");
+    cps.set(ObjectKind::Secret, &Scope::from_key("default"), "120");
     a.save(&cps, &[]).await.unwrap();
     assert_eq!(
         annotation(&server, "wasmwatch.io/configmap-resource-version"),
@@ -72,14 +72,23 @@ async fn checkpoints_round_trip_through_the_state_lease() {
     );
     assert_eq!(annotation(&server, "wasmwatch.io/term"), "pod-a/0");
     // Batched writes: saving again advances in place.
-    cps.set(ObjectKind::ConfigMap, "prod", "500");
+    cps.set(ObjectKind::ConfigMap, &Scope::from_key("prod"), "500");
     a.save(&cps, &[]).await.unwrap();
     // The next leader reads exactly that back.
     let mut b = store(&server, term("pod-b", 1));
     let read = b.claim().await.unwrap().checkpoints;
-    assert_eq!(read.get(ObjectKind::ConfigMap, "prod"), Some("500"));
-    assert_eq!(read.get(ObjectKind::ConfigMap, "default"), Some("123"));
-    assert_eq!(read.get(ObjectKind::Secret, "default"), Some("120"));
+    assert_eq!(
+        read.get(ObjectKind::ConfigMap, &Scope::from_key("prod")),
+        Some("500")
+    );
+    assert_eq!(
+        read.get(ObjectKind::ConfigMap, &Scope::from_key("default")),
+        Some("123")
+    );
+    assert_eq!(
+        read.get(ObjectKind::Secret, &Scope::from_key("default")),
+        Some("120")
+    );
     assert_eq!(annotation(&server, "wasmwatch.io/term"), "pod-b/1");
 }
 
@@ -95,7 +104,7 @@ async fn a_leader_lease_created_again_starts_a_new_line_of_terms() {
     };
     let mut old = store(&server, on("pod-a", 5, &first));
     let mut cps = old.claim().await.unwrap().checkpoints;
-    cps.set(ObjectKind::ConfigMap, "default", "10");
+    cps.set(ObjectKind::ConfigMap, &Scope::from_key("default"), "10");
     old.save(&cps, &[]).await.unwrap();
 
     let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
@@ -110,7 +119,9 @@ async fn a_leader_lease_created_again_starts_a_new_line_of_terms() {
     let mut new = store(&server, on("pod-b", 0, &second));
     let claimed = new.claim().await.unwrap();
     assert_eq!(
-        claimed.checkpoints.get(ObjectKind::ConfigMap, "default"),
+        claimed
+            .checkpoints
+            .get(ObjectKind::ConfigMap, &Scope::from_key("default")),
         Some("10")
     );
     // The term keeps its old form (older binaries read it); the UID is apart.
@@ -141,14 +152,14 @@ async fn a_stale_leader_cannot_write_after_a_successor_claimed() {
     let server = Server::start(Config::default()).await.unwrap();
     let mut old = store(&server, term("pod-a", 3));
     let mut cps = old.claim().await.unwrap().checkpoints;
-    cps.set(ObjectKind::ConfigMap, "default", "10");
+    cps.set(ObjectKind::ConfigMap, &Scope::from_key("default"), "10");
     old.save(&cps, &[]).await.unwrap();
 
     let mut new = store(&server, term("pod-b", 4));
     new.claim().await.unwrap();
 
     // The old leader wakes up and tries to checkpoint further.
-    cps.set(ObjectKind::ConfigMap, "default", "99");
+    cps.set(ObjectKind::ConfigMap, &Scope::from_key("default"), "99");
     let err = old.save(&cps, &[]).await.unwrap_err();
     assert!(matches!(err, CheckpointError::Conflict(_)), "{err}");
     assert_eq!(
@@ -193,9 +204,16 @@ async fn unreadable_checkpoints_are_reported_and_kept_until_that_kind_is_saved()
             "wasmwatch.io/configmap-resource-version: invalid entry \"default\", expected namespace=resourceVersion; every ConfigMap is delivered once"
         )
     );
-    assert_eq!(claimed.checkpoints.get(ObjectKind::ConfigMap, "prod"), None);
     assert_eq!(
-        claimed.checkpoints.get(ObjectKind::Secret, "default"),
+        claimed
+            .checkpoints
+            .get(ObjectKind::ConfigMap, &Scope::from_key("prod")),
+        None
+    );
+    assert_eq!(
+        claimed
+            .checkpoints
+            .get(ObjectKind::Secret, &Scope::from_key("default")),
         Some("5")
     );
     assert_eq!(claimed.problems().len(), 1);
@@ -209,7 +227,7 @@ async fn unreadable_checkpoints_are_reported_and_kept_until_that_kind_is_saved()
     // A save without ConfigMap checkpoints (their streams are still
     // delivering) leaves it: a successor must deliver everything again.
     let mut cps = claimed.checkpoints.clone();
-    cps.set(ObjectKind::Secret, "default", "9");
+    cps.set(ObjectKind::Secret, &Scope::from_key("default"), "9");
     a.save(&cps, &[]).await.unwrap();
     assert_eq!(
         annotation(&server, "wasmwatch.io/configmap-resource-version"),
@@ -226,8 +244,8 @@ async fn unreadable_checkpoints_are_reported_and_kept_until_that_kind_is_saved()
     // next leader resumes from it.
     let mut c = store(&server, term("pod-c", 3));
     c.claim().await.unwrap();
-    cps.set(ObjectKind::ConfigMap, "default", "20");
-    cps.set(ObjectKind::ConfigMap, "prod", "21");
+    cps.set(ObjectKind::ConfigMap, &Scope::from_key("default"), "20");
+    cps.set(ObjectKind::ConfigMap, &Scope::from_key("prod"), "21");
     c.save(&cps, &[]).await.unwrap();
     assert_eq!(
         annotation(&server, "wasmwatch.io/configmap-resource-version"),
@@ -279,7 +297,9 @@ async fn an_unreadable_term_shard_count_or_index_is_set_aside() {
     assert!(claimed.unreadable.is_empty());
     assert!(claimed.indexes.is_empty());
     assert_eq!(
-        claimed.checkpoints.get(ObjectKind::ConfigMap, "default"),
+        claimed
+            .checkpoints
+            .get(ObjectKind::ConfigMap, &Scope::from_key("default")),
         Some("5")
     );
     let problems = claimed.problems();
@@ -323,12 +343,12 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
         &[
             StreamIndex {
                 kind: ObjectKind::ConfigMap,
-                namespace: "shop".into(),
+                scope: Scope::from_key("shop"),
                 index: shop_ix.clone(),
             },
             StreamIndex {
                 kind: ObjectKind::ConfigMap,
-                namespace: "prod".into(),
+                scope: Scope::from_key("prod"),
                 index: prod_ix.clone(),
             },
         ],
@@ -363,7 +383,7 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
         &cps,
         &[StreamIndex {
             kind: ObjectKind::ConfigMap,
-            namespace: "shop".into(),
+            scope: Scope::from_key("shop"),
             index: shop2.clone(),
         }],
     )
@@ -374,8 +394,8 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
     let claimed = b.claim().await.unwrap();
     let got = &claimed.indexes[&ObjectKind::ConfigMap];
     assert_eq!(got.len(), 6001);
-    assert_eq!(got.namespace("shop"), shop2);
-    assert_eq!(got.namespace("prod"), prod_ix);
+    assert_eq!(got.part(&Scope::from_key("shop")), shop2);
+    assert_eq!(got.part(&Scope::from_key("prod")), prod_ix);
 
     // The next leader stores only one stream: the claimed part of the other stays.
     let mut prod2 = prod_ix.clone();
@@ -384,7 +404,7 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
         &claimed.checkpoints,
         &[StreamIndex {
             kind: ObjectKind::ConfigMap,
-            namespace: "prod".into(),
+            scope: Scope::from_key("prod"),
             index: prod2,
         }],
     )
@@ -392,6 +412,6 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
     .unwrap();
     let claimed = store(&server, term("pod-c", 3)).claim().await.unwrap();
     let got = &claimed.indexes[&ObjectKind::ConfigMap];
-    assert_eq!(got.namespace("shop"), shop2);
-    assert!(got.namespace("prod").is_empty());
+    assert_eq!(got.part(&Scope::from_key("shop")), shop2);
+    assert!(got.part(&Scope::from_key("prod")).is_empty());
 }

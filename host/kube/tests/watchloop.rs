@@ -4,13 +4,13 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use tokio::sync::mpsc;
 use wasmwatch_apiserver::{Config, Server, ServerHandle};
-use wasmwatch_core::{ChangeType, ObjectKind};
+use wasmwatch_core::{ChangeType, ObjectKind, Scope};
 use wasmwatch_kube::watchloop::{Output, State, WatchLoop, WatchTarget};
 
 fn target(ns: Option<&str>) -> WatchTarget {
     WatchTarget {
         kind: ObjectKind::ConfigMap,
-        namespace: ns.map(str::to_string),
+        scope: ns.map_or(Scope::All, |ns| Scope::Namespace(ns.to_string())),
         label_selector: None,
         metadata_changes: false,
     }

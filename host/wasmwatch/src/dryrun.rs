@@ -41,22 +41,10 @@ pub async fn run(
     let (tx, mut rx) = mpsc::channel::<Output>(1024);
     let mut loops = Vec::new();
     for kind in &manifest.watch.kinds {
-        let namespaces: Vec<Option<String>> = if manifest.watch.namespaces.iter().any(|n| n == "*")
-        {
-            vec![None]
-        } else {
-            manifest
-                .watch
-                .namespaces
-                .iter()
-                .cloned()
-                .map(Some)
-                .collect()
-        };
-        for namespace in namespaces {
+        for scope in manifest.watch.scopes() {
             let target = WatchTarget {
                 kind: *kind,
-                namespace,
+                scope,
                 label_selector: manifest
                     .watch
                     .label_selector

@@ -283,12 +283,13 @@ pub async fn run(
     Ok(())
 }
 
+/// The namespaces the lookups' caches cover (`None`: all).
 fn watched_namespaces(manifest: &Manifest) -> Option<Vec<String>> {
-    if manifest.watch.namespaces.iter().any(|n| n == "*") {
-        None
-    } else {
-        Some(manifest.watch.namespaces.clone())
-    }
+    let scopes = manifest.watch.scopes();
+    scopes
+        .iter()
+        .map(|s| s.namespace().map(str::to_string))
+        .collect()
 }
 
 /// Keeps the leader gauge and transition counter up to date.
@@ -459,16 +460,11 @@ impl Service {
         let mut tasks = Vec::new();
         // Per loop: kind, counters, and the values already counted.
         let mut watch_stats = Vec::new();
-        let namespaces: Vec<Option<String>> = match watched_namespaces(&self.manifest) {
-            None => vec![None],
-            Some(list) => list.into_iter().map(Some).collect(),
-        };
         for kind in &self.manifest.watch.kinds {
-            for namespace in &namespaces {
-                let ns_key = namespace.clone().unwrap_or_else(|| "*".into());
+            for scope in self.manifest.watch.scopes() {
                 let target = WatchTarget {
                     kind: *kind,
-                    namespace: namespace.clone(),
+                    scope: scope.clone(),
                     label_selector: self
                         .manifest
                         .watch
@@ -477,7 +473,7 @@ impl Service {
                         .map(|s| s.as_str().to_string()),
                     metadata_changes: self.manifest.watch.metadata_changes,
                 };
-                let from = checkpoints.get(*kind, &ns_key).map(str::to_string);
+                let from = checkpoints.get(*kind, &scope).map(str::to_string);
                 let (start, mut wl) = if unreadable.contains_key(kind) {
                     (
                         Start::DeliverAll,
@@ -494,16 +490,16 @@ impl Service {
                         WatchLoop::new(self.client.clone(), target, None),
                     )
                 };
-                let id = term.stream(*kind, &ns_key, start);
                 if let Some(index) = indexes.get(kind) {
-                    wl = wl.with_index(index.namespace(&ns_key));
+                    wl = wl.with_index(index.part(&scope));
                 }
+                let span = tracing::info_span!("watch", kind = kind.as_str(), namespace = %scope);
+                let id = term.stream(*kind, scope, start);
                 // The checkpoint waits for an index taken after each change:
                 // send it as often as checkpoints are saved.
                 wl.index_interval = self.options.checkpoint_interval;
                 watch_stats.push((*kind, wl.stats(), 0u64, 0u64));
                 let (loop_tx, mut loop_rx) = mpsc::channel(256);
-                let span = tracing::info_span!("watch", kind = kind.as_str(), namespace = %ns_key);
                 tasks.push(AbortOnDrop(tokio::spawn(wl.run(loop_tx).instrument(span))));
                 let tx = tx.clone();
                 tasks.push(AbortOnDrop(tokio::spawn(async move {

@@ -60,7 +60,7 @@ fn term(stored: Checkpoints, unreadable: &[ObjectKind]) -> Term {
 
 fn stored(ns: &str, rv: &str) -> Checkpoints {
     let mut c = Checkpoints::default();
-    c.set(CM, ns, rv);
+    c.set(CM, &Scope::from_key(ns), rv);
     c
 }
 
@@ -102,7 +102,7 @@ async fn tick(t: &mut Term, after: Duration) -> Vec<Effect> {
 #[tokio::test(start_paused = true)]
 async fn a_change_is_handled_when_every_plugin_it_went_to_is_done_with_it() {
     let mut t = term(stored("prod", "5"), &[]);
-    let s = t.stream(CM, "prod", Start::Resume);
+    let s = t.stream(CM, Scope::from_key("prod"), Start::Resume);
     let e = feed(&mut t, vec![Input::Output(s, change("a", Some("10")))]);
     let [ticket] = dispatched(&e)[..] else {
         panic!("{e:?}")
@@ -113,14 +113,17 @@ async fn a_change_is_handled_when_every_plugin_it_went_to_is_done_with_it() {
         vec![Input::Finished(ticket), Input::Output(s, index(&["a"]))],
     );
     assert_eq!(
-        t.checkpoints().get(CM, "prod"),
+        t.checkpoints().get(CM, &Scope::from_key("prod")),
         Some("5"),
         "plugin 1 is not done"
     );
     assert_eq!(t.in_flight(), 1);
     let e = feed(&mut t, vec![Input::Finished(ticket)]);
     assert!(matches!(e[..], [Effect::Handled(CM)]), "{e:?}");
-    assert_eq!(t.checkpoints().get(CM, "prod"), Some("10"));
+    assert_eq!(
+        t.checkpoints().get(CM, &Scope::from_key("prod")),
+        Some("10")
+    );
     // A late duplicate changes nothing.
     assert!(feed(&mut t, vec![Input::Finished(ticket)]).is_empty());
 }
@@ -135,7 +138,7 @@ async fn a_change_no_plugin_selects_is_handled_at_once() {
         Instant::now(),
         Box::new(|_| vec![]),
     );
-    let s = t.stream(CM, "prod", Start::Resume);
+    let s = t.stream(CM, Scope::from_key("prod"), Start::Resume);
     let e = feed(&mut t, vec![Input::Output(s, change("a", Some("10")))]);
     assert!(
         matches!(e[..], [Effect::Received(CM), Effect::Handled(CM)]),
@@ -150,7 +153,7 @@ async fn a_change_no_plugin_selects_is_handled_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_baseline_is_stored_before_anything_else_is_read() {
     let mut t = term(Checkpoints::default(), &[]);
-    let s = t.stream(CM, "prod", Start::Baseline);
+    let s = t.stream(CM, Scope::from_key("prod"), Start::Baseline);
     let e = feed(&mut t, vec![Input::Output(s, listed("10"))]);
     assert!(
         saves(&e).is_empty(),
@@ -161,7 +164,7 @@ async fn a_baseline_is_stored_before_anything_else_is_read() {
     let [(checkpoints, indexes)] = &saves(&e)[..] else {
         panic!("{e:?}")
     };
-    assert_eq!(checkpoints.get(CM, "prod"), Some("10"));
+    assert_eq!(checkpoints.get(CM, &Scope::from_key("prod")), Some("10"));
     assert_eq!(indexes[0].index.len(), 2, "with its index");
     assert!(!t.wants_outputs(), "nothing else until it is stored");
     // An API error: retried after a backoff, still holding.
@@ -185,20 +188,20 @@ async fn a_baseline_is_stored_before_anything_else_is_read() {
 #[tokio::test(start_paused = true)]
 async fn checkpoints_are_saved_every_interval_when_they_moved_and_kept_on_errors() {
     let mut t = term(stored("prod", "5"), &[]);
-    let s = t.stream(CM, "prod", Start::Resume);
+    let s = t.stream(CM, Scope::from_key("prod"), Start::Resume);
     feed(&mut t, vec![Input::Output(s, progress("6"))]);
     assert!(
         saves(&tick(&mut t, Duration::from_secs(1)).await).is_empty(),
         "not due"
     );
     let e = tick(&mut t, Duration::from_secs(1)).await;
-    assert_eq!(saves(&e)[0].0.get(CM, "prod"), Some("6"));
+    assert_eq!(saves(&e)[0].0.get(CM, &Scope::from_key("prod")), Some("6"));
     feed(&mut t, vec![Input::Saved(Saved::Failed("timeout".into()))]);
     assert!(t.wants_outputs(), "a periodic save does not hold the term");
     // Kept for the next round, with what moved since.
     feed(&mut t, vec![Input::Output(s, progress("7"))]);
     let e = tick(&mut t, INTERVAL).await;
-    assert_eq!(saves(&e)[0].0.get(CM, "prod"), Some("7"));
+    assert_eq!(saves(&e)[0].0.get(CM, &Scope::from_key("prod")), Some("7"));
     feed(&mut t, vec![Input::Saved(Saved::Stored)]);
     assert!(saves(&tick(&mut t, INTERVAL).await).is_empty());
 }
@@ -206,7 +209,7 @@ async fn checkpoints_are_saved_every_interval_when_they_moved_and_kept_on_errors
 #[tokio::test(start_paused = true)]
 async fn a_fenced_save_ends_the_term() {
     let mut t = term(stored("prod", "5"), &[]);
-    let s = t.stream(CM, "prod", Start::Resume);
+    let s = t.stream(CM, Scope::from_key("prod"), Start::Resume);
     feed(&mut t, vec![Input::Output(s, progress("6"))]);
     tick(&mut t, INTERVAL).await;
     let e = feed(&mut t, vec![Input::Saved(Saved::Fenced("409".into()))]);
@@ -226,7 +229,7 @@ async fn a_fenced_save_ends_the_term() {
 #[tokio::test(start_paused = true)]
 async fn no_save_carries_a_checkpoint_past_a_change_without_an_index_that_has_it() {
     let mut t = term(stored("prod", "10"), &[]);
-    let s = t.stream(CM, "prod", Start::Resume);
+    let s = t.stream(CM, Scope::from_key("prod"), Start::Resume);
     let e = feed(&mut t, vec![Input::Output(s, change("w", Some("20")))]);
     let w = dispatched(&e)[0];
     feed(
@@ -240,7 +243,11 @@ async fn no_save_carries_a_checkpoint_past_a_change_without_an_index_that_has_it
     for _ in 0..3 {
         let e = tick(&mut t, INTERVAL).await;
         for (checkpoints, _) in saves(&e) {
-            assert_eq!(checkpoints.get(CM, "prod"), Some("10"), "past W without W");
+            assert_eq!(
+                checkpoints.get(CM, &Scope::from_key("prod")),
+                Some("10"),
+                "past W without W"
+            );
         }
         feed(&mut t, vec![Input::Saved(Saved::Stored)]);
     }
@@ -249,7 +256,11 @@ async fn no_save_carries_a_checkpoint_past_a_change_without_an_index_that_has_it
     let [(checkpoints, indexes)] = &saves(&e)[..] else {
         panic!("{e:?}")
     };
-    assert_eq!(checkpoints.get(CM, "prod"), Some("25"), "up to the index");
+    assert_eq!(
+        checkpoints.get(CM, &Scope::from_key("prod")),
+        Some("25"),
+        "up to the index"
+    );
     assert_eq!(indexes.len(), 1, "in the same save as the index with W");
     assert_eq!(indexes[0].index.encode().lines().count(), 1);
 }
@@ -260,8 +271,8 @@ async fn no_save_carries_a_checkpoint_past_a_change_without_an_index_that_has_it
 #[tokio::test(start_paused = true)]
 async fn an_unreadable_kind_is_written_only_once_every_stream_of_it_has_a_checkpoint() {
     let mut t = term(Checkpoints::default(), &[CM]);
-    let a = t.stream(CM, "a", Start::DeliverAll);
-    let b = t.stream(CM, "b", Start::DeliverAll);
+    let a = t.stream(CM, Scope::from_key("a"), Start::DeliverAll);
+    let b = t.stream(CM, Scope::from_key("b"), Start::DeliverAll);
     let e = feed(&mut t, vec![Input::Output(a, change("x", None))]);
     let x = dispatched(&e)[0];
     feed(
@@ -297,7 +308,7 @@ async fn an_unreadable_kind_is_written_only_once_every_stream_of_it_has_a_checkp
 #[tokio::test(start_paused = true)]
 async fn the_term_ends_when_not_acting_and_its_final_save_has_what_is_complete() {
     let mut t = term(stored("prod", "5"), &[]);
-    let s = t.stream(CM, "prod", Start::Resume);
+    let s = t.stream(CM, Scope::from_key("prod"), Start::Resume);
     let e = feed(
         &mut t,
         vec![
@@ -314,7 +325,7 @@ async fn the_term_ends_when_not_acting_and_its_final_save_has_what_is_complete()
     let Some(Effect::Save { checkpoints, .. }) = t.final_save() else {
         panic!("a final save")
     };
-    assert_eq!(checkpoints.get(CM, "prod"), Some("8"));
+    assert_eq!(checkpoints.get(CM, &Scope::from_key("prod")), Some("8"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -327,7 +338,7 @@ async fn without_ha_nothing_is_saved_and_a_baseline_holds_nothing() {
         Instant::now(),
         Box::new(|_| vec![0]),
     );
-    let s = t.stream(CM, "*", Start::Baseline);
+    let s = t.stream(CM, Scope::from_key("*"), Start::Baseline);
     let e = feed(
         &mut t,
         vec![
