@@ -8,9 +8,9 @@
 //!
 //! [`ObjectIndex::encode`] writes it as one line per object
 //! (`ns/name digest metadata key=hash;key=hash`), about 60 bytes plus 20 per
-//! key. Not yet done (issue 4): storing that text next to the checkpoints
-//! (sharded across Leases when large) so that a new leader can resynchronise
-//! against what its predecessor handled.
+//! key; host/kube's checkpoint store keeps that text in shards next to the
+//! checkpoints, so that a new leader resynchronises against what its
+//! predecessor handled.
 use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
@@ -259,7 +259,14 @@ impl ObjectIndex {
                 if !(content || metadata || before.unverified) {
                     return (None, before != now);
                 }
-                let mut ev = ChangeEvent::new(ChangeType::Modified, object, None);
+                // An unverified entry may come from a list taken after the
+                // event (a rebuilt index): an ADDED is still a creation.
+                let change = if seen == Seen::Added && before.unverified {
+                    ChangeType::Added
+                } else {
+                    ChangeType::Modified
+                };
+                let mut ev = ChangeEvent::new(change, object, None);
                 ev.changed_keys = if before.unverified {
                     // What changed since the last handled version is
                     // unknown: every key may have.

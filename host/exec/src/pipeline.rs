@@ -20,14 +20,15 @@
 //!   opens the next window; it runs after the current job, so a change that
 //!   lands during a refresh is refreshed again.
 //! - **Order of content**: actions that carry content (an HTTP call with a
-//!   body, a bus message) are keyed per plugin, object and destination, so
-//!   one object's contents reach a destination in the order of its changes,
-//!   retries included: the newer change's action waits while the older one
-//!   runs or waits out its backoff, and replaces it while it waits for its
-//!   turn (the destination ends on the newer content either way; the older
-//!   change's ticket completes with the newer action). They were keyed per
-//!   message before, and ran concurrently: a 503 retried after the newer
-//!   content had landed left the app on the older one for good (issue 19).
+//!   body, a bus message) are keyed per plugin, object and destination and
+//!   queue there, so one object's contents reach a destination in the order
+//!   of its changes, retries included: the newer change's action waits while
+//!   the older one runs or waits out its backoff. None replaces another: a
+//!   plugin may send only the keys a change touched, and one decision may
+//!   hold several messages for one destination (bus-refresh: one per app).
+//!   They were keyed per message before, and ran concurrently: a 503 retried
+//!   after the newer content had landed left the app on the older one for
+//!   good (issue 19). Only the global rate limit applies to them, as before.
 //! - **Retries**: retryable failures are retried `policy.retries` times with
 //!   exponential backoff from `backoff_initial` to `backoff_max`, ±25 %
 //!   jitter; a permanent failure, or the last retryable one, dead-letters
@@ -297,6 +298,21 @@ impl TargetKey {
         }
     }
 
+    /// Contents (an HTTP call with a body, a bus message) queue: every one
+    /// is delivered, one at a time, in order; none replaces another (a
+    /// plugin may send only what a change touched, and one decision may
+    /// hold several messages for one destination, one per app).
+    fn queues(&self) -> bool {
+        matches!(
+            self,
+            TargetKey::Publish { .. }
+                | TargetKey::Http {
+                    content_of: Some(_),
+                    ..
+                }
+        )
+    }
+
     /// HTTP calls with a body and Events go at once (as before keys were
     /// per object); the rest waits for its debounce window.
     fn debounces(&self) -> bool {
@@ -338,16 +354,19 @@ struct Pending<T> {
     due: Instant,
 }
 
+/// One target key: its running job and what waits for it. A coalescing key
+/// has at most one job waiting (later submissions join it); a content key
+/// queues every one, in order.
 struct Slot<T> {
     running: bool,
-    pending: Option<Pending<T>>,
+    pending: std::collections::VecDeque<Pending<T>>,
 }
 
 impl<T> Default for Slot<T> {
     fn default() -> Self {
         Slot {
             running: false,
-            pending: None,
+            pending: Default::default(),
         }
     }
 }
@@ -434,8 +453,9 @@ impl Shared {
         let wait = {
             let g = self.global.lock().expect("bucket").take();
             // A unique key is never seen again: a bucket of its own would
-            // only grow the map.
-            let t = if matches!(key, TargetKey::Unique(_)) {
+            // only grow the map. Contents queue per object, and were
+            // limited only globally when each had a key of its own.
+            let t = if matches!(key, TargetKey::Unique(_)) || key.queues() {
                 Duration::ZERO
             } else {
                 let mut targets = self.per_target.lock().expect("buckets");
@@ -542,8 +562,8 @@ async fn run<T: Send + 'static>(
                     unique += 1;
                     let key = TargetKey::of(&action, &s.origin, unique);
                     let slot = slots.entry(key.clone()).or_default();
-                    match &mut slot.pending {
-                        Some(p) => {
+                    match slot.pending.back_mut() {
+                        Some(p) if !key.queues() => {
                             shared.stats.coalesced.fetch_add(1, Ordering::Relaxed);
                             p.action = action;
                             if !p.origins.contains(&s.origin) {
@@ -551,14 +571,14 @@ async fn run<T: Send + 'static>(
                             }
                             p.tickets.push(state.clone());
                         }
-                        None => {
+                        _ => {
                             shared.stats.queued.fetch_add(1, Ordering::Relaxed);
                             let due = if key.debounces() {
                                 Instant::now() + s.policy.debounce
                             } else {
                                 Instant::now()
                             };
-                            slot.pending = Some(Pending {
+                            slot.pending.push_back(Pending {
                                 action,
                                 origins: vec![s.origin.clone()],
                                 tickets: vec![state.clone()],
@@ -577,13 +597,13 @@ async fn run<T: Send + 'static>(
                     // A window that closed while the job ran starts now.
                     if slot
                         .pending
-                        .as_ref()
+                        .front()
                         .is_some_and(|p| p.due <= Instant::now())
                     {
                         seq += 1;
                         timers.push(Reverse((Instant::now(), seq, key.clone())));
                     }
-                    if slot.pending.is_none() {
+                    if slot.pending.is_empty() {
                         slots.remove(&key);
                     }
                 }
@@ -598,10 +618,10 @@ async fn run<T: Send + 'static>(
                     let Some(slot) = slots.get_mut(&key) else {
                         continue;
                     };
-                    if slot.running || slot.pending.as_ref().is_none_or(|p| p.due > now) {
+                    if slot.running || slot.pending.front().is_none_or(|p| p.due > now) {
                         continue;
                     }
-                    let pending = slot.pending.take().expect("checked");
+                    let pending = slot.pending.pop_front().expect("checked");
                     slot.running = true;
                     let shared = shared.clone();
                     let tx = tx.clone();

@@ -487,30 +487,32 @@ async fn one_objects_contents_land_in_the_order_of_its_changes_retries_included(
     }
 }
 
-/// While an older content runs, newer ones of the same object wait; the
-/// newest replaces the one waiting (the receiver ends on it either way),
-/// and the replaced change's ticket completes with it. Other objects'
-/// contents to the same URL are neither held nor replaced.
+/// While an older content runs, newer ones of the same object wait, and
+/// every one is delivered in order (a plugin may post only what a change
+/// touched: skipping one would lose it). Two messages of one decision to one
+/// destination (bus-refresh: one per app) both go. Other objects' contents
+/// to the same URL are not held.
 #[tokio::test(start_paused = true)]
-async fn a_waiting_content_is_replaced_by_a_newer_one_of_the_same_object_only() {
+async fn waiting_contents_of_one_object_all_land_in_order_and_other_objects_are_not_held() {
     let mut h = harness(unlimited());
     *h.rec.delay.lock().unwrap() = Duration::from_millis(100);
-    let submit = |h: &Harness, ticket, name: &str, body: &str| {
+    let submit = |h: &Harness, ticket, name: &str, actions: Vec<Action>| {
         h.pipeline.submit(Submission {
             ticket,
             origin: origin(name),
-            actions: vec![post_content(body)],
+            actions,
             policy: policy(0, 5),
         })
     };
-    submit(&h, 1, "orders", "A");
+    submit(&h, 1, "orders", vec![post_content("A")]);
     tokio::time::sleep(Duration::from_millis(10)).await;
-    submit(&h, 2, "orders", "B");
-    submit(&h, 3, "orders", "C");
-    submit(&h, 4, "billing", "X");
+    submit(&h, 2, "orders", vec![post_content("B")]);
+    submit(&h, 3, "orders", vec![post_content("C")]);
+    submit(&h, 4, "billing", vec![post_content("X")]);
+    submit(&h, 5, "shared", vec![publish("app-1"), publish("app-2")]);
     assert_eq!(
         done_within(&mut h, Duration::from_secs(10)).await,
-        vec![1, 2, 3, 4]
+        vec![1, 2, 3, 4, 5]
     );
     let calls: Vec<(String, String)> = h
         .rec
@@ -520,16 +522,20 @@ async fn a_waiting_content_is_replaced_by_a_newer_one_of_the_same_object_only() 
         .iter()
         .map(|(_, a, o)| (o.clone(), body_of(a)))
         .collect();
-    let orders: Vec<&str> = calls
-        .iter()
-        .filter(|(o, _)| o == "orders")
-        .map(|(_, b)| b.as_str())
-        .collect();
-    assert_eq!(orders, ["A", "C"], "B was replaced while it waited");
-    assert!(
-        calls.contains(&("billing".to_string(), "X".to_string())),
-        "{calls:?}"
+    let of = |name: &str| -> Vec<String> {
+        calls
+            .iter()
+            .filter(|(o, _)| o == name)
+            .map(|(_, b)| b.clone())
+            .collect()
+    };
+    assert_eq!(of("orders"), ["A", "B", "C"], "each content, in order");
+    assert_eq!(
+        of("shared"),
+        ["app-1", "app-2"],
+        "both messages of the decision"
     );
+    assert_eq!(of("billing"), ["X"]);
     // billing's call did not wait for orders' running one.
     let starts: Vec<Instant> = h.rec.calls.lock().unwrap().iter().map(|c| c.0).collect();
     assert!(

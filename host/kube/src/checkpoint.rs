@@ -27,15 +27,19 @@
 //! of a Lease `<state>-index-<kind>-<n>`; the state Lease records the shard
 //! count per kind (`wasmwatch.io/configmap-index-shards`).
 //!
-//! Why the write order does not matter: an index is only ever saved when it
-//! is *safe*, that is when every change it has seen was handled (see
-//! [`Progress::index`]). A safe index can be combined with any checkpoint: an
-//! index behind the checkpoint makes a resync re-deliver some handled changes
-//! (at least once allows that), and an index ahead of the stored checkpoint
-//! (a crash between the shard writes and the state write) only makes the
-//! replay skip changes that were in fact handled. A torn set of shards mixes
-//! entries of two safe indexes, which is again safe. So shards are written
-//! first and the state Lease last, and a failed round is simply retried.
+//! The rules (issue 19): an index is only ever saved when it is *safe*, that
+//! is when every change it has seen was handled (see [`Progress::index`]),
+//! and a checkpoint only with an index that covers it ([`Progress`]): the
+//! stored index is never *behind* the stored checkpoint, or a successor's
+//! resync after a 410 would not know objects created before the checkpoint
+//! and miss their deletions. An index *ahead* of the stored checkpoint (a
+//! crash between the shard writes and the state write) is safe: the resumed
+//! watch starts with its objects unverified, and a resync delivers every
+//! object written after the checkpoint. So shards are written first and the
+//! state Lease last, and a failed round is simply retried. A shard stamped
+//! by a newer term is never overwritten (a leader paused mid-round stops
+//! there). Known gap: a torn set of shards (a crash between two shard
+//! writes) can drop an object whose line moved between shards.
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -106,8 +110,9 @@ pub struct Claimed {
     /// the next one.
     pub unreadable: BTreeMap<ObjectKind, String>,
     /// Other parts found unreadable and set aside: a term (overwritten by
-    /// this claim), an index shard count or an index (its kind resyncs
-    /// without one, which redelivers more after a 410 but loses nothing).
+    /// this claim), an index shard count or an index, or a missing shard
+    /// (that kind's watch loops rebuild an index from a list before
+    /// watching: see [`crate::watchloop::WatchLoop::with_index`]).
     pub set_aside: Vec<String>,
 }
 
@@ -454,10 +459,15 @@ impl CheckpointStore {
                 .and_then(|l| l.metadata.annotations?.remove(INDEX_ANNOTATION));
             match shard {
                 Some(t) => text.push_str(&t),
-                // A missing shard loses those objects' entries: they count
-                // as new at a resync (delivered again), never as handled.
+                // A missing shard would lose those objects' entries: at a
+                // resync they would count as new, and their deletions in a
+                // gap would go unseen. The index is set aside instead (the
+                // watch loops rebuild one from a list).
                 None => {
-                    tracing::warn!(lease = %name, "index shard missing; its objects will be delivered again at a resync")
+                    return Err(CheckpointError::Corrupt {
+                        lease: name,
+                        message: "missing".into(),
+                    });
                 }
             }
         }
@@ -534,11 +544,45 @@ impl CheckpointStore {
                 .metadata
                 .annotations
                 .get_or_insert_with(Default::default);
-            if annotations.get(INDEX_ANNOTATION) == Some(text) {
+            // A shard written by a newer term of the same leader Lease: a
+            // successor claimed the state while this leader was paused.
+            // Writing our (older) index over its shard would leave it an
+            // index behind its checkpoint (a deletion in the next gap past
+            // the history would be lost), so stop here, as the state write
+            // would.
+            let stamp = annotations
+                .get(TERM_ANNOTATION)
+                .cloned()
+                .unwrap_or_default();
+            let stamp_uid = annotations
+                .get(TERM_LEASE_UID_ANNOTATION)
+                .map_or("", String::as_str);
+            if let Some(t) = parse_term(&stamp, stamp_uid)
+                && (t.lease_uid.is_empty()
+                    || self.term.lease_uid.is_empty()
+                    || t.lease_uid == self.term.lease_uid)
+                && t.transitions > self.term.transitions
+            {
+                return Err(CheckpointError::NewerTerm(format!(
+                    "index Lease {name} was written by {stamp}"
+                )));
+            }
+            // Unchanged and stamped by this term: nothing to write. A shard
+            // stamped by an older term is stamped again even when equal, so
+            // that a paused predecessor meets this term's stamp.
+            if annotations.get(INDEX_ANNOTATION) == Some(text) && stamp == self.term.to_string() {
                 continue;
             }
             annotations.insert(INDEX_ANNOTATION.into(), text.clone());
             annotations.insert(TERM_ANNOTATION.into(), self.term.to_string());
+            if self.term.lease_uid.is_empty() {
+                annotations.remove(TERM_LEASE_UID_ANNOTATION);
+            } else {
+                annotations.insert(
+                    TERM_LEASE_UID_ANNOTATION.into(),
+                    self.term.lease_uid.clone(),
+                );
+            }
             // RV-guarded: a conflict is retried in the next round.
             self.api
                 .replace(&name, &PostParams::default(), &lease)

@@ -31,8 +31,9 @@
 //!   (deliver everything once) rather than a mix.
 //! - Checkpoints are saved at most every interval, when they moved; a
 //!   `Fenced` save ends the term; an API error is retried at the next one.
-//! - The term ends when the shell says the fence closed, on shutdown, or
-//!   when the watches are gone; [`Term::final_save`] is what is left to
+//! - The term ends when the shell says the fence closed (or a save found it
+//!   closed), when a save finds the state owned by another term, on
+//!   shutdown, or when the watches are gone; [`Term::final_save`] is what is left to
 //!   write (the shell writes it only while the fence is still open).
 //!
 //! Replays are marked by the watch loops (they know where they resumed).
@@ -366,10 +367,6 @@ impl Term {
                 self.unreadable.retain(|k| !progress.has_checkpoints(*k));
                 self.urgent = None;
                 self.urgent_failures = 0;
-                // A baseline that arrived while this save was written.
-                if self.streams.iter().any(|s| s.baseline_unsaved) {
-                    self.urgent = Some(now);
-                }
             }
             Saved::Failed(_) => {
                 if self.urgent.is_some() {

@@ -115,6 +115,8 @@ pub struct WatchLoop {
     relist_floor: Option<String>,
     /// Which changes are replays of what happened while nobody led.
     replay: Replay,
+    /// Resuming without a stored index: list first to rebuild it.
+    rebuild_index: bool,
 }
 
 /// Which of a loop's changes happened while nobody led (they reach the
@@ -189,6 +191,7 @@ impl WatchLoop {
             } else {
                 Replay::No
             },
+            rebuild_index: checkpoint_given,
         }
     }
 
@@ -259,17 +262,26 @@ impl WatchLoop {
     /// 410 delivers only what differs from it.
     ///
     /// Resuming from a checkpoint, the stored objects are marked unverified
-    /// (see [`ObjectIndex::mark_unverified`]): the index may be older than
-    /// the checkpoint.
+    /// (see [`ObjectIndex::mark_unverified`]): the stored index may be ahead
+    /// of the checkpoint (a crash between the shard writes and the state
+    /// write), so a replayed event equal to it may still be unhandled.
     ///
     /// Without a checkpoint the loop takes a baseline, which lists every
     /// object anyway: a stored index is not used then (objects deleted since
     /// it was stored would stay in it and come out as deletions at the next
     /// relist).
+    ///
+    /// A loop resuming from a checkpoint without a stored index (none was
+    /// stored, or it was set aside as unreadable) rebuilds one first from a
+    /// list, delivering nothing, and sends it (`Output::Index`) before
+    /// anything else: without it, a later 410 relist would deliver every
+    /// object as added and miss the deletions of the gap. Its objects start
+    /// unverified too: the list is newer than the checkpoint.
     pub fn with_index(mut self, mut index: ObjectIndex) -> WatchLoop {
         if matches!(self.state, State::Resume { .. }) {
             index.mark_unverified();
             self.index = index;
+            self.rebuild_index = false;
         }
         self
     }
@@ -404,6 +416,29 @@ impl WatchLoop {
                         Ok(now) => Replay::Until(now),
                         Err(_) => Replay::No,
                     };
+                }
+                if self.rebuild_index {
+                    self.index = ObjectIndex::new(self.target.kind);
+                    let mut token = None;
+                    loop {
+                        let (objects, _, next) = self.list_page(token).await?;
+                        for o in objects {
+                            self.index
+                                .apply(Seen::Added, o, self.target.metadata_changes);
+                        }
+                        match next {
+                            Some(t) => token = Some(t),
+                            None => break,
+                        }
+                    }
+                    self.index.mark_unverified();
+                    self.rebuild_index = false;
+                    tracing::info!(
+                        kind = self.target.kind.as_str(),
+                        objects = self.index.len(),
+                        "no stored index to resume with: rebuilt it from a list"
+                    );
+                    self.send_index(out).await?;
                 }
                 if std::mem::replace(&mut self.watched, true) {
                     self.stats

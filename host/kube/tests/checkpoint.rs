@@ -415,3 +415,42 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
     assert_eq!(got.part(&Scope::from_key("shop")), shop2);
     assert!(got.part(&Scope::from_key("prod")).is_empty());
 }
+
+/// A leader paused in the middle of a save (after its fence check) wakes
+/// after a successor claimed the state and stored an index with Y. Its
+/// shard write came before its state write: it used to replace the shard
+/// (read fresh, so not a conflict) with its own older index, and only then
+/// fail at the state Lease, leaving the successor a stored index behind its
+/// checkpoint. Now the shard's stamp of the newer term stops it first.
+#[tokio::test]
+async fn a_paused_leader_cannot_overwrite_the_index_shards_of_its_successor() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let mut old = store(&server, term("pod-a", 3));
+    let cps = old.claim().await.unwrap().checkpoints;
+    let stream = |ix: ObjectIndex| StreamIndex {
+        kind: ObjectKind::ConfigMap,
+        scope: Scope::from_key("shop"),
+        index: ix,
+    };
+    old.save(&cps, &[stream(index(&[("shop/x", 1)]))])
+        .await
+        .unwrap();
+
+    let mut new = store(&server, term("pod-b", 4));
+    let cps_b = new.claim().await.unwrap().checkpoints;
+    let with_y = index(&[("shop/x", 1), ("shop/y", 2)]);
+    new.save(&cps_b, &[stream(with_y.clone())]).await.unwrap();
+
+    let err = old
+        .save(&cps, &[stream(index(&[("shop/x", 5)]))])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CheckpointError::NewerTerm(_)), "{err}");
+    assert!(err.is_fenced());
+    let claimed = store(&server, term("pod-c", 5)).claim().await.unwrap();
+    assert_eq!(
+        claimed.indexes[&ObjectKind::ConfigMap],
+        with_y,
+        "the successor's index stands"
+    );
+}

@@ -113,6 +113,43 @@ async fn resuming_from_a_checkpoint_replays_exactly_the_changes_after_it() {
     assert!(matches!(lp.state(), State::Resume { .. }));
 }
 
+/// Resuming without a stored index (none was stored, or it was set aside):
+/// the loop rebuilds one from a list before watching, and hands it out
+/// first. Without it a 410 relist delivered every object as added (a storm)
+/// and saw no deletion. With it, only what was written after the checkpoint
+/// comes out.
+#[tokio::test]
+async fn a_loop_resuming_without_a_stored_index_rebuilds_it_and_a_relist_stays_exact() {
+    let (server, api) = setup(20).await;
+    let checkpoint = server.resource_version().to_string();
+    put(&api, "o3", "changed").await;
+    server.faults().compact_history();
+    let mut lp = WatchLoop::new(
+        server.client().unwrap(),
+        target(Some("default")),
+        Some(checkpoint),
+    );
+    let (tx, mut rx) = mpsc::channel(1000);
+    lp.step(&tx).await.unwrap(); // rebuild, then watch -> 410
+    let out = drain(&mut rx);
+    assert!(
+        matches!(&out[..], [Output::Index(ix)] if ix.len() == 20),
+        "the rebuilt index first: {out:?}"
+    );
+    assert_eq!(lp.state(), &State::Relist);
+    api.delete("o5", &DeleteParams::default()).await.unwrap();
+    lp.step(&tx).await.unwrap(); // relist against the rebuilt index
+    let out = drain(&mut rx);
+    assert_eq!(
+        changes(&out),
+        vec![
+            (ChangeType::Resynced, "o3".to_string()),
+            (ChangeType::Deleted, "o5".to_string())
+        ],
+        "what was written after the checkpoint, and the deletion; not 19 additions"
+    );
+}
+
 #[tokio::test]
 async fn a_baseline_delivers_nothing_and_then_only_content_changes() {
     let (server, api) = setup(5).await;

@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! cargo build --release -p wasmwatch --bins --examples
-//! /var/tmp/wasmwatch-target/release/examples/bench [latency|throughput|startup|memory|all]
+//! /var/tmp/wasmwatch-target/release/examples/bench [latency|throughput|throughput-in-process|burst|startup|startup-python|memory|all]
 //! ```
 //!
 //! - `latency`: ConfigMap write → POST /actuator/refresh arriving at the app,
@@ -19,6 +19,9 @@
 //!   compile cache; `startup-python`: the same with only the Python
 //!   http-refresh (plugins/python/http-refresh; goal: warm under 300 ms).
 //! - `memory`: RSS of a replica watching 10,000 ConfigMaps of 10 KiB each.
+//! - `burst`: 100,000 changes from the in-process writer over 1,000 objects;
+//!   how long until all are handled, and the replica's peak RSS (work in
+//!   flight is bounded, issue 19).
 //!
 //! Numbers go to stdout; nothing here asserts (the machines are noisy).
 use std::io::{BufRead, BufReader};
@@ -493,26 +496,33 @@ async fn throughput_with(
             break;
         }
         if t.elapsed() > Duration::from_secs(120) {
+            let (rss, peak) = rss_kib(r.child.id());
             println!(
-                "throughput {name}: only {} of {} handled",
+                "throughput {name}: only {} of {} handled after {:.0?}; RSS {:.1} MiB, peak {:.1} MiB",
                 h - handled0,
-                per * 4
+                per * 4,
+                t.elapsed(),
+                rss as f64 / 1024.0,
+                peak as f64 / 1024.0
             );
             return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let took = t.elapsed();
+    // The replica's peak RSS over the whole run (baseline list included).
+    let (_, peak) = rss_kib(r.child.id());
     // Let the last checkpoint land, then count the writes.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let state_writes = *writes.lock().unwrap() - before_writes;
     println!(
-        "throughput {name}: {} changes over {objects} objects written in {wrote:.2?}, all handled after {took:.2?}: {:.0} events/s; {} plugin calls, the last after {last_call:.2?}: {:.0} calls/s; {state_writes} state Lease writes = {:.4} per event",
+        "throughput {name}: {} changes over {objects} objects written in {wrote:.2?}, all handled after {took:.2?}: {:.0} events/s; {} plugin calls, the last after {last_call:.2?}: {:.0} calls/s; {state_writes} state Lease writes = {:.4} per event; peak RSS {:.1} MiB",
         per * 4,
         (per * 4) as f64 / took.as_secs_f64(),
         calls - calls0,
         (calls - calls0) / last_call.as_secs_f64(),
-        state_writes as f64 / (per * 4) as f64
+        state_writes as f64 / (per * 4) as f64,
+        peak as f64 / 1024.0
     );
     if std::env::var_os("BENCH_DUMP").is_some() {
         for l in scrape(r.admin)
@@ -681,6 +691,18 @@ async fn main() {
             &three_plugins(),
             200,
             20_000,
+            Writer::InProcess,
+        )
+        .await;
+    }
+    if what == "burst" {
+        // Issue 19: work in flight is bounded; the peak RSS of a 100,000-
+        // change burst from the in-process writer over 1,000 objects.
+        throughput_with(
+            "burst of 100,000 changes, three bundled plugins",
+            &three_plugins(),
+            1000,
+            100_000,
             Writer::InProcess,
         )
         .await;

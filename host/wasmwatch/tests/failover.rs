@@ -357,8 +357,13 @@ async fn a_paused_old_leader_that_wakes_after_a_successor_took_over_does_nothing
     let term = term_of(state.get("wasmwatch-state").await.unwrap());
     assert!(term.starts_with("replica-b/"), "{term}");
 
-    // It wakes up, reads the buffered change, and must not act on it.
+    // It wakes up, reads the buffered change, and must not act on it. Its
+    // /leader answers from the fence: false from the first moment, before
+    // its elector has run (the sidecar's apps act on it).
     a.signal("CONT");
+    for _ in 0..50 {
+        assert!(!a.leading().await, "/leader said true after waking");
+    }
     eventually(
         Duration::from_secs(5),
         "replica-a knows it does not lead",
