@@ -1248,10 +1248,12 @@ plugins:
     )
     .await;
 
-    // The worst case for a failover: the successor has no stored index at
-    // all (removed below) and no history, so it relists and gets every
-    // object again, as added (and rollout-restart reloads on create here).
-    // The hash on the workload must keep it from restarting again.
+    // The worst case for a failover: the successor cannot read the stored
+    // checkpoints (hand-edited below), so it delivers every object once, as
+    // added (and rollout-restart reloads on create here). The hash on the
+    // workload must keep it from restarting again. (A successor that only
+    // lacks the stored index rebuilds one from a list and delivers nothing
+    // here: the object was not written after the checkpoint.)
     let before = e.server.open_watches();
     let (k, m) = (e.kubeconfig.clone(), e.manifest.clone());
     let (a, b) = tokio::task::spawn_blocking(move || {
@@ -1302,18 +1304,16 @@ plugins:
     )
     .await;
 
-    // Killed; its index is lost and the history is gone.
+    // Killed; its checkpoints are unreadable and the history is gone.
     first.child.kill().unwrap();
     first.child.wait().unwrap();
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(c.clone(), "default");
     let mut state = leases.get("wasmwatch-state").await.unwrap();
-    state
-        .metadata
-        .annotations
-        .as_mut()
-        .unwrap()
-        .remove("wasmwatch.io/configmap-index-shards");
+    state.metadata.annotations.as_mut().unwrap().insert(
+        "wasmwatch.io/configmap-resource-version".into(),
+        "shop=garbage".into(),
+    );
     leases
         .replace("wasmwatch-state", &Default::default(), &state)
         .await
