@@ -496,9 +496,15 @@ async fn throughput_with(
             break;
         }
         if t.elapsed() > Duration::from_secs(120) {
+            // A watch that falls behind the API server's broadcast buffer is
+            // ended (as kube-apiserver does); resuming past the history is a
+            // 410 and a relist that delivers each object's last content once:
+            // the changes in between are coalesced, never handled one by one.
             let (rss, peak) = rss_kib(r.child.id());
+            let resyncs = metric_sum(r.admin, "wasmwatch_resyncs_total").await;
+            let restarts = metric_sum(r.admin, "wasmwatch_watch_restarts_total").await;
             println!(
-                "throughput {name}: only {} of {} handled after {:.0?}; RSS {:.1} MiB, peak {:.1} MiB",
+                "throughput {name}: only {} of {} handled after {:.0?} ({resyncs} resyncs, {restarts} watch restarts); RSS {:.1} MiB, peak {:.1} MiB",
                 h - handled0,
                 per * 4,
                 t.elapsed(),
