@@ -452,11 +452,28 @@ impl CheckpointStore {
         let mut text = String::new();
         for n in 0..shards {
             let name = shard_name(&self.name, kind, n);
-            let shard = self
-                .api
-                .get_opt(&name)
-                .await?
-                .and_then(|l| l.metadata.annotations?.remove(INDEX_ANNOTATION));
+            let mut lease = self.api.get_opt(&name).await?;
+            let shard = lease.as_ref().and_then(|l| {
+                l.metadata
+                    .annotations
+                    .as_ref()?
+                    .get(INDEX_ANNOTATION)
+                    .cloned()
+            });
+            // Stamped with this term at once: a predecessor paused in the
+            // middle of a save meets the stamp (or a conflict) and stops
+            // before it rewrites the shard under this term's checkpoints.
+            if let Some(lease) = lease.as_mut() {
+                let annotations = lease
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default);
+                self.check_stamp(annotations, &name).await?;
+                self.stamp(annotations);
+                self.api
+                    .replace(&name, &PostParams::default(), lease)
+                    .await?;
+            }
             match shard {
                 Some(t) => text.push_str(&t),
                 // A missing shard would lose those objects' entries: at a
@@ -544,51 +561,73 @@ impl CheckpointStore {
                 .metadata
                 .annotations
                 .get_or_insert_with(Default::default);
-            // A shard written by a newer term of the same leader Lease: a
-            // successor claimed the state while this leader was paused.
-            // Writing our (older) index over its shard would leave it an
-            // index behind its checkpoint (a deletion in the next gap past
-            // the history would be lost), so stop here, as the state write
-            // would.
-            let stamp = annotations
-                .get(TERM_ANNOTATION)
-                .cloned()
-                .unwrap_or_default();
-            let stamp_uid = annotations
-                .get(TERM_LEASE_UID_ANNOTATION)
-                .map_or("", String::as_str);
-            if let Some(t) = parse_term(&stamp, stamp_uid)
-                && (t.lease_uid.is_empty()
-                    || self.term.lease_uid.is_empty()
-                    || t.lease_uid == self.term.lease_uid)
-                && t.transitions > self.term.transitions
+            self.check_stamp(annotations, &name).await?;
+            // Unchanged and stamped by this term: nothing to write.
+            if annotations.get(INDEX_ANNOTATION) == Some(text)
+                && annotations.get(TERM_ANNOTATION) == Some(&self.term.to_string())
             {
-                return Err(CheckpointError::NewerTerm(format!(
-                    "index Lease {name} was written by {stamp}"
-                )));
-            }
-            // Unchanged and stamped by this term: nothing to write. A shard
-            // stamped by an older term is stamped again even when equal, so
-            // that a paused predecessor meets this term's stamp.
-            if annotations.get(INDEX_ANNOTATION) == Some(text) && stamp == self.term.to_string() {
                 continue;
             }
             annotations.insert(INDEX_ANNOTATION.into(), text.clone());
-            annotations.insert(TERM_ANNOTATION.into(), self.term.to_string());
-            if self.term.lease_uid.is_empty() {
-                annotations.remove(TERM_LEASE_UID_ANNOTATION);
-            } else {
-                annotations.insert(
-                    TERM_LEASE_UID_ANNOTATION.into(),
-                    self.term.lease_uid.clone(),
-                );
-            }
+            self.stamp(annotations);
             // RV-guarded: a conflict is retried in the next round.
             self.api
                 .replace(&name, &PostParams::default(), &lease)
                 .await?;
         }
         Ok(shards.len())
+    }
+
+    /// Refuses to write a shard stamped by a newer term: a successor claimed
+    /// the state while this leader was paused, and writing our (older)
+    /// index over its shard would leave it an index behind its checkpoint (a
+    /// deletion in the next gap past the history would be lost). A stamp of
+    /// another incarnation of the leader Lease is newer when that Lease is
+    /// not ours any more (as in `claim`).
+    async fn check_stamp(
+        &self,
+        annotations: &BTreeMap<String, String>,
+        name: &str,
+    ) -> Result<(), CheckpointError> {
+        let stamp = annotations.get(TERM_ANNOTATION).map_or("", String::as_str);
+        let uid = annotations
+            .get(TERM_LEASE_UID_ANNOTATION)
+            .map_or("", String::as_str);
+        let Some(t) = parse_term(stamp, uid) else {
+            return Ok(());
+        };
+        let newer = if !t.lease_uid.is_empty()
+            && !self.term.lease_uid.is_empty()
+            && t.lease_uid != self.term.lease_uid
+        {
+            let current = self
+                .api
+                .get_opt(&self.leader_lease)
+                .await?
+                .and_then(|l| l.metadata.uid);
+            current.as_deref() != Some(self.term.lease_uid.as_str())
+        } else {
+            t.transitions > self.term.transitions
+        };
+        if newer {
+            return Err(CheckpointError::NewerTerm(format!(
+                "index Lease {name} was written by {stamp}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Marks a shard as written by this term.
+    fn stamp(&self, annotations: &mut BTreeMap<String, String>) {
+        annotations.insert(TERM_ANNOTATION.into(), self.term.to_string());
+        if self.term.lease_uid.is_empty() {
+            annotations.remove(TERM_LEASE_UID_ANNOTATION);
+        } else {
+            annotations.insert(
+                TERM_LEASE_UID_ANNOTATION.into(),
+                self.term.lease_uid.clone(),
+            );
+        }
     }
 
     /// Writes the checkpoints. A 409 means another leader claimed the state:

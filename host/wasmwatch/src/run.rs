@@ -588,9 +588,13 @@ impl Service {
                     }
                 }
                 // Back-pressure: outputs are read only while the plugin
-                // calls in flight are under a budget, so a burst waits in
-                // the watch loops' channels, not in tasks.
-                o = outputs.recv(), if term.wants_outputs() && calls.len() < CALLS_IN_FLIGHT => match o {
+                // calls in flight and the pipeline's jobs are under a
+                // budget, so a burst (or a destination that keeps failing
+                // while contents queue for it) waits in the watch loops'
+                // channels, not in memory.
+                o = outputs.recv(), if term.wants_outputs()
+                    && calls.len() < CALLS_IN_FLIGHT
+                    && pipeline.stats().queued.load(std::sync::atomic::Ordering::Relaxed) < QUEUED_JOBS => match o {
                     Some((id, output)) => Input::Output(id, output),
                     None => Input::WatchesGone,
                 },
@@ -760,6 +764,13 @@ impl Service {
 /// Plugin calls in flight (waiting for their turn, deciding, retrying)
 /// before the term stops reading watch outputs.
 const CALLS_IN_FLIGHT: usize = 512;
+
+/// Pipeline jobs (waiting or running) before the term stops reading watch
+/// outputs. Coalescing targets hold one job each; contents queue one per
+/// change, so a destination failing for minutes would otherwise hold every
+/// body written meanwhile. Not tickets: those legitimately wait out debounce
+/// windows, and one app's window must not stall the others.
+const QUEUED_JOBS: usize = 10_000;
 
 /// Writes one save of the term; what it did, for [`Input::Saved`].
 async fn write(
