@@ -67,6 +67,17 @@ pub fn shards_key(kind: ObjectKind) -> &'static str {
     }
 }
 
+/// The state Lease's annotation with the stream scopes a kind's stored index
+/// covers (`shop,prod`, or `*`): a stream whose scope it lacks has no stored
+/// part, not an empty one, and rebuilds one (a save may store only the
+/// streams whose index was ready).
+pub fn scopes_key(kind: ObjectKind) -> &'static str {
+    match kind {
+        ObjectKind::ConfigMap => "wasmwatch.io/configmap-index-scopes",
+        ObjectKind::Secret => "wasmwatch.io/secret-index-scopes",
+    }
+}
+
 /// The name of one index shard Lease.
 pub fn shard_name(state: &str, kind: ObjectKind, n: usize) -> String {
     format!("{state}-index-{}-{n}", kind.as_str().to_ascii_lowercase())
@@ -101,6 +112,9 @@ pub struct Claimed {
     /// Per kind, the stored index of handled objects (all namespaces); split
     /// it per stream with [`ObjectIndex::part`].
     pub indexes: BTreeMap<ObjectKind, ObjectIndex>,
+    /// Per kind, the stream scopes the stored index covers (see
+    /// [`Claimed::covers`]).
+    pub covered: BTreeMap<ObjectKind, std::collections::BTreeSet<Scope>>,
     /// Kinds whose stored checkpoints could not be read, with what was
     /// wrong (naming the annotation). Nobody can tell which of their
     /// changes were handled, so their streams must deliver every object
@@ -117,6 +131,14 @@ pub struct Claimed {
 }
 
 impl Claimed {
+    /// Whether the stored index of `kind` has a part for a stream of
+    /// `scope` (else the stream rebuilds one from a list).
+    pub fn covers(&self, kind: ObjectKind, scope: &Scope) -> bool {
+        self.covered
+            .get(&kind)
+            .is_some_and(|s| s.contains(&Scope::All) || s.contains(scope))
+    }
+
     /// Everything found unreadable, one line each (for the log and an Event).
     pub fn problems(&self) -> Vec<String> {
         self.unreadable
@@ -262,6 +284,9 @@ pub struct CheckpointStore {
     /// encoded (text is several times smaller than the index's maps, and
     /// this copy is kept for the whole term).
     indexes: BTreeMap<ObjectKind, BTreeMap<Scope, String>>,
+    /// Per kind, the scopes the stored index covers (claimed, then grown
+    /// with every stream index written).
+    covered: BTreeMap<ObjectKind, std::collections::BTreeSet<Scope>>,
     /// Kinds whose checkpoints were unreadable at the claim: their
     /// annotation stays as found until a save carries checkpoints of theirs.
     unreadable: std::collections::BTreeSet<ObjectKind>,
@@ -284,6 +309,7 @@ impl CheckpointStore {
             term,
             lease: None,
             claimed: BTreeMap::new(),
+            covered: BTreeMap::new(),
             indexes: BTreeMap::new(),
             unreadable: Default::default(),
         }
@@ -417,6 +443,11 @@ impl CheckpointStore {
                 self.term.lease_uid.clone(),
             );
         }
+        let stored_scopes: BTreeMap<ObjectKind, String> =
+            [ObjectKind::ConfigMap, ObjectKind::Secret]
+                .into_iter()
+                .filter_map(|k| Some((k, annotations.get(scopes_key(k))?.clone())))
+                .collect();
         self.lease = Some(self.replace(&lease).await?);
         // The indexes are read after the claim, so no older leader writes
         // them any more (it would be fenced at its next state write; a shard
@@ -425,6 +456,23 @@ impl CheckpointStore {
         for (kind, n) in shard_counts {
             match self.read_index(kind, n).await {
                 Ok((index, text)) => {
+                    // Written before the scopes annotation existed: the
+                    // namespaces it has lines for (an empty namespace is
+                    // then rebuilt: a list, never a loss).
+                    let covered = match stored_scopes.get(&kind) {
+                        Some(v) => v
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|k| !k.is_empty())
+                            .map(Scope::from_key)
+                            .collect(),
+                        None => text
+                            .lines()
+                            .filter_map(|l| l.split_once('/'))
+                            .map(|(ns, _)| Scope::Namespace(ns.to_string()))
+                            .collect(),
+                    };
+                    self.covered.insert(kind, covered);
                     self.claimed.insert(kind, text);
                     indexes.insert(kind, index);
                 }
@@ -439,6 +487,7 @@ impl CheckpointStore {
         Ok(Claimed {
             checkpoints,
             indexes,
+            covered: self.covered.clone(),
             unreadable,
             set_aside,
         })
@@ -649,6 +698,10 @@ impl CheckpointStore {
                 .entry(ix.kind)
                 .or_default()
                 .insert(ix.scope.clone(), ix.index.encode());
+            self.covered
+                .entry(ix.kind)
+                .or_default()
+                .insert(ix.scope.clone());
             if !kinds.contains(&ix.kind) {
                 kinds.push(ix.kind);
             }
@@ -663,6 +716,12 @@ impl CheckpointStore {
             .get_or_insert_with(Default::default);
         for (kind, n) in counts {
             annotations.insert(shards_key(kind).to_string(), n.to_string());
+            let scopes: Vec<&str> = self
+                .covered
+                .get(&kind)
+                .map(|s| s.iter().map(Scope::key).collect())
+                .unwrap_or_default();
+            annotations.insert(scopes_key(kind).to_string(), scopes.join(","));
         }
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
             match checkpoints.format(kind) {

@@ -454,3 +454,30 @@ async fn a_paused_leader_cannot_overwrite_the_index_shards_of_its_successor() {
         "the successor's index stands"
     );
 }
+
+/// A save may store the indexes of some streams only (the others' were not
+/// safe yet, or were being rebuilt). The next leader must not take a missing
+/// part for an empty one: the state Lease says which scopes are covered.
+#[tokio::test]
+async fn the_next_leader_knows_which_scopes_the_stored_index_covers() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let mut a = store(&server, term("pod-a", 1));
+    let cps = a.claim().await.unwrap().checkpoints;
+    a.save(
+        &cps,
+        &[StreamIndex {
+            kind: ObjectKind::ConfigMap,
+            scope: Scope::from_key("shop"),
+            index: index(&[("shop/x", 1)]),
+        }],
+    )
+    .await
+    .unwrap();
+    assert_eq!(annotation(&server, "wasmwatch.io/configmap-index-scopes"), "shop");
+    let claimed = store(&server, term("pod-b", 2)).claim().await.unwrap();
+    let cm = ObjectKind::ConfigMap;
+    assert!(claimed.covers(cm, &Scope::from_key("shop")));
+    assert!(!claimed.covers(cm, &Scope::from_key("prod")), "prod has no part");
+    assert!(!claimed.covers(cm, &Scope::All));
+    assert!(!claimed.covers(ObjectKind::Secret, &Scope::from_key("shop")));
+}

@@ -431,10 +431,11 @@ impl Service {
             }
             store = Some(s);
         }
-        let (checkpoints, indexes, unreadable) = match claimed {
-            Some(c) => (c.checkpoints, c.indexes, c.unreadable),
-            None => Default::default(),
-        };
+        let mut claimed = claimed.unwrap_or_default();
+        // Moved out: each loop gets its part, then it is dropped.
+        let indexes = std::mem::take(&mut claimed.indexes);
+        let (checkpoints, unreadable) = (claimed.checkpoints.clone(), claimed.unreadable.clone());
+        let covers = |kind: ObjectKind, scope: &wasmwatch_core::Scope| claimed.covers(kind, scope);
         let route = {
             let plugins: Vec<Arc<Plugin>> = self.plugins.iter().map(|l| l.plugin.clone()).collect();
             Box::new(move |event: &ChangeEvent| {
@@ -490,7 +491,11 @@ impl Service {
                         WatchLoop::new(self.client.clone(), target, None),
                     )
                 };
-                if let Some(index) = indexes.get(kind) {
+                // A stream the stored index has no part for rebuilds one
+                // from a list before watching (not `with_index`).
+                if let Some(index) = indexes.get(kind)
+                    && covers(*kind, &scope)
+                {
                     wl = wl.with_index(index.part(&scope));
                 }
                 let span = tracing::info_span!("watch", kind = kind.as_str(), namespace = %scope);
