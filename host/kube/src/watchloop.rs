@@ -272,11 +272,15 @@ impl WatchLoop {
     /// relist).
     ///
     /// A loop resuming from a checkpoint without a stored index (none was
-    /// stored, or it was set aside as unreadable) rebuilds one first from a
-    /// list, delivering nothing, and sends it (`Output::Index`) before
-    /// anything else: without it, a later 410 relist would deliver every
-    /// object as added and miss the deletions of the gap. Its objects start
-    /// unverified too: the list is newer than the checkpoint.
+    /// stored, it was set aside as unreadable, or the stored one has no part
+    /// for this stream) rebuilds one first from a list, delivering nothing,
+    /// and sends it (`Output::Index`) before anything else: without it, a
+    /// later 410 relist would deliver every object as added and miss the
+    /// deletions of the gap. Its objects start unverified too: the list is
+    /// newer than the checkpoint. What it cannot give: a deletion between
+    /// the checkpoint and the list is seen only by the watch's replay (lost
+    /// if the history is gone already), and an object created in that span
+    /// comes out of a relist as `resynced`, not `added`.
     pub fn with_index(mut self, mut index: ObjectIndex) -> WatchLoop {
         if matches!(self.state, State::Resume { .. }) {
             index.mark_unverified();
