@@ -434,15 +434,7 @@ impl CheckpointStore {
                 }
             }
         }
-        annotations.insert(TERM_ANNOTATION.to_string(), self.term.to_string());
-        if self.term.lease_uid.is_empty() {
-            annotations.remove(TERM_LEASE_UID_ANNOTATION);
-        } else {
-            annotations.insert(
-                TERM_LEASE_UID_ANNOTATION.to_string(),
-                self.term.lease_uid.clone(),
-            );
-        }
+        self.stamp(annotations);
         let stored_scopes: BTreeMap<ObjectKind, String> =
             [ObjectKind::ConfigMap, ObjectKind::Secret]
                 .into_iter()
@@ -666,7 +658,7 @@ impl CheckpointStore {
         Ok(())
     }
 
-    /// Marks a shard as written by this term.
+    /// Marks the state Lease or a shard as written by this term.
     fn stamp(&self, annotations: &mut BTreeMap<String, String>) {
         annotations.insert(TERM_ANNOTATION.into(), self.term.to_string());
         if self.term.lease_uid.is_empty() {

@@ -342,24 +342,30 @@ impl WatchLoop {
         Ok((objects, rv, next))
     }
 
+    /// Lists every object into the index, delivering nothing (a baseline,
+    /// a rebuilt index); returns the list's version.
+    async fn list_into_index(&mut self) -> Result<String, WatchError> {
+        let mut token = None;
+        loop {
+            let (objects, rv, next) = self.list_page(token).await?;
+            for o in objects {
+                self.index
+                    .apply(Seen::Added, o, self.target.metadata_changes);
+            }
+            match next {
+                Some(t) => token = Some(t),
+                None => return Ok(rv),
+            }
+        }
+    }
+
     /// One step of the state machine. Returns when the state changed or the
     /// stream ended; outputs are sent as they come.
     pub async fn step(&mut self, out: &mpsc::Sender<Output>) -> Result<(), WatchError> {
         let send = |o: Output| async move { out.send(o).await.map_err(|_| WatchError::Closed) };
         match self.state.clone() {
             State::Baseline => {
-                let mut token = None;
-                let rv = loop {
-                    let (objects, rv, next) = self.list_page(token).await?;
-                    for o in objects {
-                        self.index
-                            .apply(Seen::Added, o, self.target.metadata_changes);
-                    }
-                    match next {
-                        Some(t) => token = Some(t),
-                        None => break rv,
-                    }
-                };
+                let rv = self.list_into_index().await?;
                 send(Output::Progress {
                     resource_version: rv.clone(),
                     index_changed: true,
@@ -423,18 +429,7 @@ impl WatchLoop {
                 }
                 if self.rebuild_index {
                     self.index = ObjectIndex::new(self.target.kind);
-                    let mut token = None;
-                    loop {
-                        let (objects, _, next) = self.list_page(token).await?;
-                        for o in objects {
-                            self.index
-                                .apply(Seen::Added, o, self.target.metadata_changes);
-                        }
-                        match next {
-                            Some(t) => token = Some(t),
-                            None => break,
-                        }
-                    }
+                    self.list_into_index().await?;
                     self.index.mark_unverified();
                     self.rebuild_index = false;
                     tracing::info!(

@@ -473,11 +473,17 @@ async fn the_next_leader_knows_which_scopes_the_stored_index_covers() {
     )
     .await
     .unwrap();
-    assert_eq!(annotation(&server, "wasmwatch.io/configmap-index-scopes"), "shop");
+    assert_eq!(
+        annotation(&server, "wasmwatch.io/configmap-index-scopes"),
+        "shop"
+    );
     let claimed = store(&server, term("pod-b", 2)).claim().await.unwrap();
     let cm = ObjectKind::ConfigMap;
     assert!(claimed.covers(cm, &Scope::from_key("shop")));
-    assert!(!claimed.covers(cm, &Scope::from_key("prod")), "prod has no part");
+    assert!(
+        !claimed.covers(cm, &Scope::from_key("prod")),
+        "prod has no part"
+    );
     assert!(!claimed.covers(cm, &Scope::All));
     assert!(!claimed.covers(ObjectKind::Secret, &Scope::from_key("shop")));
 }

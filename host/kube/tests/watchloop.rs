@@ -52,6 +52,18 @@ async fn recv_changes(rx: &mut mpsc::Receiver<Output>, n: usize) -> Vec<Output> 
     out
 }
 
+/// A predecessor's index as stored: a baseline loop's index, through its
+/// text form.
+async fn stored_index(server: &ServerHandle) -> wasmwatch_core::index::ObjectIndex {
+    let mut first = WatchLoop::new(server.client().unwrap(), target(Some("default")), None);
+    let (tx, mut rx) = mpsc::channel(1000);
+    first.step(&tx).await.unwrap();
+    let Some(Output::Index(index)) = drain(&mut rx).pop() else {
+        panic!("no index after the baseline")
+    };
+    wasmwatch_core::index::ObjectIndex::decode(ObjectKind::ConfigMap, &index.encode()).unwrap()
+}
+
 fn changes(outputs: &[Output]) -> Vec<(ChangeType, String)> {
     outputs
         .iter()
@@ -268,16 +280,9 @@ async fn after_410_only_objects_changed_in_the_gap_are_delivered() {
 async fn a_loop_started_from_a_stored_index_resyncs_against_it() {
     // A predecessor's loop handled 50 objects and its index was stored.
     let (server, api) = setup(50).await;
-    let mut first = WatchLoop::new(server.client().unwrap(), target(Some("default")), None);
-    let (tx, mut rx) = mpsc::channel(1000);
-    first.step(&tx).await.unwrap();
-    let Some(Output::Index(index)) = drain(&mut rx).pop() else {
-        panic!("no index after the baseline")
-    };
+    let stored = stored_index(&server).await;
     let checkpoint = server.resource_version().to_string();
-    let stored =
-        wasmwatch_core::index::ObjectIndex::decode(ObjectKind::ConfigMap, &index.encode()).unwrap();
-    drop(first);
+    let (tx, mut rx) = mpsc::channel(1000);
 
     // The gap outlives the history.
     put(&api, "o9", "changed").await;
@@ -306,15 +311,8 @@ async fn a_change_back_to_the_stored_content_after_the_checkpoint_is_delivered()
     // change looks like no change against it, but it is one.
     let (server, api) = setup(3).await;
     put(&api, "o1", "A").await;
-    let mut first = WatchLoop::new(server.client().unwrap(), target(Some("default")), None);
+    let stored = stored_index(&server).await;
     let (tx, mut rx) = mpsc::channel(1000);
-    first.step(&tx).await.unwrap();
-    let Some(Output::Index(index)) = drain(&mut rx).pop() else {
-        panic!("no index after the baseline")
-    };
-    let stored =
-        wasmwatch_core::index::ObjectIndex::decode(ObjectKind::ConfigMap, &index.encode()).unwrap();
-    drop(first);
     put(&api, "o1", "B").await;
     let checkpoint = server.resource_version().to_string();
     put(&api, "o1", "A").await;
@@ -372,15 +370,8 @@ async fn a_change_back_to_the_stored_content_after_the_checkpoint_is_delivered()
 async fn a_revert_in_a_gap_past_the_history_is_delivered_by_the_relist() {
     let (server, api) = setup(20).await;
     put(&api, "o1", "A").await;
-    let mut first = WatchLoop::new(server.client().unwrap(), target(Some("default")), None);
+    let stored = stored_index(&server).await;
     let (tx, mut rx) = mpsc::channel(1000);
-    first.step(&tx).await.unwrap();
-    let Some(Output::Index(index)) = drain(&mut rx).pop() else {
-        panic!("no index after the baseline")
-    };
-    let stored =
-        wasmwatch_core::index::ObjectIndex::decode(ObjectKind::ConfigMap, &index.encode()).unwrap();
-    drop(first);
     put(&api, "o1", "B").await;
     let checkpoint = server.resource_version().to_string();
     put(&api, "o1", "A").await;
