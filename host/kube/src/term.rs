@@ -6,7 +6,7 @@
 //! watch outputs (change, progress, index)  Dispatch(ticket, event, plugins)
 //! Finished(ticket)  (a plugin's decision   Save(checkpoints, indexes)
 //!                    and its actions over) Received(kind) / Handled(kind)
-//! Tick(now)         (the save interval,    End(why)
+//! Tick              (the save interval,    End(why)
 //!                    a baseline retry)
 //! Saved(outcome)    (the last Save's)
 //! NotActing, Shutdown
@@ -72,7 +72,7 @@ pub enum Input {
     /// or were dead-lettered, or the plugin failed for good).
     Finished(Ticket),
     /// Time passed: a save or a retry may be due.
-    Tick(Instant),
+    Tick,
     /// What the last [`Effect::Save`] did.
     Saved(Saved),
     /// The fence closed, or leadership went elsewhere.
@@ -246,7 +246,7 @@ impl Term {
         match input {
             Input::Output(id, output) => self.output(id, output, now, &mut out),
             Input::Finished(ticket) => self.finished(ticket, &mut out),
-            Input::Tick(now) => {
+            Input::Tick => {
                 let due = now >= self.next_save || self.urgent.is_some_and(|at| now >= at);
                 if due && !self.saving {
                     if now >= self.next_save {

@@ -243,7 +243,7 @@ impl WatchLoop {
     /// The collection's current resourceVersion (a list of one item): a new
     /// leader marks the changes up to it as replays of what happened while
     /// nobody led.
-    pub async fn current_version(&self) -> Result<String, WatchError> {
+    async fn current_version(&self) -> Result<String, WatchError> {
         let mut lp = ListParams::default().limit(1);
         if let Some(sel) = &self.target.label_selector {
             lp = lp.labels(sel);

@@ -285,8 +285,9 @@ pub async fn run(
 
 /// The namespaces the lookups' caches cover (`None`: all).
 fn watched_namespaces(manifest: &Manifest) -> Option<Vec<String>> {
-    let scopes = manifest.watch.scopes();
-    scopes
+    manifest
+        .watch
+        .scopes()
         .iter()
         .map(|s| s.namespace().map(str::to_string))
         .collect()
@@ -434,7 +435,8 @@ impl Service {
         let mut claimed = claimed.unwrap_or_default();
         // Moved out: each loop gets its part, then it is dropped.
         let indexes = std::mem::take(&mut claimed.indexes);
-        let (checkpoints, unreadable) = (claimed.checkpoints.clone(), claimed.unreadable.clone());
+        let checkpoints = std::mem::take(&mut claimed.checkpoints);
+        let unreadable = std::mem::take(&mut claimed.unreadable);
         let covers = |kind: ObjectKind, scope: &wasmwatch_core::Scope| claimed.covers(kind, scope);
         let route = {
             let plugins: Vec<Arc<Plugin>> = self.plugins.iter().map(|l| l.plugin.clone()).collect();
@@ -586,7 +588,7 @@ impl Service {
                     order.retain(|_, turn| matches!(turn.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
                     self.update_metrics(&term, &pipeline, &mut watch_stats);
                     if may_act() {
-                        Input::Tick(Instant::now())
+                        Input::Tick
                     } else {
                         tracing::warn!("the fence closed; stopping leader work");
                         Input::NotActing

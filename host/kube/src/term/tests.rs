@@ -96,7 +96,7 @@ fn feed(t: &mut Term, inputs: Vec<Input>) -> Vec<Effect> {
 
 async fn tick(t: &mut Term, after: Duration) -> Vec<Effect> {
     tokio::time::advance(after).await;
-    t.handle(Input::Tick(Instant::now()), Instant::now())
+    t.handle(Input::Tick, Instant::now())
 }
 
 #[tokio::test(start_paused = true)]
