@@ -14,7 +14,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use crate::Shared;
-use crate::error::ApiError;
+use crate::error::{ApiError, Cause};
 use crate::objects;
 use crate::patch::{self, PatchType};
 use crate::resources::{RESOURCES, ResourceId, ResourceType};
@@ -94,6 +94,89 @@ fn dry_run(q: &Query) -> bool {
     q.get("dryRun").is_some_and(|v| v == "All")
 }
 
+/// kube-apiserver's checks of list and watch options (422 Invalid
+/// `ListOptions.meta.k8s.io`), for the parameters this server serves.
+fn check_list_options(q: &Query, watch: bool) -> Result<(), ApiError> {
+    let get = |k: &str| q.get(k).map(String::as_str).filter(|v| !v.is_empty());
+    let (rv, rv_match, cont) = (
+        get("resourceVersion"),
+        get("resourceVersionMatch"),
+        get("continue"),
+    );
+    let send_initial = q.get("sendInitialEvents");
+    let forbidden = |field: &str, why: String| Cause {
+        reason: "FieldValueForbidden",
+        message: format!("Forbidden: {why}"),
+        field: field.into(),
+    };
+    let not_supported = |m: &str, supported: &str| Cause {
+        reason: "FieldValueNotSupported",
+        message: format!("Unsupported value: \"{m}\": supported values: {supported}"),
+        field: "resourceVersionMatch".into(),
+    };
+    let mut causes = Vec::new();
+    if watch {
+        if send_initial.is_some() && rv_match != Some("NotOlderThan") {
+            causes.push(forbidden(
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan".into(),
+            ));
+        }
+        if let Some(m) = rv_match {
+            if send_initial.is_none() {
+                causes.push(forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided".into(),
+                ));
+            }
+            if m != "NotOlderThan" {
+                causes.push(not_supported(m, "\"NotOlderThan\""));
+            }
+            if cont.is_some() {
+                causes.push(forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden when continue is provided".into(),
+                ));
+            }
+        }
+    } else {
+        if let Some(m) = rv_match {
+            if rv.is_none() {
+                causes.push(forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided".into(),
+                ));
+            }
+            if cont.is_some() {
+                causes.push(forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden when continue is provided".into(),
+                ));
+            }
+            if m != "Exact" && m != "NotOlderThan" {
+                causes.push(not_supported(m, "\"Exact\", \"NotOlderThan\", \"\""));
+            }
+            if m == "Exact" && rv == Some("0") {
+                causes.push(forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"".into(),
+                ));
+            }
+        }
+        if send_initial.is_some() {
+            causes.push(forbidden(
+                "sendInitialEvents",
+                "sendInitialEvents is forbidden for list".into(),
+            ));
+        }
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid_kind("meta.k8s.io", "ListOptions", "", causes))
+    }
+}
+
 fn selectors(rt: &ResourceType, q: &Query, name: Option<&str>) -> Result<Selectors, ApiError> {
     let labels = LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))?;
     let mut field = q.get("fieldSelector").cloned().unwrap_or_default();
@@ -107,22 +190,34 @@ fn selectors(rt: &ResourceType, q: &Query, name: Option<&str>) -> Result<Selecto
     Ok(Selectors { labels, fields })
 }
 
-/// Parse a request body as JSON, or YAML for YAML content types.
+/// Parse a request body by its media type: JSON, YAML or Kubernetes
+/// protobuf (decoded by [`crate::protobuf`]); anything else is 415.
 pub fn parse_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
     if body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }
-    if content_type.contains("protobuf") || content_type.contains("cbor") {
-        return Err(ApiError::unsupported_media_type(content_type));
-    }
-    if content_type.contains("yaml") {
-        serde_yaml::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
-    } else {
-        serde_json::from_slice(body).map_err(|e| {
+    let media = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    match media.as_str() {
+        "application/vnd.kubernetes.protobuf" => crate::protobuf::decode(body),
+        "application/yaml" | "application/x-yaml" | "text/yaml" => parse_yaml(body),
+        _ if content_type.contains("protobuf") || content_type.contains("cbor") => {
+            Err(ApiError::unsupported_media_type(content_type))
+        }
+        _ if content_type.contains("yaml") => parse_yaml(body),
+        _ => serde_json::from_slice(body).map_err(|e| {
             ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
-        })
+        }),
     }
+}
+
+fn parse_yaml(body: &[u8]) -> Result<Value, ApiError> {
+    serde_yaml::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
 }
 
 pub fn get(sh: &Shared, t: &Target, table: Option<TableRequest>) -> Result<Reply, ApiError> {
@@ -179,6 +274,7 @@ pub fn list(
     table: Option<TableRequest>,
 ) -> Result<Reply, ApiError> {
     let rt = t.rt();
+    check_list_options(q, false)?;
     let sel = selectors(rt, q, None)?;
     let rv_param = q.get("resourceVersion").map(String::as_str).unwrap_or("");
     let rv_match = q
@@ -290,6 +386,7 @@ pub fn watch(
     table: Option<TableRequest>,
 ) -> Result<Reply, ApiError> {
     let rt = t.rt();
+    check_list_options(q, true)?;
     let sel = selectors(rt, q, t.name.as_deref())?;
     let flag = |k: &str| q.get(k).is_some_and(|v| v == "true" || v == "1");
     let rv_param = q.get("resourceVersion").map(String::as_str).unwrap_or("");
@@ -404,6 +501,42 @@ pub fn replace(sh: &Shared, t: &Target, q: &Query, body: Value) -> Result<Reply,
         .filter(|s| !s.is_empty())
         .map(parse_rv)
         .transpose()?;
+    // Kinds whose strategy allows create-on-update (Lease, Service, Event):
+    // a PUT of a missing name creates it, whatever version it carries.
+    if rt.allows_create_on_update() && !t.is_status() {
+        while sh.store.get(t.resource, t.ns(), t.name()).is_none() {
+            let mut body = body.clone();
+            if let Some(name) = body.pointer("/metadata/name").and_then(Value::as_str)
+                && name != t.name()
+            {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({name}) does not match the name on the URL ({})",
+                    t.name()
+                )));
+            }
+            if let Some(meta) = body.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.remove("resourceVersion");
+                meta.insert("name".into(), json!(t.name()));
+            } else if body.is_object() {
+                body["metadata"] = json!({ "name": t.name() });
+            }
+            match create(sh, t, q, body) {
+                Err(e) if e.code == 409 => continue,
+                r => return r,
+            }
+        }
+    }
+    if wanted.is_none() && !rt.allows_unconditional_update() {
+        return Err(ApiError::invalid(
+            rt,
+            t.name(),
+            vec![Cause {
+                reason: "FieldValueInvalid",
+                message: "Invalid value: 0x0: must be specified for an update".into(),
+                field: "metadata.resourceVersion".into(),
+            }],
+        ));
+    }
     update_with(
         sh,
         t,
@@ -444,6 +577,148 @@ pub fn patch(
         },
         false,
     )
+}
+
+/// A label selector as the string form `Scale.status.selector` carries.
+fn selector_string(sel: Option<&Value>) -> String {
+    let mut parts = Vec::new();
+    let Some(sel) = sel else {
+        return String::new();
+    };
+    if let Some(m) = sel.get("matchLabels").and_then(Value::as_object) {
+        for (k, v) in m {
+            parts.push(format!("{k}={}", v.as_str().unwrap_or_default()));
+        }
+    }
+    for e in sel
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let key = e.get("key").and_then(Value::as_str).unwrap_or_default();
+        let values: Vec<&str> = e
+            .get("values")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        parts.push(match e.get("operator").and_then(Value::as_str) {
+            Some("In") => format!("{key} in ({})", values.join(",")),
+            Some("NotIn") => format!("{key} notin ({})", values.join(",")),
+            Some("DoesNotExist") => format!("!{key}"),
+            _ => key.to_string(),
+        });
+    }
+    parts.join(",")
+}
+
+/// The `autoscaling/v1` Scale of a workload (its `/scale` subresource).
+fn scale_of(obj: &Value) -> Value {
+    let meta = |k: &str| obj.pointer(&format!("/metadata/{k}")).cloned();
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": meta("name"),
+            "namespace": meta("namespace"),
+            "uid": meta("uid"),
+            "resourceVersion": meta("resourceVersion"),
+            "creationTimestamp": meta("creationTimestamp"),
+        },
+        "spec": { "replicas": obj.pointer("/spec/replicas").cloned().unwrap_or(json!(0)) },
+        "status": {
+            "replicas": obj.pointer("/status/replicas").cloned().unwrap_or(json!(0)),
+            "selector": selector_string(obj.pointer("/spec/selector")),
+        },
+    })
+}
+
+/// GET of `/scale`.
+pub fn scale_get(sh: &Shared, t: &Target) -> Result<Reply, ApiError> {
+    match sh.store.get(t.resource, t.ns(), t.name()) {
+        Some(o) => Ok(Reply::Json(200, scale_of(&o))),
+        None => Err(ApiError::not_found(t.rt(), t.name())),
+    }
+}
+
+/// PUT (`patch` None) or PATCH of `/scale`: only `spec.replicas` reaches the
+/// workload; a resourceVersion in the Scale is a precondition.
+pub fn scale_update(
+    sh: &Shared,
+    t: &Target,
+    q: &Query,
+    body: Value,
+    patch: Option<PatchType>,
+) -> Result<Reply, ApiError> {
+    let rt = t.rt();
+    let main = Target {
+        subresource: None,
+        ..t.clone()
+    };
+    let client_rv = patch.is_none()
+        && body
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|v| !v.is_empty());
+    let reply = update_with(
+        sh,
+        &main,
+        q,
+        |cur| {
+            let scale = scale_of(cur);
+            let desired = match patch {
+                Some(ty) => patch::apply(ty, &scale, &body)?,
+                None => body.clone(),
+            };
+            serde_path_to_error::deserialize::<_, k8s_openapi::api::autoscaling::v1::Scale>(
+                &desired,
+            )
+            .map_err(|e| {
+                ApiError::bad_request(format!(
+                    "Scale in version \"v1\" cannot be handled as a Scale: {}: {}",
+                    e.path(),
+                    e.inner()
+                ))
+            })?;
+            if let Some(v) = desired
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .filter(|v| !v.is_empty())
+                && parse_rv(v)? != rv_of(cur)
+            {
+                return Err(ApiError::conflict(rt, t.name()));
+            }
+            let replicas = desired
+                .pointer("/spec/replicas")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            if replicas < 0 {
+                return Err(ApiError::invalid_kind(
+                    "autoscaling",
+                    "Scale",
+                    t.name(),
+                    vec![Cause {
+                        reason: "FieldValueInvalid",
+                        message: format!(
+                            "Invalid value: {replicas}: must be greater than or equal to 0"
+                        ),
+                        field: "spec.replicas".into(),
+                    }],
+                ));
+            }
+            let mut new = (*cur).clone();
+            new["spec"]["replicas"] = json!(replicas);
+            Ok(new)
+        },
+        client_rv,
+    )?;
+    Ok(match reply {
+        Reply::Stored(code, o) => Reply::Json(code, scale_of(&o)),
+        Reply::Json(code, o) => Reply::Json(code, scale_of(&o)),
+        other => other,
+    })
 }
 
 fn success_status(rt: &ResourceType, obj: &Value) -> Value {

@@ -96,6 +96,17 @@ fn api_resource(rt: &ResourceType) -> Vec<Value> {
             "verbs": ["get", "patch", "update"],
         }));
     }
+    if rt.scale_subresource {
+        out.push(json!({
+            "name": format!("{}/scale", rt.plural),
+            "singularName": "",
+            "namespaced": rt.namespaced,
+            "group": "autoscaling",
+            "version": "v1",
+            "kind": "Scale",
+            "verbs": ["get", "patch", "update"],
+        }));
+    }
     out
 }
 

@@ -141,6 +141,12 @@ impl ApiError {
 
     /// 422 Invalid listing field errors.
     pub fn invalid(rt: &ResourceType, name: &str, causes: Vec<Cause>) -> Self {
+        Self::invalid_kind(rt.group, rt.kind, name, causes)
+    }
+
+    /// 422 Invalid for a kind of a group (`ListOptions` of `meta.k8s.io`);
+    /// kube-apiserver names the kind qualified by its group: `Deployment.apps`.
+    pub fn invalid_kind(group: &str, kind: &str, name: &str, causes: Vec<Cause>) -> Self {
         let summary = causes
             .iter()
             .map(|c| format!("{}: {}", c.field, c.message))
@@ -150,10 +156,13 @@ impl ApiError {
         } else {
             format!("[{}]", summary.join(", "))
         };
-        let mut d = json!({ "name": name, "kind": rt.kind });
-        if !rt.group.is_empty() {
-            d["group"] = json!(rt.group);
-        }
+        let mut d = json!({ "name": name, "kind": kind });
+        let qualified = if group.is_empty() {
+            kind.to_string()
+        } else {
+            d["group"] = json!(group);
+            format!("{kind}.{group}")
+        };
         d["causes"] = causes
             .iter()
             .map(|c| json!({ "reason": c.reason, "message": c.message, "field": c.field }))
@@ -161,9 +170,15 @@ impl ApiError {
         Self::new(
             422,
             "Invalid",
-            format!("{} \"{name}\" is invalid: {summary}", rt.kind),
+            format!("{qualified} \"{name}\" is invalid: {summary}"),
         )
         .with_details(d)
+    }
+
+    /// 422 for a JSON patch that does not apply (a failed `test`, a missing
+    /// path), as kube-apiserver answers it; clients do not retry it.
+    pub fn unprocessable_patch(message: impl Into<String>) -> Self {
+        Self::new(422, "Invalid", message)
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {

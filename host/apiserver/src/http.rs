@@ -74,7 +74,12 @@ fn watch_response(chunks: Chunks) -> Response<Body> {
     r
 }
 
-fn reply_response(reply: Reply) -> Response<Body> {
+/// `protobuf`: the client's Accept prefers protobuf; kinds not converted
+/// (and watches) are answered as JSON, which client-go decodes by Content-Type.
+fn reply_response(reply: Reply, protobuf: bool) -> Response<Body> {
+    if protobuf && let Some((code, b)) = crate::protobuf::encode_reply(&reply) {
+        return full(code, crate::protobuf::MEDIA_TYPE, Bytes::from(b));
+    }
     match reply {
         Reply::Json(code, v) => json_response(code, &v),
         Reply::Stored(code, v) => json_response(code, &v),
@@ -198,11 +203,29 @@ async fn handle_resource(
 ) -> Result<Reply, ApiError> {
     if let Some(sub) = &t.subresource
         && !(sub == "status" && t.rt().status_subresource)
+        && !(sub == "scale" && t.rt().scale_subresource)
     {
         return Err(ApiError::path_not_found());
     }
     let is_watch = legacy_watch || q.get("watch").is_some_and(|v| v == "true" || v == "1");
     let method = req.method().clone();
+    if t.subresource.as_deref() == Some("scale") {
+        return match method {
+            Method::GET if !is_watch => api::scale_get(sh, &t),
+            Method::PUT => {
+                let (ct, body) = read_body(req).await?;
+                api::scale_update(sh, &t, &q, api::parse_body(&ct, &body)?, None)
+            }
+            Method::PATCH => {
+                let (ct, body) = read_body(req).await?;
+                let ty = PatchType::from_content_type(&ct)
+                    .ok_or_else(|| ApiError::unsupported_media_type(&ct))?;
+                let body = api::parse_body("application/json", &body)?;
+                api::scale_update(sh, &t, &q, body, Some(ty))
+            }
+            _ => Err(ApiError::method_not_allowed()),
+        };
+    }
     // kubectl asks for a Table when it prints columns; others get the objects.
     let table = || {
         let accept = req.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
@@ -361,8 +384,10 @@ async fn resource_response(
     let Some((t, legacy_watch)) = route(group, version, rest) else {
         return error_response(&ApiError::path_not_found());
     };
+    let protobuf =
+        crate::protobuf::prefers_protobuf(req.headers().get(ACCEPT).and_then(|v| v.to_str().ok()));
     match handle_resource(sh, req, t, legacy_watch, q).await {
-        Ok(r) => reply_response(r),
+        Ok(r) => reply_response(r, protobuf),
         Err(e) => error_response(&e),
     }
 }

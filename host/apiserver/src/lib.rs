@@ -61,10 +61,12 @@ pub mod faults;
 pub mod http;
 pub mod objects;
 pub mod patch;
+pub mod protobuf;
 pub mod resources;
 pub mod selector;
 pub mod store;
 pub mod table;
+pub mod validation;
 pub mod watch;
 
 use std::net::SocketAddr;

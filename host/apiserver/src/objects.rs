@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, Cause};
 use crate::resources::{NameRule, ResourceType};
+use crate::validation;
 
 /// Maximum total size of a ConfigMap's or Secret's data.
 pub const MAX_DATA_BYTES: usize = 1024 * 1024;
@@ -251,8 +252,19 @@ pub fn prepare_create(
     mut obj: Value,
 ) -> Result<(String, Value), ApiError> {
     check_type(rt, &mut obj)?;
+    validation::typecheck(rt, &obj)?;
     check_namespace(rt, &mut obj, ns)?;
     let meta = meta_mut(&mut obj);
+    // etcd3's store refuses a create that carries a version, as a 500.
+    if meta
+        .get("resourceVersion")
+        .and_then(Value::as_str)
+        .is_some_and(|v| !v.is_empty() && v != "0")
+    {
+        return Err(ApiError::internal(
+            "resourceVersion should not be set on objects to be created",
+        ));
+    }
     let mut name = meta
         .get("name")
         .and_then(Value::as_str)
@@ -292,7 +304,7 @@ pub fn prepare_create(
     }
     normalise_kind(rt, &mut obj)?;
     kind_defaults_on_create(rt, &mut obj);
-    validate(rt, &name, &obj)?;
+    validate(rt, &name, &obj, Vec::new())?;
     Ok((name, obj))
 }
 
@@ -305,6 +317,7 @@ pub fn prepare_update(
     mut new: Value,
 ) -> Result<Value, ApiError> {
     check_type(rt, &mut new)?;
+    validation::typecheck(rt, &new)?;
     check_namespace(rt, &mut new, ns)?;
     match str_at(&new, "/metadata/name") {
         Some(n) if n != name => {
@@ -361,14 +374,20 @@ pub fn prepare_update(
             }
         }
     }
-    if rt.generation && new.get("spec") != old.get("spec") {
+    // Deployments also count annotation changes as a new generation (their
+    // strategy's PrepareForUpdate); StatefulSets and DaemonSets do not.
+    let annotations_changed = rt.plural == "deployments"
+        && new.pointer("/metadata/annotations") != old.pointer("/metadata/annotations");
+    if rt.generation && (new.get("spec") != old.get("spec") || annotations_changed) {
         let g = old
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(0);
         new["metadata"]["generation"] = json!(g + 1);
     }
-    validate(rt, name, &new)?;
+    let mut causes = Vec::new();
+    validation::validate_update(rt, old, &new, &mut causes);
+    validate(rt, name, &new, causes)?;
     Ok(new)
 }
 
@@ -378,6 +397,7 @@ pub fn prepare_status_update(
     old: &Value,
     new: &Value,
 ) -> Result<Value, ApiError> {
+    validation::typecheck(rt, new)?;
     let mut out = old.clone();
     match new.get("status") {
         Some(s) => out["status"] = s.clone(),
@@ -385,7 +405,6 @@ pub fn prepare_status_update(
             out.as_object_mut().expect("object").remove("status");
         }
     }
-    let _ = rt;
     Ok(out)
 }
 
@@ -441,9 +460,14 @@ fn too_long(field: &str, max: usize) -> Cause {
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
 const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 
-/// Validate an object about to be stored; 422 Invalid listing every problem.
-pub fn validate(rt: &ResourceType, name: &str, obj: &Value) -> Result<(), ApiError> {
-    let mut causes = Vec::new();
+/// Validate an object about to be stored; 422 Invalid listing every problem
+/// (`causes`: those already found, e.g. by the update's checks).
+pub fn validate(
+    rt: &ResourceType,
+    name: &str,
+    obj: &Value,
+    mut causes: Vec<Cause>,
+) -> Result<(), ApiError> {
     match rt.name_rule {
         NameRule::Subdomain if !is_dns_subdomain(name) => {
             causes.push(invalid_value("metadata.name", name, SUBDOMAIN_MSG));
@@ -531,6 +555,7 @@ pub fn validate(rt: &ResourceType, name: &str, obj: &Value) -> Result<(), ApiErr
             "must be greater than 0",
         ));
     }
+    validation::validate_kind(rt, obj, &mut causes);
     if causes.is_empty() {
         Ok(())
     } else {

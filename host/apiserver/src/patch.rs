@@ -237,9 +237,9 @@ fn pointer_parent<'a>(doc: &'a mut Value, path: &str) -> Result<(&'a mut Value, 
         .rfind('/')
         .ok_or_else(|| ApiError::bad_request(format!("invalid JSON pointer {path:?}")))?;
     let (parent, last) = path.split_at(idx);
-    let parent = doc
-        .pointer_mut(parent)
-        .ok_or_else(|| ApiError::internal(format!("jsonpatch: path {path:?} does not exist")))?;
+    let parent = doc.pointer_mut(parent).ok_or_else(|| {
+        ApiError::unprocessable_patch(format!("jsonpatch: path {path:?} does not exist"))
+    })?;
     Ok((parent, unescape(&last[1..])))
 }
 
@@ -263,14 +263,14 @@ fn json_add(doc: &mut Value, path: &str, value: Value) -> Result<(), ApiError> {
                 .parse()
                 .map_err(|_| ApiError::bad_request(format!("invalid array index {key:?}")))?;
             if i > a.len() {
-                return Err(ApiError::internal(format!(
+                return Err(ApiError::unprocessable_patch(format!(
                     "jsonpatch add operation: index {i} out of bounds"
                 )));
             }
             a.insert(i, value);
             Ok(())
         }
-        _ => Err(ApiError::internal(format!(
+        _ => Err(ApiError::unprocessable_patch(format!(
             "jsonpatch: cannot add at {path:?}"
         ))),
     }
@@ -279,7 +279,7 @@ fn json_add(doc: &mut Value, path: &str, value: Value) -> Result<(), ApiError> {
 fn json_remove(doc: &mut Value, path: &str) -> Result<Value, ApiError> {
     let (parent, key) = pointer_parent(doc, path)?;
     let missing = || {
-        ApiError::internal(format!(
+        ApiError::unprocessable_patch(format!(
             "jsonpatch remove operation does not apply: doc is missing path: {path:?}"
         ))
     };
@@ -326,7 +326,7 @@ pub fn json_patch(target: &Value, patch: &Value) -> Result<Value, ApiError> {
             }
             "replace" => {
                 if doc.pointer(path).is_none() {
-                    return Err(ApiError::internal(format!(
+                    return Err(ApiError::unprocessable_patch(format!(
                         "jsonpatch replace operation does not apply: doc is missing key: {path}"
                     )));
                 }
@@ -338,13 +338,15 @@ pub fn json_patch(target: &Value, patch: &Value) -> Result<Value, ApiError> {
             }
             "copy" => {
                 let v = doc.pointer(from()?).cloned().ok_or_else(|| {
-                    ApiError::internal("jsonpatch copy operation does not apply: missing from")
+                    ApiError::unprocessable_patch(
+                        "jsonpatch copy operation does not apply: missing from",
+                    )
                 })?;
                 json_add(&mut doc, path, v)?;
             }
             "test" => {
                 if doc.pointer(path) != Some(&value()?) {
-                    return Err(ApiError::internal(format!(
+                    return Err(ApiError::unprocessable_patch(format!(
                         "testing value {path} failed: test failed"
                     )));
                 }

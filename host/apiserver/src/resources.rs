@@ -31,6 +31,8 @@ pub struct ResourceType {
     /// The resource has a `/status` subresource: the main resource ignores
     /// status changes and `/status` ignores everything else.
     pub status_subresource: bool,
+    /// The resource has a `/scale` subresource (autoscaling/v1 Scale).
+    pub scale_subresource: bool,
     pub name_rule: NameRule,
 }
 
@@ -61,6 +63,24 @@ impl ResourceType {
         self.group.is_empty() && self.plural == "namespaces"
     }
 
+    /// A PUT of a missing name creates it (the kind's strategy's
+    /// AllowCreateOnUpdate): Leases, Services and Events.
+    pub fn allows_create_on_update(&self) -> bool {
+        matches!(
+            (self.group, self.plural),
+            ("coordination.k8s.io", "leases")
+                | ("", "services")
+                | ("", "events")
+                | ("events.k8s.io", "events")
+        )
+    }
+
+    /// A PUT without a resourceVersion replaces whatever is stored
+    /// (AllowUnconditionalUpdate); a Lease must name the version it read.
+    pub fn allows_unconditional_update(&self) -> bool {
+        !(self.group == "coordination.k8s.io" && self.plural == "leases")
+    }
+
     /// ConfigMaps and Secrets carry a size-limited `data` map.
     pub fn has_data_limit(&self) -> bool {
         self.group.is_empty() && (self.plural == "configmaps" || self.plural == "secrets")
@@ -86,6 +106,7 @@ const fn rt(
         categories: &[],
         generation: false,
         status_subresource: false,
+        scale_subresource: false,
         name_rule: NameRule::Subdomain,
     }
 }
@@ -133,6 +154,7 @@ pub static RESOURCES: &[ResourceType] = &[
         categories: &["all"],
         generation: true,
         status_subresource: true,
+        scale_subresource: true,
         ..rt(
             "apps",
             "v1",
@@ -147,6 +169,7 @@ pub static RESOURCES: &[ResourceType] = &[
         categories: &["all"],
         generation: true,
         status_subresource: true,
+        scale_subresource: true,
         ..rt(
             "apps",
             "v1",

@@ -1,6 +1,8 @@
 //! The object store: every object of every kind as a `serde_json::Value`,
-//! one global resourceVersion counter, a bounded history ring of changes and
-//! the broadcast feed that watches consume.
+//! one global resourceVersion counter, a bounded history ring of changes per
+//! kind (kube-apiserver keeps a watch cache per resource, so writes of one
+//! kind never expire another kind's versions) and the broadcast feed that
+//! watches consume.
 //!
 //! Everything sits under one mutex so that "take a snapshot (or a history
 //! replay) and subscribe to later changes" is atomic: a watch started from a
@@ -99,10 +101,11 @@ pub enum StoreError {
 struct Inner {
     rv: u64,
     objects: Vec<BTreeMap<Key, Arc<Value>>>,
-    history: VecDeque<Arc<Change>>,
+    /// Per resource: its last `capacity` changes.
+    history: Vec<VecDeque<Arc<Change>>>,
     capacity: usize,
-    /// Every change with rv > compacted is in `history`.
-    compacted: u64,
+    /// Per resource: every change of it with rv > compacted is in its history.
+    compacted: Vec<u64>,
 }
 
 /// How a watch begins, computed atomically with its subscription.
@@ -156,9 +159,9 @@ impl Store {
             inner: Mutex::new(Inner {
                 rv: 0,
                 objects: RESOURCES.iter().map(|_| BTreeMap::new()).collect(),
-                history: VecDeque::with_capacity(history.min(1 << 20)),
+                history: RESOURCES.iter().map(|_| VecDeque::new()).collect(),
                 capacity: history,
-                compacted: 0,
+                compacted: vec![0; RESOURCES.len()],
             }),
             tx,
             auto_create_namespaces,
@@ -192,17 +195,28 @@ impl Store {
     /// or continue token at one) gets 410 Expired.
     pub fn compact(&self) {
         let mut g = self.lock();
-        g.history.clear();
-        g.compacted = g.rv + 1;
+        let expired = g.rv + 1;
+        for h in &mut g.history {
+            h.clear();
+        }
+        for c in &mut g.compacted {
+            *c = expired;
+        }
     }
 
-    /// Change the history size (takes effect for later writes; shrinks now).
+    /// Change the history size of every kind (takes effect for later
+    /// writes; shrinks now).
     pub fn set_history_capacity(&self, capacity: usize) {
         let mut g = self.lock();
         g.capacity = capacity;
-        while g.history.len() > capacity {
-            let old = g.history.pop_front().expect("non-empty");
-            g.compacted = old.rv;
+        let Inner {
+            history, compacted, ..
+        } = &mut *g;
+        for (h, c) in history.iter_mut().zip(compacted.iter_mut()) {
+            while h.len() > capacity {
+                let old = h.pop_front().expect("non-empty");
+                *c = old.rv;
+            }
         }
     }
 
@@ -243,13 +257,13 @@ impl Store {
             line: OnceLock::new(),
         });
         if g.capacity > 0 {
-            if g.history.len() >= g.capacity {
-                let old = g.history.pop_front().expect("non-empty");
-                g.compacted = old.rv;
+            if g.history[res].len() >= g.capacity {
+                let old = g.history[res].pop_front().expect("non-empty");
+                g.compacted[res] = old.rv;
             }
-            g.history.push_back(change.clone());
+            g.history[res].push_back(change.clone());
         } else {
-            g.compacted = rv;
+            g.compacted[res] = rv;
         }
         let _ = self.tx.send(change);
         obj
@@ -395,15 +409,13 @@ impl Store {
         if at > g.rv {
             return Err(ApiError::too_large_rv(at, g.rv));
         }
-        if at < g.compacted {
-            return Err(ApiError::too_old(at, g.compacted.min(g.rv)));
+        if at < g.compacted[res] {
+            return Err(ApiError::too_old(at, g.compacted[res].min(g.rv)));
         }
         let mut snap: BTreeMap<Key, Arc<Value>> = current().into_iter().collect();
-        let start = g.history.partition_point(|c| c.rv <= at);
-        for c in g.history.range(start..).rev() {
-            if c.resource != res {
-                continue;
-            }
+        let history = &g.history[res];
+        let start = history.partition_point(|c| c.rv <= at);
+        for c in history.range(start..).rev() {
             let key = (
                 c.namespace.clone(),
                 c.object
@@ -442,13 +454,14 @@ impl Store {
                 guard: self.watch_guard(),
             }),
             Some(n) => {
-                if n < g.compacted {
-                    return Err(ApiError::too_old(n, g.compacted.min(g.rv)));
+                if n < g.compacted[res] {
+                    return Err(ApiError::too_old(n, g.compacted[res].min(g.rv)));
                 }
-                let start = g.history.partition_point(|c| c.rv <= n);
+                let history = &g.history[res];
+                let start = history.partition_point(|c| c.rv <= n);
                 Ok(WatchStart {
                     initial: Vec::new(),
-                    replay: g.history.range(start..).cloned().collect(),
+                    replay: history.range(start..).cloned().collect(),
                     rv: n,
                     rx,
                     guard: self.watch_guard(),
@@ -462,10 +475,10 @@ impl Store {
         self.lock().objects[res].len()
     }
 
-    /// The history bounds: (compacted, latest).
-    pub fn history_bounds(&self) -> (u64, u64) {
+    /// The history bounds of one resource: (compacted, latest).
+    pub fn history_bounds(&self, res: ResourceId) -> (u64, u64) {
         let g = self.lock();
-        (g.compacted, g.rv)
+        (g.compacted[res], g.rv)
     }
 }
 

@@ -95,7 +95,14 @@ impl Filter {
                 ChangeType::Added if now => ChangeType::Added,
                 ChangeType::Modified if now && before => ChangeType::Modified,
                 ChangeType::Modified if now => ChangeType::Added,
-                ChangeType::Modified if before => ChangeType::Deleted,
+                ChangeType::Modified if before => {
+                    // An object leaving the selector: kube-apiserver's cacher
+                    // sends its previous state (the one that still matched)
+                    // stamped with the update's resourceVersion.
+                    let prev = c.prev.as_deref().expect("matched before");
+                    self.push("DELETED", &left_selector(prev, c.rv), buf);
+                    return;
+                }
                 ChangeType::Deleted if before || now => ChangeType::Deleted,
                 _ => return,
             }
@@ -131,6 +138,16 @@ impl Filter {
         let obj = bookmark_object(&rt.api_version(), rt.kind, rv, initial_end);
         self.push("BOOKMARK", &obj, buf);
     }
+}
+
+/// The object a selector watch's DELETED carries when a change takes it out
+/// of the selector: its previous state at the change's resourceVersion.
+fn left_selector(prev: &Value, rv: u64) -> Value {
+    let mut o = prev.clone();
+    if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    }
+    o
 }
 
 /// A running watch.

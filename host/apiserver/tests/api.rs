@@ -136,7 +136,15 @@ async fn server_sets_metadata_and_delete_answers() {
     let base = server.url();
     let coll = format!("{base}/api/v1/namespaces/default/configmaps");
     let mut body = cm("", &[]);
+    // A version on a create is refused, as etcd3's store does (a 500).
     body["metadata"] = json!({"generateName": "gen-", "uid": "mine", "resourceVersion": "42"});
+    let r = post(&h, &coll, &body).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(
+        r.body["message"],
+        "Internal error occurred: resourceVersion should not be set on objects to be created"
+    );
+    body["metadata"] = json!({"generateName": "gen-", "uid": "mine", "resourceVersion": ""});
     let r = post(&h, &coll, &body).await;
     assert_eq!(r.status, 201);
     let name = r.body["metadata"]["name"].as_str().unwrap().to_string();

@@ -438,7 +438,8 @@ async fn watch_sends_table_rows_with_headers_once() {
     assert_eq!(names(&ev["object"]), ["b"]);
 
     // A selector watch with includeObject=Object: the transition to no longer
-    // matching is a DELETED row carrying the whole object.
+    // matching is a DELETED row carrying the whole object, in its previous
+    // state (the one that matched), as kube-apiserver sends it.
     let mut w = Watch::open_accept(
         &h,
         &format!(
@@ -470,7 +471,7 @@ async fn watch_sends_table_rows_with_headers_once() {
     assert_eq!(ev["type"], "DELETED");
     assert_eq!(
         ev["object"]["rows"][0]["object"]["metadata"]["labels"]["tier"],
-        "db"
+        "web"
     );
 
     // Plain watches are unchanged.

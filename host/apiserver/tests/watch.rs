@@ -217,8 +217,11 @@ async fn bookmarks_initial_events_end_and_timeout() {
     let h = http();
     let base = server.url();
     let coll = format!("{base}/apis/apps/v1/namespaces/default/deployments");
-    let dep = json!({"metadata": {"name": "web"}, "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}});
-    post(&h, &coll, &dep).await;
+    let dep = json!({"metadata": {"name": "web"}, "spec": {
+        "selector": {"matchLabels": {"app": "web"}},
+        "template": {"metadata": {"labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "c", "image": "x"}]}}}});
+    assert_eq!(post(&h, &coll, &dep).await.status, 201);
     let now = server.resource_version();
 
     // Periodic bookmarks carry only the version, with the right kind.
@@ -297,7 +300,7 @@ async fn selectors_filter_and_leaving_objects_are_deleted() {
     post(&h, &coll, &one).await;
     post(&h, &coll, &cm("two", &[])).await;
     let p = |labels: Value| json!({"metadata": {"labels": labels}});
-    send(
+    let left = send(
         &h,
         "PATCH",
         &format!("{coll}/one"),
@@ -327,10 +330,19 @@ async fn selectors_filter_and_leaving_objects_are_deleted() {
     post(&h, &coll, &marker).await;
 
     let mut got = Vec::new();
+    let mut events = Vec::new();
     for _ in 0..5 {
-        let s = summary(&w.next_within(T).await.unwrap());
+        let ev = w.next_within(T).await.unwrap();
+        let s = summary(&ev);
         got.push((s.0, s.1));
+        events.push(ev);
     }
+    // Leaving the selector: kube-apiserver sends the previous state (which
+    // still matched) stamped with the update's resourceVersion.
+    let leave = &events[1]["object"];
+    assert_eq!(leave["metadata"]["labels"], json!({"app": "web"}));
+    assert_eq!(leave["metadata"]["resourceVersion"], rv(&left.body));
+    assert_ne!(rv(&left.body), rv(&events[0]["object"]));
     let want: Vec<(String, String)> = [
         ("ADDED", "one"),
         ("DELETED", "one"),

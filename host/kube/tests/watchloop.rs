@@ -474,3 +474,68 @@ async fn a_silent_watch_is_abandoned_and_resumed() {
         .unwrap();
     assert_eq!(lp.state(), &State::Resume { from });
 }
+
+/// A watch with a label selector: an object that loses the label comes as a
+/// DELETED carrying its previous state (the one that still matched),
+/// stamped with the relabel's resourceVersion, as kube-apiserver sends it.
+/// The loop delivers it as a deletion of what the plugins last saw (labels
+/// that match), its checkpoint moves to the relabel, and gaining the label
+/// again is an addition.
+#[tokio::test]
+async fn an_object_leaving_the_selector_is_a_deletion_of_its_matching_state() {
+    let (server, api) = setup(0).await;
+    for name in ["a", "b"] {
+        let mut o = cm(name, "1");
+        o.metadata.labels = Some([("team".to_string(), "shop".to_string())].into());
+        api.create(&PostParams::default(), &o).await.unwrap();
+    }
+    let mut selected = target(Some("default"));
+    selected.label_selector = Some("team=shop".into());
+    let mut lp = WatchLoop::new(server.client().unwrap(), selected, None);
+    let (tx, mut rx) = mpsc::channel(1000);
+    lp.step(&tx).await.unwrap();
+    assert_eq!(changes(&drain(&mut rx)), vec![], "the baseline");
+    let watching = tokio::spawn(async move {
+        lp.step(&tx).await.unwrap();
+    });
+    server.wait_for_watches(1).await;
+
+    let mut a = api.get("a").await.unwrap();
+    a.metadata.labels = Some([("team".to_string(), "billing".to_string())].into());
+    a.data.as_mut().unwrap().insert("v".into(), "2".into());
+    let relabelled = api.replace("a", &PostParams::default(), &a).await.unwrap();
+    let relabel_rv = relabelled.metadata.resource_version.unwrap();
+    a = relabelled;
+    a.metadata.labels = Some([("team".to_string(), "shop".to_string())].into());
+    api.replace("a", &PostParams::default(), &a).await.unwrap();
+    put(&api, "b", "marker").await;
+    let out = recv_changes(&mut rx, 3).await;
+    server.faults().close_watches();
+    watching.await.unwrap();
+    assert_eq!(
+        changes(&out),
+        vec![
+            (ChangeType::Deleted, "a".to_string()),
+            (ChangeType::Added, "a".to_string()),
+            (ChangeType::Modified, "b".to_string()),
+        ]
+    );
+    let Some(Output::Change {
+        event,
+        resource_version,
+    }) = out.iter().find(|o| matches!(o, Output::Change { .. }))
+    else {
+        unreachable!()
+    };
+    assert_eq!(resource_version.as_deref(), Some(relabel_rv.as_str()));
+    assert_eq!(event.object.resource_version, relabel_rv);
+    assert_eq!(
+        event.object.labels["team"], "shop",
+        "the state that matched"
+    );
+    assert_eq!(
+        event.object.data["v"],
+        wasmwatch_core::DataValue::Text("1".into()),
+        "its content before the relabel"
+    );
+}
