@@ -286,6 +286,60 @@ async fn kubectl_apply_get_patch_label_annotate_rollout_delete() {
     k.ok(&["api-resources"]).await;
 }
 
+/// `kubectl scale` goes through the `/scale` subresource (autoscaling/v1
+/// Scale, found in discovery); a label selector `in(...)` without a space
+/// parses as kube's does.
+#[tokio::test]
+async fn kubectl_scale_changes_replicas_through_the_scale_subresource() {
+    let server = common::start().await;
+    let Some(k) = Kubectl::new(&server) else {
+        return;
+    };
+    let dep = k.file("dep.yaml", DEPLOYMENT);
+    k.ok(&["apply", "-f", &dep]).await;
+    let sts = k.file(
+        "sts.yaml",
+        &DEPLOYMENT
+            .replace("kind: Deployment", "kind: StatefulSet")
+            .replace("name: web\nspec", "name: db\nspec"),
+    );
+    k.ok(&["apply", "-f", &sts]).await;
+    let out = k.ok(&["scale", "deployment/web", "--replicas=5"]).await;
+    assert!(out.contains("deployment.apps/web scaled"), "{out}");
+    let d = server.get("deployments.apps", "default", "web").unwrap();
+    assert_eq!(d["spec"]["replicas"], 5);
+    assert_eq!(d["metadata"]["generation"], 2);
+    k.ok(&["scale", "statefulset/db", "--replicas=0"]).await;
+    let s = server.get("statefulsets.apps", "default", "db").unwrap();
+    assert_eq!(s["spec"]["replicas"], 0);
+    // A precondition on the current replicas, as kubectl checks it.
+    let o = k
+        .run(&[
+            "scale",
+            "deployment/web",
+            "--current-replicas=2",
+            "--replicas=1",
+        ])
+        .await;
+    assert_ne!(o.code, 0, "{}", o.stdout);
+    let scale: Value = serde_json::from_str(
+        &k.ok(&[
+            "get",
+            "--raw",
+            "/apis/apps/v1/namespaces/default/deployments/web/scale",
+        ])
+        .await,
+    )
+    .unwrap();
+    assert_eq!(scale["kind"], "Scale");
+    assert_eq!(scale["spec"]["replicas"], 5);
+    assert_eq!(scale["status"]["selector"], "app=web");
+    let out = k
+        .ok(&["get", "deployments", "-l", "app in(web)", "-o", "name"])
+        .await;
+    assert_eq!(out.trim(), "deployment.apps/web");
+}
+
 #[tokio::test]
 async fn kubectl_get_watch_sees_changes() {
     let server = common::start().await;

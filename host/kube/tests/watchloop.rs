@@ -504,7 +504,7 @@ async fn an_object_leaving_the_selector_is_a_deletion_of_its_matching_state() {
     a.metadata.labels = Some([("team".to_string(), "billing".to_string())].into());
     a.data.as_mut().unwrap().insert("v".into(), "2".into());
     let relabelled = api.replace("a", &PostParams::default(), &a).await.unwrap();
-    let relabel_rv = relabelled.metadata.resource_version.unwrap();
+    let relabel_rv = relabelled.metadata.resource_version.clone().unwrap();
     a = relabelled;
     a.metadata.labels = Some([("team".to_string(), "shop".to_string())].into());
     api.replace("a", &PostParams::default(), &a).await.unwrap();
