@@ -190,34 +190,483 @@ fn selectors(rt: &ResourceType, q: &Query, name: Option<&str>) -> Result<Selecto
     Ok(Selectors { labels, fields })
 }
 
-/// Parse a request body by its media type: JSON, YAML or Kubernetes
-/// protobuf (decoded by [`crate::protobuf`]); anything else is 415.
+/// Parse a request body by its media type, as kube-apiserver negotiates it:
+/// `application/json` (also when there is no Content-Type), `application/yaml`
+/// or `application/vnd.kubernetes.protobuf` (decoded by [`crate::protobuf`]);
+/// any other media type, or a malformed one, is 415.
 pub fn parse_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
+    let media = if content_type.is_empty() {
+        Some("application/json".to_owned())
+    } else {
+        body_media_type(content_type)
+    };
+    let parse = match media.as_deref() {
+        Some("application/json") => parse_json,
+        Some("application/yaml") => parse_yaml,
+        Some("application/vnd.kubernetes.protobuf") => crate::protobuf::decode,
+        _ => return Err(ApiError::unsupported_media_type(content_type)),
+    };
     if body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }
-    let media = content_type
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    match media.as_str() {
-        "application/vnd.kubernetes.protobuf" => crate::protobuf::decode(body),
-        "application/yaml" | "application/x-yaml" | "text/yaml" => parse_yaml(body),
-        _ if content_type.contains("protobuf") || content_type.contains("cbor") => {
-            Err(ApiError::unsupported_media_type(content_type))
-        }
-        _ if content_type.contains("yaml") => parse_yaml(body),
-        _ => serde_json::from_slice(body).map_err(|e| {
-            ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
-        }),
+    parse(body)
+}
+
+/// The media type of a Content-Type (lower case, parameters dropped), or None
+/// when it is malformed (where Go's `mime.ParseMediaType` fails and
+/// kube-apiserver answers 415).
+fn body_media_type(content_type: &str) -> Option<String> {
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|c| c.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?=".contains(&c))
+    };
+    let mut parts = content_type.split(';');
+    let media = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+    let (ty, sub) = media.split_once('/').unwrap_or((&media, ""));
+    if !token(ty) || !(media.len() == ty.len() || token(sub)) {
+        return None;
     }
+    let mut seen = Vec::new();
+    for param in parts.map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = param.split_once('=')?;
+        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+        let quoted = v.len() >= 2 && v.starts_with('"') && v.ends_with('"');
+        if !token(&k) || !(token(v) || quoted) || seen.contains(&k) {
+            return None;
+        }
+        seen.push(k);
+    }
+    Some(media)
+}
+
+fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        let mut why = e.to_string();
+        // serde_json stops at 128 levels; past Go's 10,000 say what
+        // kube-apiserver says.
+        if why.starts_with("recursion limit exceeded")
+            && let Some(c) = json_past_max_depth(body)
+        {
+            why = format!("invalid character '{}' exceeded max depth", char::from(c));
+        }
+        ApiError::bad_request(format!(
+            "couldn't get version/kind; json parse error: {why}"
+        ))
+    })
+}
+
+/// The bracket at which JSON nesting passes [`YAML_MAX_DEPTH`] (also Go's
+/// `encoding/json` limit), if it does.
+fn json_past_max_depth(body: &[u8]) -> Option<u8> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &c in body {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > YAML_MAX_DEPTH {
+                    return Some(c);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
 }
 
 fn parse_yaml(body: &[u8]) -> Result<Value, ApiError> {
+    if let Some(why) = yaml_too_deep(body) {
+        return Err(ApiError::bad_request(format!("error decoding YAML: {why}")));
+    }
     serde_yaml::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
+}
+
+/// go-yaml's limit on flow nesting and on block indentation levels
+/// (kube-apiserver decodes YAML bodies with it).
+const YAML_MAX_DEPTH: usize = 10_000;
+
+/// `serde_yaml`'s recursion limit. Its parser (libyaml) needs time proportional
+/// to the tokens times the flow depth (a 100,000-deep `{a: {a: ...}}` takes
+/// minutes), so flow nesting deeper than serde_yaml accepts anyway is refused
+/// before parsing.
+const YAML_SERDE_DEPTH: usize = 128;
+
+/// Why a YAML body nests too deep to be parsed, from one linear pass over it:
+/// go-yaml's error past [`YAML_MAX_DEPTH`] (flow or block), else
+/// `serde_yaml`'s for flow nesting past [`YAML_SERDE_DEPTH`].
+fn yaml_too_deep(body: &[u8]) -> Option<String> {
+    let mut scan = DepthScan {
+        b: body,
+        line: 1,
+        line_start: 0,
+        flow: 0,
+        indents: Vec::new(),
+        past_serde: None,
+        past_limit: None,
+    };
+    scan.run();
+    if let Some(line) = scan.past_limit {
+        // go-yaml names the line unless it is the first.
+        let at = if line > 1 {
+            format!("line {line}: ")
+        } else {
+            String::new()
+        };
+        return Some(format!("yaml: {at}exceeded max depth of {YAML_MAX_DEPTH}"));
+    }
+    scan.past_serde
+        .map(|(line, col)| format!("recursion limit exceeded at line {line} column {col}"))
+}
+
+/// How a line of block content ended.
+enum LineEnd {
+    Done,
+    /// A `|` or `>` header, with its explicit indentation indicator if any.
+    BlockScalar(Option<usize>),
+    /// A plain scalar that may continue on more indented lines.
+    Plain,
+}
+
+/// A tokenizer just precise enough to find where flow collections open and
+/// close and where block collections start (libyaml's indentation stack,
+/// `roll_indent`):
+/// quoted scalars, comments, block scalars and multi-line plain scalars are
+/// skipped as libyaml skips them, so brackets inside them do not count.
+struct DepthScan<'a> {
+    b: &'a [u8],
+    line: usize,
+    line_start: usize,
+    flow: usize,
+    /// Columns of the open block collections (strictly increasing).
+    indents: Vec<usize>,
+    /// Line and column of the first flow collection past `serde_yaml`'s limit.
+    past_serde: Option<(usize, usize)>,
+    /// Line where nesting first passes go-yaml's limit.
+    past_limit: Option<usize>,
+}
+
+impl DepthScan<'_> {
+    fn at(&self, i: usize) -> u8 {
+        self.b.get(i).copied().unwrap_or(0)
+    }
+
+    fn blank_or_end(&self, i: usize) -> bool {
+        matches!(self.at(i), 0 | b' ' | b'\t' | b'\r' | b'\n')
+    }
+
+    fn skip_blanks(&self, mut i: usize) -> usize {
+        while matches!(self.at(i), b' ' | b'\t' | b'\r') {
+            i += 1;
+        }
+        i
+    }
+
+    /// The start of the line after the one holding `i` (or the end).
+    fn next_line(&mut self, i: usize) -> usize {
+        match self
+            .b
+            .get(i..)
+            .and_then(|r| r.iter().position(|&c| c == b'\n'))
+        {
+            Some(n) => {
+                self.line += 1;
+                self.line_start = i + n + 1;
+                self.line_start
+            }
+            None => self.b.len(),
+        }
+    }
+
+    /// A block collection starts at `i`.
+    fn roll(&mut self, i: usize) {
+        let col = i - self.line_start;
+        if self.indents.last().is_none_or(|&top| col > top) {
+            self.indents.push(col);
+            if self.indents.len() > YAML_MAX_DEPTH {
+                self.past_limit.get_or_insert(self.line);
+            }
+        }
+    }
+
+    fn open_flow(&mut self, i: usize) {
+        self.flow += 1;
+        if self.flow > YAML_SERDE_DEPTH && self.past_serde.is_none() {
+            let chars = self.b[self.line_start..i]
+                .iter()
+                .filter(|&&c| c & 0xC0 != 0x80)
+                .count();
+            self.past_serde = Some((self.line, chars + 1));
+        }
+        if self.flow > YAML_MAX_DEPTH {
+            self.past_limit.get_or_insert(self.line);
+        }
+    }
+
+    /// Past the quoted scalar starting at `i`.
+    fn skip_quoted(&mut self, i: usize) -> usize {
+        let quote = self.b[i];
+        let mut j = i + 1;
+        while j < self.b.len() {
+            match self.b[j] {
+                b'\n' => {
+                    j = self.next_line(j);
+                }
+                b'\\' if quote == b'"' => {
+                    j = if self.at(j + 1) == b'\n' {
+                        self.next_line(j + 1)
+                    } else {
+                        j + 2
+                    };
+                }
+                c if c == quote => {
+                    if quote == b'\'' && self.at(j + 1) == b'\'' {
+                        j += 2;
+                    } else {
+                        return j + 1;
+                    }
+                }
+                _ => j += 1,
+            }
+        }
+        self.b.len()
+    }
+
+    /// Past the flow collection opening at `i` (possibly over several lines).
+    fn flow(&mut self, mut i: usize) -> usize {
+        // At a token boundary (where a quote starts a scalar and `#` a comment).
+        let mut boundary = true;
+        let mut after_blank = false;
+        let mut after_quoted = false;
+        while i < self.b.len() {
+            let c = self.b[i];
+            let (was_blank, was_quoted) = (after_blank, after_quoted);
+            after_blank = false;
+            after_quoted = false;
+            match c {
+                b'[' | b'{' => {
+                    self.open_flow(i);
+                    i += 1;
+                    boundary = true;
+                }
+                b']' | b'}' => {
+                    self.flow = self.flow.saturating_sub(1);
+                    i += 1;
+                    if self.flow == 0 {
+                        return i;
+                    }
+                    boundary = true;
+                }
+                b',' => {
+                    i += 1;
+                    boundary = true;
+                }
+                b' ' | b'\t' | b'\r' | b'\n' => {
+                    i = if c == b'\n' { self.next_line(i) } else { i + 1 };
+                    after_blank = true;
+                    after_quoted = was_quoted;
+                }
+                b'#' if boundary || was_blank => {
+                    i = self.b[i..]
+                        .iter()
+                        .position(|&c| c == b'\n')
+                        .map_or(self.b.len(), |n| i + n);
+                }
+                b'"' | b'\'' if boundary => {
+                    i = self.skip_quoted(i);
+                    boundary = false;
+                    after_quoted = true;
+                }
+                b':' | b'?' if was_quoted || self.blank_or_end(i + 1) => {
+                    i += 1;
+                    boundary = true;
+                }
+                b'&' | b'!' if boundary => {
+                    while !self.blank_or_end(i) && !b",[]{}".contains(&self.at(i)) {
+                        i += 1;
+                    }
+                }
+                _ => {
+                    i += 1;
+                    boundary = false;
+                }
+            }
+        }
+        i
+    }
+
+    /// `i` is past a scalar or flow collection: if a `:` follows on the line,
+    /// the position after it.
+    fn value_indicator(&self, i: usize) -> Option<usize> {
+        let j = self.skip_blanks(i);
+        (self.at(j) == b':' && self.blank_or_end(j + 1)).then_some(j + 1)
+    }
+
+    /// The block content of one line from `i`, a node position.
+    fn node_line(&mut self, mut i: usize) -> (usize, LineEnd) {
+        loop {
+            i = self.skip_blanks(i);
+            match self.at(i) {
+                0 | b'\n' | b'#' => return (self.next_line(i), LineEnd::Done),
+                b'-' | b'?' if self.blank_or_end(i + 1) => {
+                    self.roll(i);
+                    i += 1;
+                }
+                b':' if self.blank_or_end(i + 1) => i += 1,
+                b'[' | b'{' => {
+                    let (start, line) = (i, self.line);
+                    i = self.flow(i);
+                    match self.value_indicator(i) {
+                        Some(j) => {
+                            // A flow collection as a key.
+                            if self.line == line {
+                                self.roll(start);
+                            }
+                            i = j;
+                        }
+                        None => return (self.next_line(i), LineEnd::Done),
+                    }
+                }
+                b'|' | b'>' => {
+                    let header = self.b[i + 1..]
+                        .iter()
+                        .take_while(|c| c.is_ascii_digit() || matches!(c, b'+' | b'-'));
+                    let explicit = header
+                        .filter(|c| c.is_ascii_digit())
+                        .map(|c| usize::from(c - b'0'))
+                        .next();
+                    return (self.next_line(i), LineEnd::BlockScalar(explicit));
+                }
+                b'&' | b'!' => {
+                    while !self.blank_or_end(i) {
+                        i += 1;
+                    }
+                }
+                c @ (b'"' | b'\'' | b'*') => {
+                    let (start, line) = (i, self.line);
+                    if c == b'*' {
+                        while !self.blank_or_end(i) {
+                            i += 1;
+                        }
+                    } else {
+                        i = self.skip_quoted(i);
+                    }
+                    match self.value_indicator(i) {
+                        Some(j) => {
+                            if self.line == line {
+                                self.roll(start);
+                            }
+                            i = j;
+                        }
+                        None => return (self.next_line(i), LineEnd::Done),
+                    }
+                }
+                _ => {
+                    // A plain scalar: a key if `: ` follows on the line.
+                    let start = i;
+                    loop {
+                        match self.at(i) {
+                            0 | b'\n' => return (self.next_line(i), LineEnd::Plain),
+                            b':' if self.blank_or_end(i + 1) => {
+                                self.roll(start);
+                                i += 1;
+                                break;
+                            }
+                            b'#' if matches!(self.at(i - 1), b' ' | b'\t') => {
+                                return (self.next_line(i), LineEnd::Done);
+                            }
+                            _ => i += 1,
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn run(&mut self) {
+        let mut i = if self.b.starts_with(b"\xEF\xBB\xBF") {
+            3
+        } else {
+            0
+        };
+        self.line_start = i;
+        // A block scalar being skipped: the indentation of its parent (None:
+        // top level) and of its content once known.
+        let mut block_scalar: Option<(Option<usize>, Option<usize>)> = None;
+        let mut plain = false;
+        while i < self.b.len() && self.past_limit.is_none() {
+            let indent = self.b[i..].iter().take_while(|&&c| c == b' ').count();
+            let p = i + indent;
+            let q = self.skip_blanks(p);
+            if matches!(self.at(q), 0 | b'\n') {
+                i = self.next_line(q);
+                continue;
+            }
+            let marker = indent == 0
+                && (self.b[p..].starts_with(b"---") || self.b[p..].starts_with(b"..."))
+                && self.blank_or_end(p + 3);
+            if let Some((parent, content)) = block_scalar {
+                let inside = !marker
+                    && match content {
+                        Some(c) => indent >= c,
+                        None => parent.is_none_or(|p| indent > p),
+                    };
+                if inside {
+                    block_scalar = Some((parent, Some(content.unwrap_or(indent))));
+                    i = self.next_line(p);
+                    continue;
+                }
+                block_scalar = None;
+            }
+            if plain {
+                plain = false;
+                let deeper = self.indents.last().is_none_or(|&top| indent > top);
+                if !marker && self.at(q) != b'#' && deeper {
+                    plain = true;
+                    i = self.next_line(p);
+                    continue;
+                }
+            }
+            if self.at(q) == b'#' || (indent == 0 && self.at(p) == b'%') {
+                i = self.next_line(q);
+                continue;
+            }
+            while self.indents.last().is_some_and(|&t| t > indent) {
+                self.indents.pop();
+            }
+            let mut start = p;
+            if marker {
+                self.indents.clear();
+                if self.at(p) == b'.' {
+                    i = self.next_line(p);
+                    continue;
+                }
+                start = p + 3;
+            }
+            let (next, end) = self.node_line(start);
+            i = next;
+            match end {
+                LineEnd::Done => {}
+                LineEnd::Plain => plain = true,
+                LineEnd::BlockScalar(explicit) => {
+                    let parent = self.indents.last().copied();
+                    let content = explicit.map(|n| parent.map_or(n, |p| p + n));
+                    block_scalar = Some((parent, content));
+                }
+            }
+        }
+    }
 }
 
 pub fn get(sh: &Shared, t: &Target, table: Option<TableRequest>) -> Result<Reply, ApiError> {

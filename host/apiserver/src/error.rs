@@ -194,12 +194,35 @@ impl ApiError {
         .with_details(json!({}))
     }
 
-    pub fn unsupported_media_type(ct: &str) -> Self {
+    /// 415 for a create, update or delete body whose Content-Type kube-apiserver
+    /// does not decode. Like kube-apiserver's, the message lists the accepted
+    /// media types and not the one sent (`_content_type`).
+    pub fn unsupported_media_type(_content_type: &str) -> Self {
+        Self::unsupported(&[
+            "application/json",
+            "application/yaml",
+            "application/vnd.kubernetes.protobuf",
+        ])
+    }
+
+    /// 415 for a PATCH whose Content-Type is not a patch type. kube-apiserver
+    /// lists the patch types it accepts for built-in kinds; this server has no
+    /// server-side apply, so `application/apply-patch+yaml` is not among them.
+    pub fn unsupported_patch_type(_content_type: &str) -> Self {
+        Self::unsupported(&[
+            "application/json-patch+json",
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+        ])
+    }
+
+    fn unsupported(accepted: &[&str]) -> Self {
         Self::new(
             415,
             "UnsupportedMediaType",
             format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json; got {ct:?}"
+                "the body of the request was in an unknown format - accepted media types include: {}",
+                accepted.join(", ")
             ),
         )
     }

@@ -219,7 +219,7 @@ async fn handle_resource(
             Method::PATCH => {
                 let (ct, body) = read_body(req).await?;
                 let ty = PatchType::from_content_type(&ct)
-                    .ok_or_else(|| ApiError::unsupported_media_type(&ct))?;
+                    .ok_or_else(|| ApiError::unsupported_patch_type(&ct))?;
                 let body = api::parse_body("application/json", &body)?;
                 api::scale_update(sh, &t, &q, body, Some(ty))
             }
@@ -246,7 +246,7 @@ async fn handle_resource(
         (Method::PATCH, true) => {
             let (ct, body) = read_body(req).await?;
             let ty = PatchType::from_content_type(&ct)
-                .ok_or_else(|| ApiError::unsupported_media_type(&ct))?;
+                .ok_or_else(|| ApiError::unsupported_patch_type(&ct))?;
             api::patch(sh, &t, &q, ty, api::parse_body("application/json", &body)?)
         }
         (Method::DELETE, true) => {

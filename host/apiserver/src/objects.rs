@@ -234,14 +234,47 @@ fn kind_defaults_on_create(rt: &ResourceType, obj: &mut Value) {
         if !obj.get("spec").is_some_and(Value::is_object) {
             obj["spec"] = json!({});
         }
-        if rt.plural != "daemonsets" {
-            obj["spec"]
-                .as_object_mut()
-                .expect("object")
-                .entry("replicas")
-                .or_insert(json!(1));
-        }
         obj["status"] = json!({});
+    }
+}
+
+/// The defaults kube-apiserver fills into a workload's spec on every write
+/// (`kubectl rollout status` reads the update strategy of StatefulSets and
+/// DaemonSets, and refuses without one).
+fn apps_spec_defaults(rt: &ResourceType, obj: &mut Value) {
+    if rt.group != "apps" {
+        return;
+    }
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    spec.entry("revisionHistoryLimit").or_insert(json!(10));
+    if rt.plural != "daemonsets" {
+        spec.entry("replicas").or_insert(json!(1));
+    }
+    match rt.plural {
+        "deployments" => {
+            spec.entry("strategy").or_insert(json!({
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"},
+            }));
+            spec.entry("progressDeadlineSeconds").or_insert(json!(600));
+        }
+        "statefulsets" => {
+            spec.entry("updateStrategy").or_insert(json!({
+                "type": "RollingUpdate",
+                "rollingUpdate": {"partition": 0},
+            }));
+            spec.entry("podManagementPolicy")
+                .or_insert(json!("OrderedReady"));
+        }
+        "daemonsets" => {
+            spec.entry("updateStrategy").or_insert(json!({
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0},
+            }));
+        }
+        _ => {}
     }
 }
 
@@ -304,6 +337,7 @@ pub fn prepare_create(
     }
     normalise_kind(rt, &mut obj)?;
     kind_defaults_on_create(rt, &mut obj);
+    apps_spec_defaults(rt, &mut obj);
     validate(rt, &name, &obj, Vec::new())?;
     Ok((name, obj))
 }
@@ -363,6 +397,7 @@ pub fn prepare_update(
         }
     }
     normalise_kind(rt, &mut new)?;
+    apps_spec_defaults(rt, &mut new);
     if rt.is_namespace() {
         new["spec"] = old.get("spec").cloned().unwrap_or_else(|| json!({}));
     }

@@ -1,5 +1,8 @@
-//! Label selectors (`=`, `==`, `!=`, `in`, `notin`, exists, `!`exists) and
-//! field selectors (`=`, `==`, `!=` on a per-resource set of fields).
+//! Label selectors, parsed as kube-apiserver parses them
+//! (`k8s.io/apimachinery/pkg/labels`): a lexer and a recursive-descent parser
+//! for `=`, `==`, `!=`, `in`, `notin`, exists, `!`exists, `>` and `<`, with
+//! keys validated as qualified names and values as label values; and field
+//! selectors (`=`, `==`, `!=` on a per-resource set of fields).
 
 use serde_json::Value;
 
@@ -8,12 +11,16 @@ use crate::resources::ResourceType;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Op {
-    Eq(String),
-    NotEq(String),
+    /// `=`, `==` and `in`: the label is one of the values.
     In(Vec<String>),
+    /// `!=` and `notin`: the label is missing or none of the values.
     NotIn(Vec<String>),
     Exists,
     NotExists,
+    /// The label is an integer greater than this.
+    Gt(i64),
+    /// The label is an integer less than this.
+    Lt(i64),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -28,99 +35,382 @@ pub struct LabelSelector {
     reqs: Vec<Requirement>,
 }
 
-/// Split on commas that are not inside parentheses.
-fn split_top(s: &str) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let mut depth = 0i32;
-    let mut start = 0;
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                parts.push(&s[start..i]);
-                start = i + 1;
+/// A token of the label selector grammar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tok {
+    End,
+    Ident,
+    /// `!`
+    Not,
+    /// `!=`
+    NotEquals,
+    /// `=`
+    Equals,
+    /// `==`
+    DoubleEquals,
+    /// `>`
+    Greater,
+    /// `<`
+    Less,
+    /// `in`
+    In,
+    /// `notin`
+    NotIn,
+    /// `(`
+    Open,
+    /// `)`
+    Close,
+    /// `,`
+    Comma,
+}
+
+fn is_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\r' | '\n')
+}
+
+fn is_symbol(c: char) -> bool {
+    matches!(c, '=' | '!' | '(' | ')' | ',' | '>' | '<')
+}
+
+/// Split a selector into tokens and their text; the last is always `End`.
+fn lex(s: &str) -> Vec<(Tok, &str)> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    loop {
+        rest = rest.trim_start_matches(is_space);
+        let Some(c) = rest.chars().next() else {
+            out.push((Tok::End, ""));
+            return out;
+        };
+        let (tok, len) = if is_symbol(c) {
+            // Two-character operators first, as the longest match.
+            match (c, rest[1..].chars().next()) {
+                ('!', Some('=')) => (Tok::NotEquals, 2),
+                ('=', Some('=')) => (Tok::DoubleEquals, 2),
+                ('!', _) => (Tok::Not, 1),
+                ('=', _) => (Tok::Equals, 1),
+                ('(', _) => (Tok::Open, 1),
+                (')', _) => (Tok::Close, 1),
+                (',', _) => (Tok::Comma, 1),
+                ('>', _) => (Tok::Greater, 1),
+                _ => (Tok::Less, 1),
             }
-            _ => {}
+        } else {
+            // An identifier runs to the next blank or operator character.
+            let len = rest
+                .find(|c| is_space(c) || is_symbol(c))
+                .unwrap_or(rest.len());
+            let tok = match &rest[..len] {
+                "in" => Tok::In,
+                "notin" => Tok::NotIn,
+                _ => Tok::Ident,
+            };
+            (tok, len)
+        };
+        out.push((tok, &rest[..len]));
+        rest = &rest[len..];
+    }
+}
+
+/// Whether `in` and `notin` are operators (after a key) or plain words (keys
+/// and values).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ctx {
+    Operator,
+    Value,
+}
+
+struct Parser<'a> {
+    toks: Vec<(Tok, &'a str)>,
+    pos: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn peek(&self, ctx: Ctx) -> (Tok, &'a str) {
+        let (tok, lit) = self.toks[self.pos];
+        match tok {
+            Tok::In | Tok::NotIn if ctx == Ctx::Value => (Tok::Ident, lit),
+            _ => (tok, lit),
         }
     }
-    parts.push(&s[start..]);
-    parts
+
+    fn next(&mut self, ctx: Ctx) -> (Tok, &'a str) {
+        let t = self.peek(ctx);
+        // `End` is never consumed past.
+        self.pos = (self.pos + 1).min(self.toks.len() - 1);
+        t
+    }
+
+    /// `requirement ("," requirement)*`, or nothing.
+    fn selector(&mut self) -> Result<Vec<Requirement>, String> {
+        let mut reqs = Vec::new();
+        loop {
+            match self.peek(Ctx::Value) {
+                (Tok::End, _) => return Ok(reqs),
+                (Tok::Ident | Tok::Not, _) => {
+                    let r = self
+                        .requirement()
+                        .map_err(|e| format!("unable to parse requirement: {e}"))?;
+                    reqs.push(r);
+                    match self.next(Ctx::Value) {
+                        (Tok::End, _) => return Ok(reqs),
+                        (Tok::Comma, _) => match self.peek(Ctx::Value) {
+                            (Tok::Ident | Tok::Not, _) => {}
+                            (_, lit) => {
+                                return Err(format!(
+                                    "found '{lit}', expected: identifier after ','"
+                                ));
+                            }
+                        },
+                        (_, lit) => {
+                            return Err(format!("found '{lit}', expected: ',' or 'end of string'"));
+                        }
+                    }
+                }
+                (_, lit) => {
+                    return Err(format!(
+                        "found '{lit}', expected: !, identifier, or 'end of string'"
+                    ));
+                }
+            }
+        }
+    }
+
+    /// `["!"] key [operator value(s)]`
+    fn requirement(&mut self) -> Result<Requirement, String> {
+        let mut tok = self.next(Ctx::Value);
+        let negated = tok.0 == Tok::Not;
+        if negated {
+            tok = self.next(Ctx::Value);
+        }
+        let (Tok::Ident, key) = tok else {
+            return Err(format!("found '{}', expected: identifier", tok.1));
+        };
+        let key_errors = qualified_name_errors(key);
+        if !key_errors.is_empty() {
+            return Err(format!(
+                "<nil>: Invalid value: {key:?}: {}",
+                key_errors.join("; ")
+            ));
+        }
+        let bare = matches!(self.peek(Ctx::Value).0, Tok::End | Tok::Comma);
+        if negated || bare {
+            let op = if negated { Op::NotExists } else { Op::Exists };
+            return Ok(Requirement {
+                key: key.to_owned(),
+                op,
+            });
+        }
+        let (tok, lit) = self.next(Ctx::Operator);
+        let values = match tok {
+            Tok::In | Tok::NotIn => self.value_set()?,
+            Tok::Equals | Tok::DoubleEquals | Tok::NotEquals | Tok::Greater | Tok::Less => {
+                vec![self.exact_value()?]
+            }
+            _ => {
+                return Err(format!(
+                    "found '{lit}', expected: '=', '!=', '==', 'in', notin'"
+                ));
+            }
+        };
+        new_requirement(key, tok, values)
+    }
+
+    /// `"(" [value ("," value)*] ")"`; a missing value is "", and the set is
+    /// sorted without duplicates. Follows kube's corner cases: `()` and `(,)`
+    /// are `{""}`, while `(a,,)` is an error.
+    fn value_set(&mut self) -> Result<Vec<String>, String> {
+        let (tok, lit) = self.next(Ctx::Value);
+        if tok != Tok::Open {
+            return Err(format!("found '{lit}' expected: '('"));
+        }
+        let mut values = Vec::new();
+        match self.peek(Ctx::Value) {
+            (Tok::Close, _) => values.push(String::new()),
+            (Tok::Ident | Tok::Comma, _) => loop {
+                match self.next(Ctx::Value) {
+                    (Tok::Ident, v) => {
+                        values.push(v.to_owned());
+                        match self.peek(Ctx::Value) {
+                            (Tok::Comma, _) => {}
+                            (Tok::Close, _) => break,
+                            (_, lit) => {
+                                return Err(format!("found '{lit}', expected: ',' or ')'"));
+                            }
+                        }
+                    }
+                    (Tok::Comma, _) => {
+                        if values.is_empty() {
+                            values.push(String::new());
+                        }
+                        match self.peek(Ctx::Value).0 {
+                            Tok::Close => {
+                                values.push(String::new());
+                                break;
+                            }
+                            Tok::Comma => {
+                                self.next(Ctx::Value);
+                                values.push(String::new());
+                            }
+                            _ => {}
+                        }
+                    }
+                    (_, lit) => return Err(format!("found '{lit}', expected: ',', or identifier")),
+                }
+            },
+            (_, lit) => return Err(format!("found '{lit}', expected: ',', ')' or identifier")),
+        }
+        // The loop stops before ")".
+        self.next(Ctx::Value);
+        values.sort();
+        values.dedup();
+        Ok(values)
+    }
+
+    /// One value after `=`, `==`, `!=`, `>` or `<`; nothing is "".
+    fn exact_value(&mut self) -> Result<String, String> {
+        match self.peek(Ctx::Value).0 {
+            Tok::End | Tok::Comma => Ok(String::new()),
+            _ => match self.next(Ctx::Value) {
+                (Tok::Ident, v) => Ok(v.to_owned()),
+                (_, lit) => Err(format!("found '{lit}', expected: identifier")),
+            },
+        }
+    }
 }
 
-fn parse_set(rest: &str, whole: &str) -> Result<Vec<String>, ApiError> {
-    let rest = rest.trim();
-    let inner = rest
-        .strip_prefix('(')
-        .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| bad_label(whole, "expected a parenthesised set of values"))?;
-    Ok(inner
-        .split(',')
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-        .collect())
+/// Check the values of a requirement as `labels.NewRequirement` does and
+/// build it.
+fn new_requirement(key: &str, tok: Tok, values: Vec<String>) -> Result<Requirement, String> {
+    let mut errors = Vec::new();
+    let mut number = None;
+    if matches!(tok, Tok::Greater | Tok::Less) {
+        for (i, v) in values.iter().enumerate() {
+            match v.parse::<i64>() {
+                Ok(n) => number = Some(n),
+                Err(_) => errors.push(format!(
+                    "values[{i}]: Invalid value: {v:?}: for 'Gt', 'Lt' operators, the value must be an integer"
+                )),
+            }
+        }
+    }
+    for (i, v) in values.iter().enumerate() {
+        let errs = label_value_errors(v);
+        if !errs.is_empty() {
+            errors.push(format!(
+                "values[{i}][{key}]: Invalid value: {v:?}: {}",
+                errs.join("; ")
+            ));
+        }
+    }
+    errors.dedup();
+    match errors.len() {
+        0 => {}
+        1 => return Err(errors.remove(0)),
+        _ => return Err(format!("[{}]", errors.join(", "))),
+    }
+    let op = match (tok, number) {
+        (Tok::NotEquals | Tok::NotIn, _) => Op::NotIn(values),
+        (Tok::Greater, Some(n)) => Op::Gt(n),
+        (Tok::Less, Some(n)) => Op::Lt(n),
+        _ => Op::In(values),
+    };
+    Ok(Requirement {
+        key: key.to_owned(),
+        op,
+    })
 }
 
-fn bad_label(sel: &str, why: &str) -> ApiError {
-    ApiError::bad_request(format!("unable to parse requirement: found '{sel}', {why}"))
+const QUALIFIED_NAME_MSG: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const LABEL_VALUE_MSG: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
+
+/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`
+fn is_qualified_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
-fn valid_key(k: &str) -> bool {
-    !k.is_empty()
-        && k.len() <= 316
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+/// A lowercase RFC 1123 subdomain of at most 253 characters.
+fn subdomain_errors(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > 253 {
+        errs.push("must be no more than 253 characters".to_owned());
+    }
+    let label_ok = |l: &str| {
+        let b = l.as_bytes();
+        !b.is_empty()
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+    };
+    if !s.split('.').all(label_ok) {
+        errs.push(SUBDOMAIN_MSG.to_owned());
+    }
+    errs
+}
+
+/// Why `s` is not a qualified name (a label key): `[prefix/]name`.
+fn qualified_name_errors(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    let parts: Vec<&str> = s.split('/').collect();
+    let name = match parts[..] {
+        [name] => name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                errs.push("prefix part must be non-empty".to_owned());
+            } else {
+                errs.extend(
+                    subdomain_errors(prefix)
+                        .into_iter()
+                        .map(|e| format!("prefix part {e}")),
+                );
+            }
+            name
+        }
+        _ => {
+            return vec![format!(
+                "a qualified name {QUALIFIED_NAME_MSG} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
+            )];
+        }
+    };
+    if name.is_empty() {
+        errs.push("name part must be non-empty".to_owned());
+    } else if name.len() > 63 {
+        errs.push("name part must be no more than 63 characters".to_owned());
+    }
+    if !is_qualified_part(name) {
+        errs.push(format!("name part {QUALIFIED_NAME_MSG}"));
+    }
+    errs
+}
+
+/// Why `s` is not a label value (empty, or a qualified name part of at most
+/// 63 characters).
+fn label_value_errors(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > 63 {
+        errs.push("must be no more than 63 characters".to_owned());
+    }
+    if !s.is_empty() && !is_qualified_part(s) {
+        errs.push(LABEL_VALUE_MSG.to_owned());
+    }
+    errs
 }
 
 impl LabelSelector {
+    /// Parse a `labelSelector`; errors are 400 with kube-apiserver's message.
     pub fn parse(s: &str) -> Result<Self, ApiError> {
-        let mut reqs = Vec::new();
-        for part in split_top(s) {
-            let p = part.trim();
-            if p.is_empty() {
-                continue;
-            }
-            let req = if let Some(k) = p.strip_prefix('!') {
-                Requirement {
-                    key: k.trim().to_string(),
-                    op: Op::NotExists,
-                }
-            } else if let Some((k, v)) = p.split_once("!=") {
-                Requirement {
-                    key: k.trim().to_string(),
-                    op: Op::NotEq(v.trim().to_string()),
-                }
-            } else if let Some((k, v)) = p.split_once("==") {
-                Requirement {
-                    key: k.trim().to_string(),
-                    op: Op::Eq(v.trim().to_string()),
-                }
-            } else if let Some((k, v)) = p.split_once('=') {
-                Requirement {
-                    key: k.trim().to_string(),
-                    op: Op::Eq(v.trim().to_string()),
-                }
-            } else if let Some((k, rest)) = p.split_once(" notin ") {
-                Requirement {
-                    key: k.trim().to_string(),
-                    op: Op::NotIn(parse_set(rest, p)?),
-                }
-            } else if let Some((k, rest)) = p.split_once(" in ") {
-                Requirement {
-                    key: k.trim().to_string(),
-                    op: Op::In(parse_set(rest, p)?),
-                }
-            } else {
-                Requirement {
-                    key: p.to_string(),
-                    op: Op::Exists,
-                }
-            };
-            if !valid_key(&req.key) {
-                return Err(bad_label(p, "invalid label key"));
-            }
-            reqs.push(req);
-        }
+        let mut p = Parser {
+            toks: lex(s),
+            pos: 0,
+        };
+        let reqs = p.selector().map_err(ApiError::bad_request)?;
         Ok(LabelSelector { reqs })
     }
 
@@ -135,13 +425,14 @@ impl LabelSelector {
         }
         let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
         let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+        let number = |k: &str| get(k).and_then(|v| v.parse::<i64>().ok());
         self.reqs.iter().all(|r| match &r.op {
-            Op::Eq(v) => get(&r.key) == Some(v.as_str()),
-            Op::NotEq(v) => get(&r.key) != Some(v.as_str()),
             Op::In(vs) => get(&r.key).is_some_and(|x| vs.iter().any(|v| v == x)),
             Op::NotIn(vs) => get(&r.key).is_none_or(|x| !vs.iter().any(|v| v == x)),
             Op::Exists => get(&r.key).is_some(),
             Op::NotExists => get(&r.key).is_none(),
+            Op::Gt(n) => number(&r.key).is_some_and(|x| x > *n),
+            Op::Lt(n) => number(&r.key).is_some_and(|x| x < *n),
         })
     }
 }
@@ -276,6 +567,188 @@ mod tests {
         assert!(m("app in (a,web),tier=front"));
         assert!(m(""));
         assert!(LabelSelector::parse("a in x").is_err());
+    }
+
+    /// The 400 message for a selector kube-apiserver refuses.
+    fn err(s: &str) -> String {
+        let e = LabelSelector::parse(s).expect_err(s);
+        assert_eq!((e.code, e.reason), (400, "BadRequest"), "{s}");
+        e.message
+    }
+
+    #[test]
+    fn label_operators_without_blanks() {
+        let o = obj(json!({"app": "web", "n": "3", "text": "x"}));
+        let m = |s: &str| LabelSelector::parse(s).unwrap().matches(&o);
+        assert!(m("app in(web)"));
+        assert!(m("app in(api,web)"));
+        assert!(!m("app notin(web)"));
+        assert!(m("app notin(api)"));
+        assert!(m("app  in  (  web  )"));
+        assert!(m("app=web,n>2"));
+        assert!(m("n>2"));
+        assert!(!m("n>3"));
+        assert!(m("n<4"));
+        assert!(!m("n<3"));
+        assert!(m("n > 2 , n < 4"));
+        // Not an integer, or missing: never greater or less.
+        assert!(!m("text>0"));
+        assert!(!m("text<0"));
+        assert!(!m("missing>0"));
+        assert!(!m("missing<0"));
+        assert!(m("app,!missing"));
+        assert!(m("!missing,app"));
+        // `in` and `notin` are plain words where a key or value is expected.
+        let w = obj(json!({"in": "notin"}));
+        assert!(LabelSelector::parse("in=notin").unwrap().matches(&w));
+        assert!(
+            LabelSelector::parse("in in (in,notin)")
+                .unwrap()
+                .matches(&w)
+        );
+        // Empty values.
+        let e = obj(json!({"app": ""}));
+        let me = |s: &str| LabelSelector::parse(s).unwrap().matches(&e);
+        assert!(me("app="));
+        assert!(me("app=,app"));
+        assert!(me("app in ()"));
+        assert!(me("app in (,)"));
+        assert!(me("app in (x,)"));
+        assert!(me("app in (,x)"));
+        assert!(me("app in (x,,y)"));
+        assert!(!me("app!="));
+        assert!(me("example.com/app-1.x_y!=z"));
+        assert!(LabelSelector::parse(" \t ").unwrap().is_empty());
+    }
+
+    #[test]
+    fn label_syntax_errors_are_kubes() {
+        assert_eq!(
+            err("a in x"),
+            "unable to parse requirement: found 'x' expected: '('"
+        );
+        assert_eq!(
+            err("a b"),
+            "unable to parse requirement: found 'b', expected: '=', '!=', '==', 'in', notin'"
+        );
+        assert_eq!(err("a=b c"), "found 'c', expected: ',' or 'end of string'");
+        assert_eq!(err("a=b,"), "found '', expected: identifier after ','");
+        assert_eq!(err("a=b,,c"), "found ',', expected: identifier after ','");
+        assert_eq!(
+            err(",a"),
+            "found ',', expected: !, identifier, or 'end of string'"
+        );
+        assert_eq!(
+            err("=a"),
+            "found '=', expected: !, identifier, or 'end of string'"
+        );
+        assert_eq!(
+            err("!"),
+            "unable to parse requirement: found '', expected: identifier"
+        );
+        assert_eq!(err("!a=b"), "found '=', expected: ',' or 'end of string'");
+        assert_eq!(
+            err("a=(b)"),
+            "unable to parse requirement: found '(', expected: identifier"
+        );
+        assert_eq!(
+            err("a in (b c)"),
+            "unable to parse requirement: found 'c', expected: ',' or ')'"
+        );
+        assert_eq!(
+            err("a in (b"),
+            "unable to parse requirement: found '', expected: ',' or ')'"
+        );
+        assert_eq!(
+            err("a in (b,"),
+            "unable to parse requirement: found '', expected: ',', or identifier"
+        );
+        assert_eq!(
+            err("a in (b,,)"),
+            "unable to parse requirement: found ')', expected: ',', or identifier"
+        );
+        assert_eq!(
+            err("a in (=)"),
+            "unable to parse requirement: found '=', expected: ',', ')' or identifier"
+        );
+        assert_eq!(
+            err("a in"),
+            "unable to parse requirement: found '' expected: '('"
+        );
+    }
+
+    #[test]
+    fn label_validation_errors_are_kubes() {
+        const NAME: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+        const VALUE: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
+        assert_eq!(
+            err("-a=b"),
+            format!("unable to parse requirement: <nil>: Invalid value: \"-a\": name part {NAME}")
+        );
+        assert_eq!(
+            err("Example.com/a"),
+            "unable to parse requirement: <nil>: Invalid value: \"Example.com/a\": prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+        );
+        assert_eq!(
+            err("/a"),
+            "unable to parse requirement: <nil>: Invalid value: \"/a\": prefix part must be non-empty"
+        );
+        assert_eq!(
+            err("a/"),
+            format!(
+                "unable to parse requirement: <nil>: Invalid value: \"a/\": name part must be non-empty; name part {NAME}"
+            )
+        );
+        assert_eq!(
+            err("a/b/c"),
+            format!(
+                "unable to parse requirement: <nil>: Invalid value: \"a/b/c\": a qualified name {NAME} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
+            )
+        );
+        let long = "k".repeat(64);
+        assert_eq!(
+            err(&long),
+            format!(
+                "unable to parse requirement: <nil>: Invalid value: \"{long}\": name part must be no more than 63 characters"
+            )
+        );
+        assert_eq!(
+            err("a=b*"),
+            format!("unable to parse requirement: values[0][a]: Invalid value: \"b*\": {VALUE}")
+        );
+        assert_eq!(
+            err("a in (x*,b)"),
+            format!("unable to parse requirement: values[1][a]: Invalid value: \"x*\": {VALUE}")
+        );
+        let long = "v".repeat(64);
+        assert_eq!(
+            err(&format!("a={long}")),
+            format!(
+                "unable to parse requirement: values[0][a]: Invalid value: \"{long}\": must be no more than 63 characters"
+            )
+        );
+        assert_eq!(
+            err("n>x"),
+            "unable to parse requirement: values[0]: Invalid value: \"x\": for 'Gt', 'Lt' operators, the value must be an integer"
+        );
+        assert_eq!(
+            err("n<"),
+            "unable to parse requirement: values[0]: Invalid value: \"\": for 'Gt', 'Lt' operators, the value must be an integer"
+        );
+        assert_eq!(
+            err("n>-5"),
+            format!("unable to parse requirement: values[0][n]: Invalid value: \"-5\": {VALUE}")
+        );
+        assert_eq!(
+            err("n<1.5"),
+            "unable to parse requirement: values[0]: Invalid value: \"1.5\": for 'Gt', 'Lt' operators, the value must be an integer"
+        );
+        assert_eq!(
+            err("n>_1"),
+            format!(
+                "unable to parse requirement: [values[0]: Invalid value: \"_1\": for 'Gt', 'Lt' operators, the value must be an integer, values[0][n]: Invalid value: \"_1\": {VALUE}]"
+            )
+        );
     }
 
     #[test]

@@ -516,3 +516,35 @@ async fn history_is_kept_per_kind() {
         (Some("ERROR"), Some(410))
     );
 }
+
+/// kube-apiserver defaults a workload's strategy; `kubectl rollout status`
+/// refuses a StatefulSet or DaemonSet without one.
+#[tokio::test]
+async fn workload_strategies_are_defaulted_and_a_resent_spec_is_no_new_generation() {
+    let server = common::start().await;
+    let h = http();
+    let apps = format!("{}/apis/apps/v1/namespaces/default", server.url());
+    let d = deployment(
+        "d",
+        json!({"matchLabels": {"app": "d"}}),
+        json!({"app": "d"}),
+    );
+    let mut s = d.clone();
+    s["kind"] = json!("StatefulSet");
+    let mut ds = d.clone();
+    ds["kind"] = json!("DaemonSet");
+    let r = post(&h, &format!("{apps}/deployments"), &d).await;
+    assert_eq!(r.body["spec"]["strategy"]["type"], "RollingUpdate");
+    assert_eq!(r.body["spec"]["progressDeadlineSeconds"], 600);
+    let r = post(&h, &format!("{apps}/statefulsets"), &s).await;
+    assert_eq!(
+        r.body["spec"]["updateStrategy"]["rollingUpdate"]["partition"],
+        0
+    );
+    let r = post(&h, &format!("{apps}/daemonsets"), &ds).await;
+    assert_eq!(r.body["spec"]["updateStrategy"]["type"], "RollingUpdate");
+    // The same spec again, without the defaults: nothing changes.
+    let r = put(&h, &format!("{apps}/deployments/d"), &d).await;
+    assert_eq!(r.status, 200, "{}", msg(&r));
+    assert_eq!(r.body["metadata"]["generation"], 1);
+}

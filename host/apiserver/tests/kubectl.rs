@@ -334,6 +334,9 @@ async fn kubectl_scale_changes_replicas_through_the_scale_subresource() {
     assert_eq!(scale["kind"], "Scale");
     assert_eq!(scale["spec"]["replicas"], 5);
     assert_eq!(scale["status"]["selector"], "app=web");
+    // The fixture's metadata has no labels (apps/v1 does not copy the
+    // template's): label it, then select it without a blank before `(`.
+    k.ok(&["label", "deployment", "web", "app=web"]).await;
     let out = k
         .ok(&["get", "deployments", "-l", "app in(web)", "-o", "name"])
         .await;

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod dryrun;
 pub mod event_file;
 pub mod local;
+pub mod local_controller;
 pub mod metrics;
 pub mod oci;
 pub mod plugin_test;

@@ -8,6 +8,11 @@
 //! (labelled for Spring Cloud Kubernetes), and two wasmwatch replicas
 //! electing a leader and running the plugins of the given manifest.
 //!
+//! No controllers run in the test API server: [`crate::local_controller`]
+//! stands in for the Deployment, StatefulSet and DaemonSet controllers, so
+//! `kubectl rollout status` and `kubectl wait --for=condition=Available`
+//! work (for the sample app and for workloads applied with kubectl).
+//!
 //! With `--scripted` it makes one change, waits for every pod's refresh and
 //! the Deployment's rollout, and exits 0 — or 1 when they do not come.
 use std::net::SocketAddr;
@@ -178,18 +183,6 @@ async fn sample_app(client: &kube::Client) -> anyhow::Result<Vec<SamplePod>> {
                     "envFrom": [{"configMapRef": {"name": "orders"}}]}]}}}}),
     )
     .await?;
-    // No controller runs here: report the pods as a real cluster's
-    // Deployment controller would, so `kubectl get deploy` reads 3/3.
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
-    deployments
-        .patch_status(
-            "orders",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"observedGeneration": 1,
-                "replicas": PODS, "readyReplicas": PODS, "updatedReplicas": PODS,
-                "availableReplicas": PODS}})),
-        )
-        .await?;
     Ok(pods)
 }
 
@@ -211,7 +204,24 @@ pub async fn run(
     let kubeconfig = options.dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig)?;
     let client = server.client()?;
+    // The workload controllers a real cluster runs, for the simulated pods:
+    // they keep Deployment, StatefulSet and DaemonSet status current.
+    let controller = AbortOnDrop(tokio::spawn(crate::local_controller::run(client.clone())));
     let pods = sample_app(&client).await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !deployments
+            .get_opt("orders")
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|d| rolled_out(&d))
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .context("the local controller did not report the status of Deployment shop/orders")?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut replicas = Vec::new();
@@ -293,10 +303,16 @@ Ctrl-C stops.
     );
 
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
-    let generation = |d: Option<Deployment>| d.and_then(|d| d.metadata.generation).unwrap_or(0);
+    let generation =
+        |d: &Option<Deployment>| d.as_ref().and_then(|d| d.metadata.generation).unwrap_or(0);
+    let observed = |d: &Option<Deployment>| {
+        d.as_ref()
+            .and_then(|d| d.status.as_ref())
+            .and_then(|s| s.observed_generation)
+            .unwrap_or(0)
+    };
     let ok = if options.scripted {
-        let before = generation(deployments.get_opt("orders").await?);
+        let before = generation(&deployments.get_opt("orders").await?);
         println!("scripted: changing ConfigMap shop/orders (greeting: hello -> hi)");
         cms.patch(
             "orders",
@@ -307,8 +323,10 @@ Ctrl-C stops.
         let waited = tokio::time::timeout(options.timeout, async {
             loop {
                 let refreshed = pods.iter().all(|p| p.refreshes.load(Ordering::SeqCst) >= 1);
-                let rolled =
-                    generation(deployments.get_opt("orders").await.ok().flatten()) > before;
+                // Restarted by the plugin, and rolled out (the local
+                // controller's status, as `kubectl rollout status` reads it).
+                let d = deployments.get_opt("orders").await.ok().flatten();
+                let rolled = generation(&d) > before && d.as_ref().is_some_and(rolled_out);
                 if refreshed && rolled {
                     return;
                 }
@@ -320,17 +338,18 @@ Ctrl-C stops.
             .iter()
             .filter(|p| p.refreshes.load(Ordering::SeqCst) >= 1)
             .count();
-        let after = generation(deployments.get_opt("orders").await?);
+        let d = deployments.get_opt("orders").await?;
+        let (after, seen) = (generation(&d), observed(&d));
         match waited {
             Ok(()) => {
                 println!(
-                    "scripted: ok: {refreshed}/{PODS} pods refreshed, Deployment shop/orders rolled (generation {before} -> {after})"
+                    "scripted: ok: {refreshed}/{PODS} pods refreshed, Deployment shop/orders rolled out (generation {before} -> {after}, observed {seen})"
                 );
                 true
             }
             Err(_) => {
                 eprintln!(
-                    "scripted: FAILED after {:?}: {refreshed}/{PODS} pods refreshed, Deployment generation {before} -> {after}",
+                    "scripted: FAILED after {:?}: {refreshed}/{PODS} pods refreshed, Deployment generation {before} -> {after}, observed {seen}",
                     options.timeout
                 );
                 false
@@ -344,5 +363,29 @@ Ctrl-C stops.
     for r in replicas {
         let _ = r.await;
     }
+    drop(controller);
     Ok(ok)
+}
+
+/// Whether a Deployment's status says its current generation is rolled
+/// out, as `kubectl rollout status` decides it.
+fn rolled_out(d: &Deployment) -> bool {
+    let Some(status) = d.status.as_ref() else {
+        return false;
+    };
+    let wanted = d.spec.replicas.unwrap_or(1);
+    let updated = status.updated_replicas.unwrap_or(0);
+    d.metadata.generation.unwrap_or(0) <= status.observed_generation.unwrap_or(0)
+        && updated >= wanted
+        && status.replicas.unwrap_or(0) <= updated
+        && status.available_replicas.unwrap_or(0) >= updated
+}
+
+/// Aborts the task when dropped (on every return path of [`run`]).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

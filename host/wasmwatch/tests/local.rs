@@ -65,6 +65,10 @@ fn the_scripted_local_run_sees_the_refresh_and_the_rollout_and_exits_0() {
         stdout.contains("rollout-restart: rollout restart of Deployment shop/orders"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("Deployment shop/orders rolled out (generation 1 -> 2, observed 2)"),
+        "the local controller reports the rollout: {stdout}"
+    );
     assert!(dir.path().join("local/kubeconfig").exists());
 }
 
@@ -82,58 +86,83 @@ fn the_scripted_local_run_fails_when_the_refresh_does_not_come() {
     );
 }
 
+/// `wasmwatch local` (not scripted) in the background, killed when dropped.
+struct LocalRun {
+    child: std::process::Child,
+    kubeconfig: std::path::PathBuf,
+}
+
+impl Drop for LocalRun {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl LocalRun {
+    /// Starts it and waits for its banner (the kubeconfig is written).
+    fn start(dir: &Path, manifest: &Path) -> LocalRun {
+        use std::io::{BufRead, BufReader};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+            .args(["local", "--manifest", manifest.to_str().unwrap()])
+            .args(["--dir", dir.join("local").to_str().unwrap()])
+            .args(["--cache-dir", dir.join("cache").to_str().unwrap()])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let run = LocalRun {
+            child,
+            kubeconfig: dir.join("local/kubeconfig"),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains("export KUBECONFIG=") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(120))
+            .expect("the local run did not print its kubeconfig");
+        run
+    }
+
+    /// Runs kubectl against it.
+    fn kubectl_output(&self, args: &[&str]) -> std::process::Output {
+        Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .output()
+            .expect("run kubectl (tests/prepare installs it)")
+    }
+
+    /// Runs kubectl against it, which must succeed; returns its stdout.
+    fn kubectl(&self, args: &[&str]) -> String {
+        let out = self.kubectl_output(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
 /// kubectl, an independent client, against the local run (not scripted):
 /// after the README's patch, `kubectl get events,cm,deploy,lease` shows
 /// the columns a real cluster's API server gives it (Table responses).
 #[test]
 fn kubectl_get_shows_a_clusters_columns_against_the_local_run() {
-    use std::io::{BufRead, BufReader};
     use std::time::{Duration, Instant};
 
     let dir = tempfile::tempdir().unwrap();
     let manifest = example_manifest(dir.path(), |_| true);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
-        .args(["local", "--manifest", manifest.to_str().unwrap()])
-        .args(["--dir", dir.path().join("local").to_str().unwrap()])
-        .args(["--cache-dir", dir.path().join("cache").to_str().unwrap()])
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    struct Stop(std::process::Child);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let stdout = child.stdout.take().unwrap();
-    let _stop = Stop(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.contains("export KUBECONFIG=") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(120))
-        .expect("the local run did not print its kubeconfig");
-    let kubeconfig = dir.path().join("local/kubeconfig");
-    let kubectl = |args: &[&str]| {
-        let out = Command::new("kubectl")
-            .args(args)
-            .env("KUBECONFIG", &kubeconfig)
-            .output()
-            .expect("run kubectl (tests/prepare installs it)");
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let run = LocalRun::start(dir.path(), &manifest);
+    let kubectl = |args: &[&str]| run.kubectl(args);
     kubectl(&[
         "-n",
         "shop",
@@ -220,5 +249,212 @@ fn kubectl_get_shows_a_clusters_columns_against_the_local_run() {
     assert!(
         leader.contains("wasmwatch-0") || leader.contains("wasmwatch-1"),
         "{all}"
+    );
+}
+
+/// A StatefulSet and a DaemonSet as a user would apply them.
+const WORKLOADS: &str = r#"apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: web
+  namespace: shop
+spec:
+  replicas: 2
+  serviceName: web
+  updateStrategy:
+    type: RollingUpdate
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: web
+        image: example/web:1
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: agent
+  namespace: shop
+spec:
+  updateStrategy:
+    type: RollingUpdate
+  selector:
+    matchLabels: {app: agent}
+  template:
+    metadata:
+      labels: {app: agent}
+    spec:
+      containers:
+      - name: agent
+        image: example/agent:1
+"#;
+
+/// `kubectl rollout status` and `kubectl wait --for=condition=Available`
+/// against the local run, whose API server runs no controllers: the local
+/// controller keeps the workloads' status as the real controllers would.
+/// The sample Deployment after the README's change (the plugin's rollout
+/// restart) and after `kubectl rollout restart`; a StatefulSet and a
+/// DaemonSet applied with kubectl, before and after a restart.
+#[test]
+fn kubectl_rollout_status_and_wait_succeed_against_the_local_run() {
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = example_manifest(dir.path(), |_| true);
+    let run = LocalRun::start(dir.path(), &manifest);
+    let kubectl = |args: &[&str]| {
+        let out = run.kubectl(args);
+        println!("$ kubectl {}\n{out}", args.join(" "));
+        out
+    };
+    let rollout_status =
+        |what: &str| kubectl(&["-n", "shop", "rollout", "status", what, "--timeout=20s"]);
+    let generations = |what: &str| {
+        run.kubectl(&[
+            "-n",
+            "shop",
+            "get",
+            what,
+            "-o",
+            "jsonpath={.metadata.generation} {.status.observedGeneration}",
+        ])
+    };
+
+    // The README's change: rollout-restart rolls shop/orders (generation 2).
+    kubectl(&[
+        "-n",
+        "shop",
+        "patch",
+        "configmap",
+        "orders",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"greeting":"hi"}}"#,
+    ]);
+    let start = Instant::now();
+    while generations("deployment/orders").split(' ').next() == Some("1") {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the plugin did not restart shop/orders"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = rollout_status("deployment/orders");
+    assert!(
+        out.contains("deployment \"orders\" successfully rolled out"),
+        "{out}"
+    );
+    assert_eq!(generations("deployment/orders"), "2 2");
+    let out = kubectl(&[
+        "-n",
+        "shop",
+        "wait",
+        "--for=condition=Available",
+        "deployment/orders",
+        "--timeout=20s",
+    ]);
+    assert!(
+        out.contains("deployment.apps/orders condition met"),
+        "{out}"
+    );
+
+    // kubectl's own restart: a new pod template, generation 3. kubectl
+    // refuses a restart within a second of the last `restartedAt` (the
+    // plugin's, just now): let that second pass.
+    std::thread::sleep(Duration::from_millis(1100));
+    let before = kubectl(&[
+        "-n",
+        "shop",
+        "get",
+        "deployment/orders",
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="Progressing")].message}"#,
+    ]);
+    kubectl(&["-n", "shop", "rollout", "restart", "deployment/orders"]);
+    let out = rollout_status("deployment/orders");
+    assert!(
+        out.contains("deployment \"orders\" successfully rolled out"),
+        "{out}"
+    );
+    assert_eq!(generations("deployment/orders"), "3 3");
+    let status = kubectl(&[
+        "-n",
+        "shop",
+        "get",
+        "deployment/orders",
+        "-o",
+        "jsonpath={.status.replicas}/{.status.updatedReplicas}/{.status.readyReplicas}/{.status.availableReplicas} \
+         {.status.conditions[*].type}={.status.conditions[*].status} {.status.conditions[*].reason}",
+    ]);
+    assert_eq!(
+        status.split_whitespace().collect::<Vec<_>>(),
+        [
+            "3/3/3/3",
+            "Available",
+            "Progressing=True",
+            "True",
+            "MinimumReplicasAvailable",
+            "NewReplicaSetAvailable"
+        ],
+        "{status}"
+    );
+    let after = kubectl(&[
+        "-n",
+        "shop",
+        "get",
+        "deployment/orders",
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="Progressing")].message}"#,
+    ]);
+    assert_ne!(before, after, "a new ReplicaSet: {before} / {after}");
+    kubectl(&[
+        "-n",
+        "shop",
+        "wait",
+        "--for=condition=Available",
+        "deployment/orders",
+        "--timeout=20s",
+    ]);
+
+    // A StatefulSet and a DaemonSet applied with kubectl.
+    let file = dir.path().join("workloads.yaml");
+    std::fs::write(&file, WORKLOADS).unwrap();
+    kubectl(&["apply", "-f", file.to_str().unwrap()]);
+    let out = rollout_status("statefulset/web");
+    assert!(
+        out.contains("statefulset rolling update complete 2 pods at revision web-"),
+        "{out}"
+    );
+    let out = rollout_status("daemonset/agent");
+    assert!(
+        out.contains("daemon set \"agent\" successfully rolled out"),
+        "{out}"
+    );
+    let revision = |run: &LocalRun| {
+        run.kubectl(&[
+            "-n",
+            "shop",
+            "get",
+            "statefulset/web",
+            "-o",
+            "jsonpath={.status.currentRevision} {.status.updateRevision}",
+        ])
+    };
+    let first = revision(&run);
+    for what in ["statefulset/web", "daemonset/agent"] {
+        kubectl(&["-n", "shop", "rollout", "restart", what]);
+        rollout_status(what);
+        assert_eq!(generations(what), "2 2", "{what}");
+    }
+    let second = revision(&run);
+    let (current, update) = second.split_once(' ').unwrap();
+    assert_eq!(current, update, "{second}");
+    assert!(
+        !first.starts_with(current),
+        "a new revision: {first} / {second}"
     );
 }
