@@ -453,7 +453,13 @@ async fn list_and_watch_options_are_checked_like_kube_apiserver() {
             "sendInitialEvents",
         ),
     ] {
-        let r = get(&h, &format!("{cms}?{query}")).await;
+        // Served as a watch, it would stream forever: bound the wait.
+        let r = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            get(&h, &format!("{cms}?{query}")),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{query}: served instead of refused"));
         assert_eq!(r.status, 422, "{query}: {}", msg(&r));
         assert_eq!(r.body["details"]["kind"], "ListOptions", "{query}");
         assert!(
