@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::action::Action;
 
 /// A plugin's grants, from its manifest entry.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Capabilities {
     /// URL patterns the plugin may call with `http` actions:
@@ -158,7 +158,7 @@ fn header_problem(headers: &[crate::action::Header]) -> Option<String> {
 }
 
 /// An exact name, or `*` for any.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(transparent)]
 pub struct NamePattern(pub String);
 
@@ -204,6 +204,19 @@ impl std::str::FromStr for BusPattern {
     }
 }
 
+impl schemars::JsonSchema for BusPattern {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "BusGrant".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "connection/destination (a buses entry's name, an exchange or subject); either part may be *.",
+            "type": "string",
+            "pattern": "^[^/]+/.+$"
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for BusPattern {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         String::deserialize(d)?
@@ -240,7 +253,7 @@ impl std::str::FromStr for UrlPattern {
         if scheme != "http" && scheme != "https" {
             return Err(bad("scheme must be http or https"));
         }
-        let (authority, path) = match rest.find('/') {
+        let (authority, path) = match rest.find(['/', '?', '#']) {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
         };
@@ -264,6 +277,35 @@ impl std::str::FromStr for UrlPattern {
         {
             return Err(bad("host must be a name, an address, * or *.suffix"));
         }
+        // Hosts too are compared as the url crate writes them (lowercase,
+        // punycode, IPv4 in dotted decimal).
+        if host != "*" && !host.starts_with('[') {
+            let name = host.strip_prefix("*.").unwrap_or(host);
+            let normal = url::Url::parse(&format!("http://{name}/"))
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_string));
+            match normal {
+                Some(n) if n == name.to_ascii_lowercase() => {}
+                Some(n) => {
+                    let wild = if host.starts_with("*.") { "*." } else { "" };
+                    return Err(bad(&format!(
+                        "the host is never seen in this form (URLs are compared normalised): \
+                         write {wild}{n}"
+                    )));
+                }
+                None => return Err(bad("host must be a name, an address, * or *.suffix")),
+            }
+        }
+        // A grant is compared with a URL's path only, so a query or a
+        // fragment in it could never match: any query is allowed under the
+        // path already.
+        if let Some(i) = path.find(['?', '#']) {
+            let under = if i == 0 { "/" } else { &path[..i] };
+            return Err(bad(&format!(
+                "a grant matches the path only, never a query or fragment (any is allowed under \
+                 the path): write {scheme}://{authority}{under}"
+            )));
+        }
         // A trailing `*` is what operators write for "anything below":
         // `/hooks/*` is the prefix `/hooks/`. Elsewhere it would be taken
         // literally and match nothing, so it is refused.
@@ -273,12 +315,37 @@ impl std::str::FromStr for UrlPattern {
                 "`*` may only end the path (a prefix: /hooks/* or /hooks/); for any path write /",
             ));
         }
+        // URLs are compared as the url crate normalises them (dot segments
+        // resolved, spaces and non-ASCII percent-encoded, `\` read as `/`):
+        // a prefix that is not in that form could never match either.
+        let normal = url::Url::parse(&format!("http://h{path}"))
+            .map(|u| u.path().to_string())
+            .unwrap_or_default();
+        if normal != path {
+            return Err(bad(&format!(
+                "the path is never seen in this form (URLs are compared normalised): \
+                 write {scheme}://{authority}{normal}"
+            )));
+        }
         Ok(UrlPattern {
             raw: s.to_string(),
             scheme: scheme.to_string(),
             host: host.to_ascii_lowercase(),
             port,
             path_prefix: path.to_string(),
+        })
+    }
+}
+
+impl schemars::JsonSchema for UrlPattern {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "HttpGrant".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "scheme://host[:port]/path: host exact, * or *.suffix; port a number, * or omitted (the scheme's); the path a prefix, a trailing * too.",
+            "type": "string",
+            "pattern": "^https?://"
         })
     }
 }

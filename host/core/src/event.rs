@@ -9,7 +9,19 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// The kinds wasmwatch watches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 pub enum ObjectKind {
     ConfigMap,
     Secret,
@@ -25,7 +37,7 @@ impl ObjectKind {
 }
 
 /// What happened to the object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ChangeType {
     Added,

@@ -19,6 +19,8 @@ pub mod event;
 pub mod index;
 pub mod lookups;
 pub mod manifest;
+pub mod needs;
+mod repair;
 pub mod scope;
 pub mod selector;
 pub mod text;

@@ -20,17 +20,25 @@ pub const API_VERSION: &str = "wasmwatch.io/v1alpha1";
 pub const KIND: &str = "PluginManifest";
 
 /// The whole manifest.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Manifest {
+    /// `wasmwatch.io/v1alpha1`.
+    #[schemars(extend("const" = "wasmwatch.io/v1alpha1"))]
     pub api_version: String,
+    /// `PluginManifest`.
+    #[schemars(extend("const" = "PluginManifest"))]
     pub kind: String,
+    /// What the host watches (default: ConfigMaps and Secrets in every namespace).
     #[serde(default)]
     pub watch: WatchSpec,
+    /// Leader election among replicas, and where checkpoints are kept.
     #[serde(default)]
     pub ha: HaSpec,
+    /// Bus connections (AMQP or NATS) plugins may publish to by name.
     #[serde(default)]
     pub buses: Vec<BusConnection>,
+    /// The plugins, each with the events it gets and what it may do.
     pub plugins: Vec<PluginEntry>,
     /// The folder module paths are relative to (the manifest file's folder).
     #[serde(skip)]
@@ -38,15 +46,17 @@ pub struct Manifest {
 }
 
 /// What the host watches.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct WatchSpec {
+    /// ConfigMap, Secret or both (default).
     #[serde(default = "all_kinds")]
     pub kinds: Vec<ObjectKind>,
     /// Namespaces to watch, or `["*"]` for all of them (one cluster-wide
     /// stream per kind).
     #[serde(default = "all_namespaces")]
     pub namespaces: Vec<String>,
+    /// Only objects with these labels are watched (a Kubernetes label selector).
     #[serde(default)]
     pub label_selector: Option<LabelSelector>,
     /// Whether a change of only labels or annotations counts as a
@@ -89,22 +99,28 @@ fn all_namespaces() -> Vec<String> {
 }
 
 /// Leader election and checkpoints.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HaSpec {
+    /// Elect a leader among replicas through a Lease; only the leader acts.
     #[serde(default)]
     pub enabled: bool,
     /// Namespace of both Leases; default: the pod's namespace.
     #[serde(default)]
     pub namespace: Option<String>,
+    /// The leader Lease.
     #[serde(default = "default_lease_name")]
     pub lease_name: String,
+    /// The Lease holding checkpoints and the index of handled objects.
     #[serde(default = "default_state_lease_name")]
     pub state_lease_name: String,
+    /// How long a leader holds the Lease without renewing it (whole seconds, at most 1h).
     #[serde(default = "default_lease_duration")]
     pub lease_duration: HumanDuration,
+    /// A leader that cannot renew within this gives up leading.
     #[serde(default = "default_renew_deadline")]
     pub renew_deadline: HumanDuration,
+    /// How often replicas try to acquire or renew.
     #[serde(default = "default_retry_period")]
     pub retry_period: HumanDuration,
 }
@@ -147,19 +163,22 @@ fn default_retry_period() -> HumanDuration {
 }
 
 /// A named bus connection the host owns; plugins publish to it by name.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BusConnection {
+    /// The name plugins publish to (a DNS-1123 label).
     pub name: String,
+    /// An AMQP 0-9-1 broker (RabbitMQ); exactly one of amqp and nats.
     #[serde(default)]
     pub amqp: Option<AmqpSpec>,
+    /// A NATS server; exactly one of amqp and nats.
     #[serde(default)]
     pub nats: Option<NatsSpec>,
 }
 
 /// An AMQP 0-9-1 broker (RabbitMQ). Credentials may sit in the URL or, read
 /// from a mounted Secret, in `passwordFile`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AmqpSpec {
     /// `amqp[s]://[user[:password]@]host[:port][/vhost][?heartbeat=S&cacertfile=..]`
@@ -177,14 +196,16 @@ pub struct AmqpSpec {
 /// the URL, the password possibly from `passwordFile`), a token (in the URL
 /// as `nats://TOKEN@host`, or `tokenFile`), an NKey seed file, or a
 /// credentials file (JWT and seed, as `nsc` writes it).
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NatsSpec {
     /// `nats://[user:password@|token@]host[:port]`, or `tls://host:port` to
     /// require TLS.
     pub url: String,
+    /// A file holding the password for the URL's user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_file: Option<PathBuf>,
+    /// A file holding a token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
     /// A file holding an NKey user seed (`SU...`).
@@ -193,13 +214,14 @@ pub struct NatsSpec {
     /// A `.creds` file (user JWT and NKey seed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creds_file: Option<PathBuf>,
+    /// TLS files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsFiles>,
 }
 
 /// PEM files for a TLS connection to a broker. Relative paths are relative
 /// to the manifest's folder.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TlsFiles {
     /// CA certificates to verify the server with, instead of the system's.
@@ -208,6 +230,7 @@ pub struct TlsFiles {
     /// A client certificate (with `keyFile`), for servers that ask for one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key (with `certFile`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
 }
@@ -242,10 +265,14 @@ impl BusConnection {
 }
 
 /// One plugin and everything the operator says about it.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct PluginEntry {
     /// A DNS-1123 label, unique in the manifest.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub name: String,
     /// Path of the component (`.wasm`), relative to the manifest's folder,
     /// or `oci://REGISTRY/REPOSITORY:TAG` (or `@sha256:DIGEST`): an artifact
@@ -253,16 +280,21 @@ pub struct PluginEntry {
     pub module: PathBuf,
     /// Hex SHA-256 of the module file (for `oci://`, of the component layer);
     /// the host refuses any other content.
+    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
     pub sha256: String,
+    /// Which changes reach the plugin (default: every change the host watches).
     #[serde(default)]
     pub events: EventFilter,
     /// Handed to the plugin as JSON (`host.config()` and `check-config`).
     #[serde(default)]
     pub config: serde_json::Value,
+    /// What the plugin's actions may do; deny by default.
     #[serde(default)]
     pub capabilities: Capabilities,
+    /// Sandbox limits of one call.
     #[serde(default)]
     pub limits: Limits,
+    /// How its actions are delivered: coalescing, retries, backoff.
     #[serde(default)]
     pub delivery: Delivery,
 }
@@ -328,15 +360,19 @@ pub fn oci_reference_problem(reference: &str) -> Option<String> {
 }
 
 /// Which events a plugin gets.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EventFilter {
+    /// ConfigMap, Secret or both (default); each must be in watch.kinds.
     #[serde(default = "all_kinds")]
     pub kinds: Vec<ObjectKind>,
+    /// added, modified, deleted, resynced (default: all).
     #[serde(default = "all_changes")]
     pub changes: Vec<ChangeType>,
+    /// Namespaces, or ["*"] (default) for all that are watched.
     #[serde(default = "all_namespaces")]
     pub namespaces: Vec<String>,
+    /// Only objects with these labels reach the plugin (a Kubernetes label selector).
     #[serde(default)]
     pub label_selector: Option<LabelSelector>,
 }
@@ -379,7 +415,7 @@ impl EventFilter {
 }
 
 /// Sandbox limits of one plugin.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Limits {
     /// Wall-clock deadline of one call (instantiation included).
@@ -416,7 +452,7 @@ fn default_max_actions() -> u32 {
 }
 
 /// How the host delivers a plugin's actions.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Delivery {
     /// Wait this long after a change before acting; changes to the same target
@@ -426,8 +462,10 @@ pub struct Delivery {
     /// Retries after the first attempt, before dead-lettering.
     #[serde(default = "default_retries")]
     pub retries: u32,
+    /// The first retry's delay; it doubles up to backoffMax.
     #[serde(default = "default_backoff_initial")]
     pub backoff_initial: HumanDuration,
+    /// The longest delay between retries (at most 24h).
     #[serde(default = "default_backoff_max")]
     pub backoff_max: HumanDuration,
 }
@@ -497,6 +535,15 @@ impl fmt::Display for ManifestError {
 
 impl std::error::Error for ManifestError {}
 
+/// What [`Manifest::check`] found.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    /// The manifest as read, faulty fields left out; `None` when unreadable.
+    pub manifest: Option<Manifest>,
+    /// Every problem, each naming its field; empty when the manifest is valid.
+    pub errors: Vec<Problem>,
+}
+
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
@@ -512,39 +559,62 @@ fn is_dns_subdomain(s: &str) -> bool {
 
 impl Manifest {
     /// Parses and validates a manifest from YAML text. Module paths are
-    /// relative to `base_dir`.
+    /// relative to `base_dir`. Refused, it names every problem found (see
+    /// [`Manifest::check`]).
     pub fn parse(yaml: &str, base_dir: &Path) -> Result<Manifest, ManifestError> {
-        let de = serde_yaml::Deserializer::from_str(yaml);
-        let mut manifest: Manifest = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let mut message = e.into_inner().to_string();
-            // serde_yaml prefixes the enclosing mapping's path; ours is exact.
-            if let Some((prefix, rest)) = message.split_once(": ")
-                && !prefix.contains(' ')
-                && path.starts_with(prefix)
-            {
-                message = rest.to_string();
-            }
-            ManifestError {
+        match Manifest::check(yaml, base_dir) {
+            Checked {
+                manifest: Some(m),
+                errors,
+            } if errors.is_empty() => Ok(m),
+            Checked { errors, .. } => Err(ManifestError {
                 source: None,
-                problems: vec![Problem {
-                    path: if path == "." { String::new() } else { path },
-                    message,
-                }],
+                problems: errors,
+            }),
+        }
+    }
+
+    /// Parses and validates a manifest, going on past each problem to find
+    /// the others: a field of a wrong type, with a bad value or unknown is
+    /// reported, then left out (a missing required field gets a
+    /// placeholder) and the rest read again, so one run names every
+    /// problem, not only the first. `manifest` is what was read with the
+    /// faulty fields left out (for further checks of its sound parts; never
+    /// run it when `errors` is not empty); `None` when the text is not YAML
+    /// or the problems could not be stepped over.
+    pub fn check(yaml: &str, base_dir: &Path) -> Checked {
+        let value: serde_yaml::Value = match serde_yaml::from_str(yaml) {
+            Ok(v) => v,
+            Err(e) => {
+                return Checked {
+                    manifest: None,
+                    errors: vec![Problem {
+                        path: String::new(),
+                        message: e.to_string(),
+                    }],
+                };
             }
-        })?;
+        };
+        let (manifest, errors, repaired) = crate::repair::deserialize_all::<Manifest>(value);
+        let Some(mut manifest) = manifest else {
+            return Checked { manifest, errors };
+        };
         manifest.base_dir = base_dir.to_path_buf();
         for b in &mut manifest.buses {
             b.resolve_files(base_dir);
         }
-        let problems = manifest.problems();
-        if problems.is_empty() {
-            Ok(manifest)
-        } else {
-            Err(ManifestError {
-                source: None,
-                problems,
-            })
+        let mut errors = errors;
+        // A field left out or filled in stands for a problem already
+        // reported: what the checks say about it (or its parent) is noise.
+        errors.extend(
+            manifest
+                .problems()
+                .into_iter()
+                .filter(|p| !repaired.iter().any(|r| crate::repair::related(&p.path, r))),
+        );
+        Checked {
+            manifest: Some(manifest),
+            errors,
         }
     }
 
@@ -570,6 +640,98 @@ impl Manifest {
     /// The entry named `name`.
     pub fn plugin(&self, name: &str) -> Option<&PluginEntry> {
         self.plugins.iter().find(|p| p.name == name)
+    }
+
+    /// What can never work in a valid manifest, each naming its field: a
+    /// plugin filter that selects nothing (a label selector that
+    /// contradicts itself or the watch's, namespaces that are not watched,
+    /// no kinds). `wasmwatch run` starts with these; `validate` warns.
+    /// [`crate::needs::shortfalls`] adds the grants a plugin lacks.
+    pub fn warnings(&self) -> Vec<Problem> {
+        use crate::selector::LabelSelector;
+        let mut out = Vec::new();
+        let mut warn = |path: String, message: String| out.push(Problem { path, message });
+        let watch_sel = self.watch.label_selector.as_ref();
+        let watch_never = watch_sel.and_then(|s| LabelSelector::never_matches(&[s]));
+        if let (Some(s), Some(why)) = (watch_sel, &watch_never) {
+            warn(
+                "watch.labelSelector".into(),
+                format!("{:?} never matches: {why}; nothing is watched", s.as_str()),
+            );
+        }
+        let watch_all = self.watch.namespaces.iter().any(|n| n == "*");
+        for (i, p) in self.plugins.iter().enumerate() {
+            let at = format!("plugins[{i}].events");
+            if p.events.kinds.is_empty() {
+                warn(
+                    format!("{at}.kinds"),
+                    "is empty: the plugin never gets any event".into(),
+                );
+            }
+            if !watch_all && !p.events.namespaces.iter().any(|n| n == "*") {
+                let unwatched = |n: &String| !self.watch.namespaces.contains(n);
+                let none_watched = p.events.namespaces.iter().all(unwatched);
+                for (j, n) in p.events.namespaces.iter().enumerate() {
+                    if unwatched(n) {
+                        warn(
+                            format!("{at}.namespaces[{j}]"),
+                            format!(
+                                "{n:?} is not in watch.namespaces ({}): the plugin never gets events from it{}",
+                                self.watch.namespaces.join(", "),
+                                if none_watched {
+                                    ", nor from any of its namespaces"
+                                } else {
+                                    ""
+                                }
+                            ),
+                        );
+                    }
+                }
+            }
+            let Some(sel) = &p.events.label_selector else {
+                continue;
+            };
+            if let Some(why) = LabelSelector::never_matches(&[sel]) {
+                warn(
+                    format!("{at}.labelSelector"),
+                    format!(
+                        "{:?} never matches: {why}; the plugin never gets any event",
+                        sel.as_str()
+                    ),
+                );
+            } else if let Some(w) = watch_sel
+                && watch_never.is_none()
+                && let Some(why) = LabelSelector::never_matches(&[w, sel])
+            {
+                warn(
+                    format!("{at}.labelSelector"),
+                    format!(
+                        "{:?} never matches an object that watch.labelSelector {:?} lets through: {why}; \
+                         the plugin never gets any event",
+                        sel.as_str(),
+                        w.as_str()
+                    ),
+                );
+            }
+        }
+        out
+    }
+
+    /// The JSON Schema (draft 7) of the manifest, from these types: what
+    /// `wasmwatch manifest schema` prints and deploy/manifest.schema.json
+    /// holds, for editors (the YAML language server) to check manifests as
+    /// they are written. The checks across fields stay with
+    /// [`Manifest::check`].
+    pub fn json_schema() -> serde_json::Value {
+        let generator = schemars::generate::SchemaSettings::draft07().into_generator();
+        let mut schema = generator.into_root_schema_for::<Manifest>().to_value();
+        if let Some(o) = schema.as_object_mut() {
+            o.insert(
+                "title".into(),
+                "wasmwatch plugin manifest (PluginManifest, wasmwatch.io/v1alpha1)".into(),
+            );
+        }
+        schema
     }
 
     /// Every semantic problem, each with its field path.

@@ -36,6 +36,92 @@ impl LabelSelector {
     pub fn as_str(&self) -> &str {
         &self.raw
     }
+
+    /// Why no object's labels can satisfy all of `selectors` at once, if
+    /// none can: two requirements on one key that exclude each other
+    /// (`a=true,a=false`, `a=x` with `a notin (x)`, `a` with `!a`), within
+    /// one selector or across them.
+    pub fn never_matches(selectors: &[&LabelSelector]) -> Option<String> {
+        let mut by_key: BTreeMap<&str, Vec<&Requirement>> = BTreeMap::new();
+        for r in selectors.iter().flat_map(|s| &s.reqs) {
+            by_key.entry(r.key()).or_default().push(r);
+        }
+        for (key, reqs) in by_key {
+            let (mut present, mut absent) = (false, false);
+            // None: any value; Some: only these.
+            let mut allowed: Option<Vec<&str>> = None;
+            let mut excluded: Vec<&str> = Vec::new();
+            for r in &reqs {
+                let only: Option<Vec<&str>> = match r {
+                    Requirement::Eq(_, v) => Some(vec![v.as_str()]),
+                    Requirement::In(_, vs) => Some(vs.iter().map(String::as_str).collect()),
+                    Requirement::NotEq(_, v) => {
+                        excluded.push(v);
+                        None
+                    }
+                    Requirement::NotIn(_, vs) => {
+                        excluded.extend(vs.iter().map(String::as_str));
+                        None
+                    }
+                    Requirement::Exists(_) => {
+                        present = true;
+                        None
+                    }
+                    Requirement::NotExists(_) => {
+                        absent = true;
+                        None
+                    }
+                };
+                if let Some(only) = only {
+                    present = true;
+                    allowed = Some(match allowed {
+                        None => only,
+                        Some(a) => a.into_iter().filter(|v| only.contains(v)).collect(),
+                    });
+                }
+            }
+            let empty = allowed
+                .as_ref()
+                .is_some_and(|a| a.iter().all(|v| excluded.contains(v)));
+            if (present && absent) || empty {
+                let texts: Vec<String> = reqs
+                    .iter()
+                    .map(|r| format!("{:?}", r.to_string()))
+                    .collect();
+                return Some(format!(
+                    "label {key:?} cannot satisfy {} at once",
+                    texts.join(" and ")
+                ));
+            }
+        }
+        None
+    }
+}
+
+impl Requirement {
+    fn key(&self) -> &str {
+        match self {
+            Requirement::Eq(k, _)
+            | Requirement::NotEq(k, _)
+            | Requirement::In(k, _)
+            | Requirement::NotIn(k, _)
+            | Requirement::Exists(k)
+            | Requirement::NotExists(k) => k,
+        }
+    }
+}
+
+impl fmt::Display for Requirement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Requirement::Eq(k, v) => write!(f, "{k}={v}"),
+            Requirement::NotEq(k, v) => write!(f, "{k}!={v}"),
+            Requirement::In(k, vs) => write!(f, "{k} in ({})", vs.join(",")),
+            Requirement::NotIn(k, vs) => write!(f, "{k} notin ({})", vs.join(",")),
+            Requirement::Exists(k) => write!(f, "{k}"),
+            Requirement::NotExists(k) => write!(f, "!{k}"),
+        }
+    }
 }
 
 impl fmt::Display for LabelSelector {
@@ -151,6 +237,18 @@ impl<'de> serde::Deserialize<'de> for LabelSelector {
     }
 }
 
+impl schemars::JsonSchema for LabelSelector {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "LabelSelector".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A Kubernetes label selector in its string form: a=b, a!=b, a in (x,y), a notin (x), a, !a, joined by commas.",
+            "type": "string"
+        })
+    }
+}
+
 impl serde::Serialize for LabelSelector {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.raw)
@@ -190,6 +288,33 @@ mod tests {
         ] {
             let s: LabelSelector = sel.parse().unwrap();
             assert_eq!(s.matches(&l), want, "{sel}");
+        }
+    }
+
+    #[test]
+    fn contradictions_are_found_within_and_across_selectors() {
+        let sel = |s: &str| s.parse::<LabelSelector>().unwrap();
+        let never = |s: &[&str]| {
+            let sels: Vec<LabelSelector> = s.iter().map(|s| sel(s)).collect();
+            LabelSelector::never_matches(&sels.iter().collect::<Vec<_>>())
+        };
+        assert_eq!(
+            never(&["a=true,a=false"]).unwrap(),
+            r#"label "a" cannot satisfy "a=true" and "a=false" at once"#
+        );
+        assert!(never(&["team=shop", "team=billing"]).is_some());
+        assert!(never(&["a in (x,y)", "a notin (x,y)"]).is_some());
+        assert!(never(&["a", "!a"]).is_some());
+        assert!(never(&["a=x", "!a"]).is_some());
+        for fine in [
+            &["a=true,b=false"][..],
+            &["a in (x,y)", "a notin (x)"],
+            &["a!=x", "!a"],
+            &["a", "a!=x"],
+            &["team=shop", "team=shop,tier"],
+            &[""],
+        ] {
+            assert_eq!(never(fine), None, "{fine:?}");
         }
     }
 

@@ -123,6 +123,34 @@ macro_rules! serde_via_str {
 serde_via_str!(HumanDuration);
 serde_via_str!(ByteSize);
 
+impl schemars::JsonSchema for HumanDuration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A whole number with a unit: ms, s, m or h (100ms, 15s, 2m, 1h).",
+            "type": "string",
+            "pattern": "^\\s*[0-9]+(ms|s|m|h)\\s*$"
+        })
+    }
+}
+
+impl schemars::JsonSchema for ByteSize {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Size".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Bytes: a whole number with an optional unit, Ki, Mi, Gi (binary) or k, M, G (decimal), like 32Mi.",
+            "anyOf": [
+                {"type": "string", "pattern": "^\\s*[0-9]+(Ki|Mi|Gi|k|M|G)?\\s*$"},
+                {"type": "integer", "minimum": 0}
+            ]
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -339,3 +339,66 @@ fn oci_modules_need_an_explicit_registry_and_a_tag_or_digest() {
     let m = parse(&manifest("p.wasm")).unwrap();
     assert_eq!(m.plugins[0].oci_reference(), None);
 }
+
+/// A grant that could never match a URL is refused, saying what to write:
+/// grants are compared with a URL's normalised host and path only.
+#[test]
+fn http_grants_that_can_never_match_are_refused_saying_what_to_write() {
+    let good = good();
+    let with_grant = |grant: &str| {
+        good.replacen(
+            "refresh: [shop]",
+            &format!("refresh: [shop]\n      http: [\"{grant}\"]"),
+            1,
+        )
+    };
+    for (grant, want) in [
+        (
+            "https://allowed.example.com/hooks?x=*",
+            "a grant matches the path only, never a query or fragment (any is allowed under the path): write https://allowed.example.com/hooks",
+        ),
+        (
+            "https://allowed.example.com?x=1",
+            "write https://allowed.example.com/",
+        ),
+        (
+            "https://allowed.example.com/hooks/#top",
+            "write https://allowed.example.com/hooks/",
+        ),
+        (
+            "https://allowed.example.com/a/../hooks/",
+            "the path is never seen in this form (URLs are compared normalised): write https://allowed.example.com/hooks/",
+        ),
+        (
+            "https://allowed.example.com/caf\u{e9} menu/*",
+            "write https://allowed.example.com/caf%C3%A9%20menu/",
+        ),
+        (
+            "https://b\u{fc}cher.example/hooks/",
+            "the host is never seen in this form (URLs are compared normalised): write xn--bcher-kva.example",
+        ),
+        ("http://0x7f.1:8080/", "write 127.0.0.1"),
+    ] {
+        let err = parse(&with_grant(grant)).expect_err(grant);
+        assert!(
+            err.contains(&format!(
+                "plugins[0].capabilities.http[0]: invalid http grant {grant:?}: "
+            )) && err.contains(want),
+            "{grant}:\n  got: {err}\n  want: {want}"
+        );
+    }
+    // What they should have written, and the usual forms, are accepted.
+    for grant in [
+        "https://allowed.example.com/hooks",
+        "https://allowed.example.com/hooks/*",
+        "https://allowed.example.com/caf%C3%A9%20menu/",
+        "https://*.example.com/",
+        "https://xn--bcher-kva.example/hooks/",
+        "http://127.0.0.1:*/",
+        "http://Orders.Shop.svc:8080/actuator/refresh",
+    ] {
+        if let Err(e) = parse(&with_grant(grant)) {
+            panic!("{grant}: {e}");
+        }
+    }
+}

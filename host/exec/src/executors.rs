@@ -1,13 +1,20 @@
 //! The executors behind the pipeline: one [`Execute`] that sends each
 //! action to the HTTP, bus or Kubernetes executor, and records the host's
-//! own Events (Refreshed, RefreshPublished, RefreshFailed; Restarted and
-//! Reloaded for restarts that happened) off the delivery path.
+//! own Events off the delivery path, each naming what was done:
+//!
+//! | action | done | failed for good |
+//! |---|---|---|
+//! | `refreshService` | `Refreshed` (`… of Service ns/svc: 3 pods answered`) | `RefreshFailed` |
+//! | `http` (a webhook) | `WebhookCalled` (`POST https://… answered 200`) | `WebhookFailed` |
+//! | `publish` | `RefreshPublished` | `RefreshFailed` |
+//! | `restart` | `Restarted` on the object, `Reloaded` on the workload (only when the template was patched) | `RefreshFailed` |
+//! | `event` | the Event itself | `RefreshFailed` |
 use std::sync::Arc;
 
 use wasmwatch_core::Action;
 use wasmwatch_core::action::EventType;
 
-use crate::pipeline::{BoxFuture, Execute};
+use crate::pipeline::{BoxFuture, Execute, Executed};
 use crate::{ExecError, Origin};
 
 /// The executors behind the pipeline.
@@ -15,8 +22,8 @@ pub struct Executors {
     pub http: crate::http::HttpExecutor,
     pub buses: wasmwatch_bus::Buses,
     pub kube: Arc<crate::workload::KubeExecutor>,
-    /// The host's own Events (Refreshed, RefreshPublished, RefreshFailed),
-    /// off the delivery path.
+    /// The host's own Events (Refreshed, WebhookCalled, RefreshPublished,
+    /// RefreshFailed, WebhookFailed), off the delivery path.
     pub events: crate::recorder::EventRecorder,
 }
 
@@ -25,7 +32,7 @@ impl Execute for Executors {
         &'a self,
         origin: &'a Origin,
         action: &'a Action,
-    ) -> BoxFuture<'a, Result<(), ExecError>> {
+    ) -> BoxFuture<'a, Result<Executed, ExecError>> {
         Box::pin(async move {
             match action {
                 Action::Http {
@@ -37,7 +44,10 @@ impl Execute for Executors {
                     .http
                     .call(*method, url, headers, body.as_deref())
                     .await
-                    .map(|_| ()),
+                    .map(|status| Executed {
+                        status: Some(status),
+                        ..Executed::default()
+                    }),
                 Action::RefreshService {
                     namespace,
                     service,
@@ -49,7 +59,10 @@ impl Execute for Executors {
                     .http
                     .refresh_service(namespace, service, *method, *port, path, *tls)
                     .await
-                    .map(|_| ()),
+                    .map(|report| Executed {
+                        pods: Some(report.called),
+                        ..Executed::default()
+                    }),
                 Action::Publish {
                     connection,
                     destination,
@@ -60,6 +73,7 @@ impl Execute for Executors {
                     .buses
                     .publish(connection, destination, routing_key, headers, payload)
                     .await
+                    .map(|()| Executed::default())
                     .map_err(|e| {
                         if e.retryable() {
                             ExecError::Retryable(e.to_string())
@@ -94,27 +108,29 @@ impl Execute for Executors {
                             tracing::warn!("cannot record the restart Event: {e}");
                         }
                     }
-                    Ok(())
+                    Ok(Executed::default())
                 }
                 Action::Event {
                     event_type,
                     reason,
                     message,
-                } => self.kube.event(origin, *event_type, reason, message).await,
+                } => self
+                    .kube
+                    .event(origin, *event_type, reason, message)
+                    .await
+                    .map(|()| Executed::default()),
             }
         })
     }
 
-    fn succeeded(&self, origins: &[Origin], action: &Action) {
+    fn succeeded(&self, origins: &[Origin], action: &Action, executed: &Executed) {
         // Restarts record their own Events (only when a restart
         // happened); Event actions are Events already.
-        let reason = match action {
-            Action::Http { .. } | Action::RefreshService { .. } => "Refreshed",
-            Action::Publish { .. } => "RefreshPublished",
-            Action::Restart { .. } | Action::Event { .. } => return,
+        let Some((reason, what)) = success_event(action, executed) else {
+            return;
         };
         for origin in origins {
-            let message = format!("{} (plugin {})", describe_action(action), origin.plugin);
+            let message = format!("{what} (plugin {})", origin.plugin);
             self.events
                 .record(origin, EventType::Normal, reason, message);
         }
@@ -127,7 +143,45 @@ impl Execute for Executors {
             origin.plugin
         );
         self.events
-            .record(origin, EventType::Warning, "RefreshFailed", message);
+            .record(origin, EventType::Warning, failure_reason(action), message);
+    }
+}
+
+/// The reason and phrase of the host's Event about a successful action;
+/// `None` for actions that record their own (restarts) or are Events.
+///
+/// A plain `http` action is a webhook, not a refresh: `WebhookCalled`,
+/// with the status it was answered with. `Refreshed` stays what it is
+/// for Spring's watcher, a refresh of every ready pod of a Service.
+pub fn success_event(action: &Action, executed: &Executed) -> Option<(&'static str, String)> {
+    let what = describe_action(action);
+    match action {
+        Action::RefreshService { .. } => Some((
+            "Refreshed",
+            match executed.pods {
+                Some(0) => format!("{what}: no ready pod to call"),
+                Some(1) => format!("{what}: 1 pod answered"),
+                Some(n) => format!("{what}: {n} pods answered"),
+                None => what,
+            },
+        )),
+        Action::Http { .. } => Some((
+            "WebhookCalled",
+            match executed.status {
+                Some(status) => format!("{what} answered {status}"),
+                None => what,
+            },
+        )),
+        Action::Publish { .. } => Some(("RefreshPublished", what)),
+        Action::Restart { .. } | Action::Event { .. } => None,
+    }
+}
+
+/// The reason of the Warning Event about an action that failed for good.
+pub fn failure_reason(action: &Action) -> &'static str {
+    match action {
+        Action::Http { .. } => "WebhookFailed",
+        _ => "RefreshFailed",
     }
 }
 

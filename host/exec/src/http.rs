@@ -86,6 +86,47 @@ pub struct HttpExecutor {
     pods: HttpsClient,
 }
 
+/// One pod a Service refresh calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefreshTarget {
+    /// `pod NAME (ADDRESS)`, or `endpoint ADDRESS`.
+    pub label: String,
+    /// The URL called, or why this pod cannot be called.
+    pub url: Result<String, ExecError>,
+}
+
+/// The pods [`HttpExecutor::refresh_service`] calls, from `lookups` as they
+/// are now: one target per ready endpoint (empty: nothing to call). The
+/// refresh itself and `wasmwatch run --dry-run` both ask here.
+pub fn refresh_targets(
+    lookups: &dyn Lookups,
+    namespace: &str,
+    service: &str,
+    port: Option<u16>,
+    path: &str,
+    tls: bool,
+) -> Result<Vec<RefreshTarget>, ExecError> {
+    let Some(svc) = lookups.service(namespace, service) else {
+        return Err(ExecError::Retryable(format!(
+            "refresh of service {namespace}/{service}: service not found"
+        )));
+    };
+    if !path.starts_with('/') {
+        return Err(ExecError::Permanent(format!(
+            "refresh of service {namespace}/{service}: path {path:?} does not start with '/'"
+        )));
+    }
+    let scheme = if tls { "https" } else { "http" };
+    Ok(lookups
+        .ready_endpoints(namespace, service)
+        .iter()
+        .map(|ep| RefreshTarget {
+            label: pod_label(ep),
+            url: pod_url(scheme, &svc, ep, port, path),
+        })
+        .collect())
+}
+
 /// What a successful [`HttpExecutor::refresh_service`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RefreshReport {
@@ -143,18 +184,8 @@ impl HttpExecutor {
         path: &str,
         tls: bool,
     ) -> Result<RefreshReport, ExecError> {
-        let Some(svc) = self.lookups.service(namespace, service) else {
-            return Err(ExecError::Retryable(format!(
-                "refresh of service {namespace}/{service}: service not found"
-            )));
-        };
-        if !path.starts_with('/') {
-            return Err(ExecError::Permanent(format!(
-                "refresh of service {namespace}/{service}: path {path:?} does not start with '/'"
-            )));
-        }
-        let ready = self.lookups.ready_endpoints(namespace, service);
-        if ready.is_empty() {
+        let targets = refresh_targets(&*self.lookups, namespace, service, port, path, tls)?;
+        if targets.is_empty() {
             warn!(
                 namespace,
                 service, "refresh: the service has no ready endpoints; nothing to call"
@@ -164,22 +195,17 @@ impl HttpExecutor {
                 succeeded: 0,
             });
         }
-        let scheme = if tls { "https" } else { "http" };
         // Each call owns its label and URL: futures that borrow the
         // endpoint trip the compiler's higher-ranked lifetime checks once
         // this future is boxed behind `Send`.
-        let calls: Vec<_> = ready
-            .iter()
-            .map(|ep| {
-                let label = pod_label(ep);
-                let url = pod_url(scheme, &svc, ep, port, path);
-                async move {
-                    let result = match url {
-                        Ok(url) => self.send(&self.pods, method, &url, &[], None).await,
-                        Err(e) => Err(e),
-                    };
-                    (label, result)
-                }
+        let calls: Vec<_> = targets
+            .into_iter()
+            .map(|RefreshTarget { label, url }| async move {
+                let result = match url {
+                    Ok(url) => self.send(&self.pods, method, &url, &[], None).await,
+                    Err(e) => Err(e),
+                };
+                (label, result)
             })
             .collect();
         let results: Vec<(String, Result<u16, ExecError>)> = futures_util::stream::iter(calls)

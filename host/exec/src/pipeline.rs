@@ -67,17 +67,28 @@ pub trait Execute: Send + Sync + 'static {
         &'a self,
         origin: &'a Origin,
         action: &'a Action,
-    ) -> BoxFuture<'a, Result<(), ExecError>>;
+    ) -> BoxFuture<'a, Result<Executed, ExecError>>;
 
-    /// The action succeeded for these (coalesced) changes: tell someone (a
-    /// Kubernetes Event on each object). Called after the changes' tickets
-    /// are finished; it must not wait (the target's next job waits for it):
-    /// queue the work, as [`crate::recorder::EventRecorder`] does.
-    fn succeeded(&self, _origins: &[Origin], _action: &Action) {}
+    /// The action succeeded for these (coalesced) changes (`executed`: what
+    /// the successful attempt said): tell someone (a Kubernetes Event on
+    /// each object). Called after the changes' tickets are finished; it
+    /// must not wait (the target's next job waits for it): queue the work,
+    /// as [`crate::recorder::EventRecorder`] does.
+    fn succeeded(&self, _origins: &[Origin], _action: &Action, _executed: &Executed) {}
 
     /// The action failed for good: tell someone (a Kubernetes Event on the
     /// object). Like [`Execute::succeeded`]: after the tickets, no waiting.
     fn dead_letter(&self, _origin: &Origin, _action: &Action, _error: &ExecError) {}
+}
+
+/// What a successful attempt did beyond what its action says, for the
+/// host's Event about it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Executed {
+    /// The status an `http` action's call was answered with.
+    pub status: Option<u16>,
+    /// The ready pods a Service refresh called (each answered 2xx).
+    pub pods: Option<usize>,
 }
 
 /// Per plugin: how its actions are delivered (the manifest's `delivery`).
@@ -668,8 +679,12 @@ async fn execute_job<T>(shared: &Shared, key: &TargetKey, job: Pending<T>) {
         }
         shared.stats.attempts.fetch_add(1, Ordering::Relaxed);
         let result = shared.executor.execute(&origin, &job.action).await;
+        let mut executed = Executed::default();
         let outcome = match result {
-            Ok(()) => Outcome::Done,
+            Ok(e) => {
+                executed = e;
+                Outcome::Done
+            }
             Err(error) if error.is_retryable() && attempt <= job.policy.retries => {
                 let delay = retry_delay(&job.policy, attempt);
                 Outcome::Retrying { error, delay }
@@ -687,7 +702,9 @@ async fn execute_job<T>(shared: &Shared, key: &TargetKey, job: Pending<T>) {
                 shared.stats.executed.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(action = job.action.type_name(), plugin = %origin.plugin, object = %format!("{}/{}", origin.namespace, origin.name), attempt, "action done");
                 finish(&job.tickets);
-                shared.executor.succeeded(&job.origins, &job.action);
+                shared
+                    .executor
+                    .succeeded(&job.origins, &job.action, &executed);
                 return;
             }
             Outcome::Retrying { error, delay } => {

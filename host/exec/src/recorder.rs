@@ -1,5 +1,6 @@
-//! The host's own Events about its work (`Refreshed`, `RefreshPublished`,
-//! `RefreshFailed`), recorded off the delivery path.
+//! The host's own Events about its work (`Refreshed`, `WebhookCalled`,
+//! `RefreshPublished`, `RefreshFailed`, ...; which, in
+//! [`crate::executors`]), recorded off the delivery path.
 //!
 //! Such an Event is a record for `kubectl describe`, not part of handling a
 //! change: a refresh is done when its pods answered, whether or not the

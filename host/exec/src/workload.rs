@@ -196,7 +196,7 @@ impl KubeExecutor {
             .pointer("/spec/template/metadata/annotations")
             .and_then(|a| a.get(&key))
             .and_then(Value::as_str);
-        if recorded == Some(content_hash) {
+        if records_content(recorded, content_hash) {
             debug!(
                 kind = ?workload.kind,
                 namespace = %workload.namespace,
@@ -507,6 +507,14 @@ fn classify_error(what: &str, doing: &str, e: &kube::Error) -> ExecError {
         }
         _ => ExecError::Retryable(format!("{what}: {doing} failed: {}", error_chain(e))),
     }
+}
+
+/// Whether a pod template whose [`hash_annotation_key`] annotation is
+/// `recorded` already runs `content_hash`: a restart then writes nothing
+/// ([`RestartOutcome::AlreadyAtContent`]). `wasmwatch run --dry-run` asks
+/// the same of its cached workloads.
+pub fn records_content(recorded: Option<&str>, content_hash: &str) -> bool {
+    recorded == Some(content_hash)
 }
 
 /// The annotation key recording content hashes of the object `content_hash`

@@ -10,7 +10,8 @@ use tokio::time::Instant;
 use wasmwatch_core::action::{EventType, HttpMethod, WorkloadKind, WorkloadRef};
 use wasmwatch_core::{Action, ObjectKind};
 use wasmwatch_exec::pipeline::{
-    BoxFuture, Execute, Outcome, Pipeline, PipelineConfig, Policy, RateLimit, Report, Submission,
+    BoxFuture, Execute, Executed, Outcome, Pipeline, PipelineConfig, Policy, RateLimit, Report,
+    Submission,
 };
 use wasmwatch_exec::{ExecError, Origin};
 
@@ -29,7 +30,7 @@ impl Execute for Recorder {
         &'a self,
         origin: &'a Origin,
         action: &'a Action,
-    ) -> BoxFuture<'a, Result<(), ExecError>> {
+    ) -> BoxFuture<'a, Result<Executed, ExecError>> {
         Box::pin(async move {
             self.calls
                 .lock()
@@ -37,7 +38,8 @@ impl Execute for Recorder {
                 .push((Instant::now(), action.clone(), origin.name.clone()));
             let delay = *self.delay.lock().unwrap();
             tokio::time::sleep(delay).await;
-            self.script.lock().unwrap().pop_front().unwrap_or(Ok(()))
+            let result = self.script.lock().unwrap().pop_front().unwrap_or(Ok(()));
+            result.map(|()| Executed::default())
         })
     }
 

@@ -1,7 +1,8 @@
 //! Pulled modules on disk, named by their sha256: `<cache>/oci/sha256/<hex>.wasm`.
 //! A pinned digest names immutable content, so a file found here is used
 //! without asking the registry. Files are written through a temporary file
-//! and a rename (a reader never sees half a module), folders are 0700. The
+//! and a rename (a reader never sees half a module); the folders it
+//! creates are 0700 (one that exists, such as `--cache-dir`, keeps its mode). The
 //! runtime checks every module's sha256 against its pin when it loads it, so
 //! a damaged or planted file is refused, never run.
 use std::io::Write as _;
@@ -19,15 +20,19 @@ fn is_sha256_hex(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// Creates `dir` (and missing parents) and makes it 0700.
+/// Creates `dir` and its missing parents, each 0700 (less what the umask
+/// takes). A folder that exists keeps its mode: `--cache-dir` may be a
+/// folder the operator made and shares, and only what wasmwatch creates is
+/// its to make private.
 fn private_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
     }
-    Ok(())
+    builder.create(dir)
 }
 
 impl ModuleStore {
@@ -59,17 +64,9 @@ impl ModuleStore {
     /// the file's path.
     pub fn put(&self, sha256: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
         let path = self.path(sha256);
-        // The cache root and `oci` too: the runtime may not have made it yet.
-        for dir in [
-            self.dir.parent().and_then(Path::parent),
-            self.dir.parent(),
-            Some(self.dir.as_path()),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            private_dir(dir)?;
-        }
+        // The cache root and `oci` too, if missing: the runtime may not have
+        // made it yet.
+        private_dir(&self.dir)?;
         // Unique per writer: two replicas in one process may pull at once.
         static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -30,8 +30,9 @@ fn event() -> ChangeEvent {
 
 /// Loads the inert plugin `component` (a testkit component name), points
 /// its connection attempt at a real listener, and checks that every attempt
-/// was denied and nothing connected.
-pub fn assert_inert(component: &str) {
+/// was denied and nothing connected. Returns each attempt's reason and
+/// message.
+pub fn assert_inert(component: &str) -> Vec<(String, String)> {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();
@@ -69,11 +70,42 @@ pub fn assert_inert(component: &str) {
         listener.accept().is_err(),
         "{component}: a connection reached the listener"
     );
+    seen
 }
 
 #[test]
 fn rust_plugins_get_no_files_sockets_names_or_environment() {
     assert_inert("inert");
+}
+
+/// plugins/README.md tells plugin authors which error each denial gives;
+/// checked against what the Rust plugin sees through wasi-libc: a socket
+/// gets `access-denied` (EACCES, "Permission denied"), a name lookup
+/// `permanent-resolver-failure` (wasmtime-wasi's answer when lookups are not
+/// allowed; EAI_FAIL, "Non-recoverable error").
+#[test]
+fn the_plugin_guide_names_the_errors_denied_sockets_and_lookups_give() {
+    let seen = assert_inert("inert");
+    let message = |reason: &str| {
+        seen.iter()
+            .find(|(r, _)| r == reason)
+            .map(|(_, m)| m.clone())
+            .unwrap_or_default()
+    };
+    assert!(message("Connect").contains("Permission denied"), "{seen:?}");
+    assert!(
+        message("Resolve").contains("Non-recoverable error"),
+        "{seen:?}"
+    );
+    let guide =
+        std::fs::read_to_string(wasmwatch_testkit::repo_root().join("plugins/README.md")).unwrap();
+    let guide = guide.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        guide.contains(
+            "denies every TCP/UDP socket (`access-denied`) and name lookup (`permanent-resolver-failure`)"
+        ),
+        "plugins/README.md does not say which error sockets and name lookups get"
+    );
 }
 
 #[test]

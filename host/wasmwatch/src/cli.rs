@@ -17,9 +17,15 @@ use wasmwatch_runtime::{Runtime, RuntimeConfig};
     about = "Refresh apps when their ConfigMaps and Secrets change, as decided by sandboxed WebAssembly plugins"
 )]
 pub struct Args {
-    /// Where compiled plugins are cached between runs.
+    /// Where compiled plugins (and pulled modules) are cached between runs
+    /// [default: $XDG_CACHE_HOME/wasmwatch or ~/.cache/wasmwatch, when
+    /// writable].
     #[arg(long, env = "WASMWATCH_CACHE_DIR", global = true)]
     cache_dir: Option<PathBuf>,
+    /// Compile plugins afresh on every start: no compile cache (pulled
+    /// modules still need a folder: --cache-dir or the default).
+    #[arg(long, global = true, conflicts_with = "cache_dir")]
+    no_cache: bool,
     #[command(flatten)]
     registry: crate::oci::RegistryArgs,
     /// Log format.
@@ -38,11 +44,26 @@ enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Check a plugin manifest fully: fields, plugin pins, imports, worlds and
-    /// each plugin's own config check.
+    /// each plugin's own config check (errors: what `run` refuses), and what
+    /// can never work (warnings: a plugin filter that selects nothing, a
+    /// grant short of what the plugin declares it needs). Reports every
+    /// problem found, each naming its field; exit code 1 on errors (and on
+    /// warnings with --strict), else 0.
     Validate {
         /// The manifest (YAML).
         manifest: PathBuf,
+        /// Fail (exit code 1) on warnings too, as on errors.
+        #[arg(long)]
+        strict: bool,
+        /// Read the modules the manifest names under IMAGE_DIR from
+        /// LOCAL_DIR instead, e.g. `/usr/lib/wasmwatch/plugins=./plugins`
+        /// to check the deploy manifest outside the image (repeatable).
+        #[arg(long = "plugin-dir", value_name = "IMAGE_DIR=LOCAL_DIR")]
+        plugin_dirs: Vec<crate::plugin_dir::PluginDirMap>,
     },
+    /// About the manifest format.
+    #[command(subcommand)]
+    Manifest(ManifestCommand),
     /// Work with one plugin.
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -89,7 +110,8 @@ fn checkpoint_interval(s: &str) -> Result<HumanDuration, String> {
 struct RunArgs {
     #[arg(long)]
     manifest: PathBuf,
-    /// Print decisions as JSON lines instead of executing them.
+    /// Decide from the same live caches, print each decision as a JSON line
+    /// with what `run` would execute, and execute nothing.
     #[arg(long)]
     dry_run: bool,
     /// This replica's identity (default: POD_NAME, else the host name).
@@ -129,6 +151,15 @@ struct ElectArgs {
     renew_deadline: HumanDuration,
     #[arg(long, default_value = "2s")]
     retry_period: HumanDuration,
+}
+
+#[derive(Debug, Subcommand)]
+enum ManifestCommand {
+    /// Print the manifest's JSON Schema (draft 7), as in
+    /// deploy/manifest.schema.json, for editors: with the YAML language
+    /// server, a first line `# yaml-language-server: $schema=<file or URL>`
+    /// checks a manifest as it is typed.
+    Schema,
 }
 
 #[derive(Debug, Subcommand)]
@@ -263,7 +294,10 @@ pub(crate) fn manifest_plugin<'m>(
     })
 }
 
-fn runtime(cache_dir: Option<PathBuf>, lookups: StaticLookups) -> anyhow::Result<Runtime> {
+pub(crate) fn runtime(
+    cache_dir: Option<PathBuf>,
+    lookups: StaticLookups,
+) -> anyhow::Result<Runtime> {
     let config = RuntimeConfig {
         cache_dir,
         ..RuntimeConfig::default()
@@ -272,46 +306,50 @@ fn runtime(cache_dir: Option<PathBuf>, lookups: StaticLookups) -> anyhow::Result
         .map_err(|e| anyhow::anyhow!("cannot start the plugin runtime: {e:#}"))
 }
 
+/// The compile cache every command uses: the one given, else the default
+/// folder when it can be created and written (a read-only root in a
+/// container has none: then plugins compile at every start, as before).
+fn effective_cache_dir(given: Option<PathBuf>, no_cache: bool) -> Option<PathBuf> {
+    if no_cache {
+        return None;
+    }
+    if given.is_some() {
+        return given;
+    }
+    let dir = wasmwatch_oci::default_cache_dir()?;
+    let writable = std::fs::create_dir_all(&dir).is_ok() && {
+        let probe = dir.join(format!(".probe-{}", std::process::id()));
+        let ok = std::fs::write(&probe, b"").is_ok();
+        let _ = std::fs::remove_file(&probe);
+        ok
+    };
+    if !writable {
+        tracing::debug!(dir = %dir.display(), "default cache folder not writable; compiling without a cache");
+    }
+    writable.then_some(dir)
+}
+
 fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let args = Args {
+        cache_dir: effective_cache_dir(args.cache_dir, args.no_cache),
+        ..args
+    };
     match args.command {
-        Command::Validate { manifest } => {
-            let mut m = Manifest::from_file(&manifest)?;
-            let pulled = crate::oci::resolve_modules_blocking(
-                &mut m,
-                args.cache_dir.as_deref(),
-                &args.registry.options()?,
-                None,
-            )?;
-            let rt = runtime(args.cache_dir, StaticLookups::default())?;
-            let mut failed = false;
-            for entry in &m.plugins {
-                match rt.load_blocking(entry, &m.base_dir) {
-                    Ok(_) => println!(
-                        "plugin {}: ok ({})",
-                        entry.name,
-                        match pulled.iter().find(|r| r.plugin == entry.name) {
-                            Some(r) => format!(
-                                "{}, {} {}",
-                                r.reference,
-                                if r.pulled { "pulled to" } else { "cached at" },
-                                r.path.display()
-                            ),
-                            None => entry.module_path(&m.base_dir).display().to_string(),
-                        }
-                    ),
-                    Err(e) => {
-                        failed = true;
-                        eprintln!("error: {e}");
-                    }
-                }
-            }
-            if failed {
-                return Ok(ExitCode::FAILURE);
-            }
+        Command::Validate {
+            manifest,
+            strict,
+            plugin_dirs,
+        } => crate::validate::run(
+            &manifest,
+            &plugin_dirs,
+            args.cache_dir,
+            &args.registry.options()?,
+            strict,
+        ),
+        Command::Manifest(ManifestCommand::Schema) => {
             println!(
-                "{}: valid, {} plugin(s)",
-                manifest.display(),
-                m.plugins.len()
+                "{}",
+                serde_json::to_string_pretty(&Manifest::json_schema())?
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -410,6 +448,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                 announce: true,
                 kube_config: None,
                 checkpoint_interval: run.checkpoint_interval.0,
+                force_ha: false,
             };
             rt.block_on(crate::run::run(options, shutdown_signal()))?;
             Ok(ExitCode::SUCCESS)

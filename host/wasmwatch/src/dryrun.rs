@@ -1,17 +1,31 @@
-//! `wasmwatch run --dry-run`: the event flow without executors. Watch loops
-//! (no checkpoints: each starts from a baseline list) feed every change to the
-//! plugins whose `events` filter selects it; each decision is printed as one
-//! JSON line on stdout. Nothing is executed: the executors and the delivery
-//! pipeline are the next step (issue 5), leader election and checkpoints
-//! are wired in with them (issue 4).
+//! `wasmwatch run --dry-run`: what `run` would do, without doing it.
+//!
+//! The plugins answer their lookups from the same live caches as `run`
+//! ([`KubeLookups`]: workloads, Services, EndpointSlices of the watched
+//! namespaces), so they decide as the leader would. Watch loops (no
+//! checkpoints: each starts from a baseline list, as `run` with HA off)
+//! feed every change to the plugins whose `events` filter selects it; each
+//! decision is printed as one JSON line on stdout, every action with its
+//! verdict and what `run` would execute for it (`execute`; for a Service
+//! refresh the URLs of the ready pods it would call, for a restart whether
+//! the pod template would be patched). Nothing is executed: no executor,
+//! no pipeline (so no debounce or coalescing either), no elector, no
+//! checkpoint, no Event.
+//!
+//! The ready line is printed once the lookups' caches are filled and every
+//! watch has taken its baseline: every change after it is shown.
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
-use wasmwatch_core::{Manifest, StaticLookups};
+use wasmwatch_core::{Action, Lookups, Manifest};
+use wasmwatch_exec::http::refresh_targets;
+use wasmwatch_exec::workload::{hash_annotation_key, records_content};
+use wasmwatch_kube::lookups::KubeLookups;
 use wasmwatch_kube::watchloop::{Output, WatchLoop, WatchTarget};
-use wasmwatch_runtime::{Plugin, Runtime, RuntimeConfig};
+use wasmwatch_runtime::{Decision, Plugin, Runtime};
 
 /// Loads the manifest and its plugins, then watches until `shutdown`.
 pub async fn run(
@@ -22,23 +36,28 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let mut manifest = Manifest::from_file(manifest_path)?;
     crate::oci::resolve_modules(&mut manifest, cache_dir.as_deref(), registry, None).await?;
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot configure the Kubernetes client")?;
+    // The caches `run` builds, for the same namespaces.
+    let lookups = KubeLookups::start(client.clone(), crate::run::watched_namespaces(&manifest));
     let runtime = Runtime::new(
-        RuntimeConfig {
-            cache_dir,
-            ..Default::default()
-        },
-        Arc::new(StaticLookups::default()),
+        crate::run::runtime_config(cache_dir, manifest.plugins.len()),
+        lookups.clone() as Arc<dyn Lookups>,
     )
     .map_err(|e| anyhow::anyhow!("cannot start the plugin runtime: {e:#}"))?;
     let mut plugins: Vec<Arc<Plugin>> = Vec::new();
     for entry in &manifest.plugins {
         plugins.push(Arc::new(runtime.load(entry, &manifest.base_dir).await?));
     }
-    let client = kube::Client::try_default()
-        .await
-        .context("cannot configure the Kubernetes client")?;
+    tokio::pin!(shutdown);
+    tokio::select! {
+        _ = lookups.ready() => {}
+        _ = &mut shutdown => return Ok(()),
+    }
 
-    let (tx, mut rx) = mpsc::channel::<Output>(1024);
+    // One loop per stream, its outputs tagged with the stream's number.
+    let (tx, mut rx) = mpsc::channel::<(usize, Output)>(1024);
     let mut loops = Vec::new();
     for kind in &manifest.watch.kinds {
         for scope in manifest.watch.scopes() {
@@ -52,52 +71,160 @@ pub async fn run(
                     .map(|s| s.as_str().to_string()),
                 metadata_changes: manifest.watch.metadata_changes,
             };
+            let id = loops.len() / 2;
+            let (loop_tx, mut loop_rx) = mpsc::channel(256);
             loops.push(tokio::spawn(
-                WatchLoop::new(client.clone(), target, None).run(tx.clone()),
+                WatchLoop::new(client.clone(), target, None).run(loop_tx),
             ));
+            let tx = tx.clone();
+            loops.push(tokio::spawn(async move {
+                while let Some(o) = loop_rx.recv().await {
+                    if tx.send((id, o)).await.is_err() {
+                        return;
+                    }
+                }
+            }));
         }
     }
     drop(tx);
+    let watches = loops.len() / 2;
+    // Each loop's first output is its baseline's version: from then on it
+    // misses no change.
+    let mut baselined = vec![false; watches];
+    let mut early = Vec::new();
+    while baselined.iter().any(|b| !b) {
+        let output = tokio::select! {
+            o = rx.recv() => o,
+            _ = &mut shutdown => None,
+        };
+        let Some((id, output)) = output else {
+            abort(&loops);
+            return Ok(());
+        };
+        baselined[id] = true;
+        early.push(output);
+    }
     println!(
         "{}",
-        serde_json::json!({"ready": true, "plugins": plugins.len(), "watches": loops.len()})
+        json!({"ready": true, "plugins": plugins.len(), "watches": watches})
     );
-    tokio::pin!(shutdown);
+    for output in early {
+        show(&plugins, &lookups, output).await;
+    }
     loop {
         let output = tokio::select! {
             o = rx.recv() => o,
             _ = &mut shutdown => break,
         };
-        let Some(Output::Change {
-            event,
-            resource_version,
-        }) = output
-        else {
-            if output.is_none() {
-                break;
-            }
-            continue;
+        let Some((_, output)) = output else { break };
+        show(&plugins, &lookups, output).await;
+    }
+    abort(&loops);
+    Ok(())
+}
+
+fn abort(tasks: &[tokio::task::JoinHandle<()>]) {
+    for t in tasks {
+        t.abort();
+    }
+}
+
+/// Prints what each selecting plugin decides about a change.
+async fn show(plugins: &[Arc<Plugin>], lookups: &KubeLookups, output: Output) {
+    let Output::Change {
+        event,
+        resource_version,
+    } = output
+    else {
+        return;
+    };
+    let object = format!("{}/{}", event.object.namespace, event.object.name);
+    for plugin in plugins.iter().filter(|p| p.filter().matches(&event)) {
+        let line = match plugin.handle(&event).await {
+            Ok(decision) => json!({
+                "object": object,
+                "kind": event.object.kind.as_str(),
+                "change": event.change,
+                "resourceVersion": resource_version,
+                "decision": with_execution(&decision, lookups),
+            }),
+            Err(e) => json!({
+                "object": object,
+                "plugin": plugin.name(),
+                "error": e.to_string(),
+            }),
         };
-        for plugin in plugins.iter().filter(|p| p.filter().matches(&event)) {
-            let line = match plugin.handle(&event).await {
-                Ok(decision) => serde_json::json!({
-                    "object": format!("{}/{}", event.object.namespace, event.object.name),
-                    "kind": event.object.kind.as_str(),
-                    "change": event.change,
-                    "resourceVersion": resource_version,
-                    "decision": decision,
-                }),
-                Err(e) => serde_json::json!({
-                    "object": format!("{}/{}", event.object.namespace, event.object.name),
-                    "plugin": plugin.name(),
-                    "error": e.to_string(),
-                }),
-            };
-            println!("{line}");
+        println!("{line}");
+    }
+}
+
+/// The decision as JSON, each action with what `run` would execute for it.
+fn with_execution(decision: &Decision, lookups: &KubeLookups) -> Value {
+    let mut value = serde_json::to_value(decision).expect("a decision serialises");
+    if let Some(actions) = value.get_mut("actions").and_then(Value::as_array_mut) {
+        for (checked, entry) in decision.actions.iter().zip(actions) {
+            let allowed = checked.verdict.is_allowed();
+            entry["execute"] = json!(allowed);
+            if allowed {
+                execution(&checked.action, lookups, entry);
+            }
         }
     }
-    for l in loops {
-        l.abort();
+    value
+}
+
+/// What the executors would do with an allowed action, from the caches
+/// as they are now (at execution time they may have moved on).
+fn execution(action: &Action, lookups: &KubeLookups, entry: &mut Value) {
+    match action {
+        Action::RefreshService {
+            namespace,
+            service,
+            method,
+            port,
+            path,
+            tls,
+        } => match refresh_targets(lookups, namespace, service, *port, path, *tls) {
+            Ok(targets) => {
+                let method = format!("{method:?}").to_uppercase();
+                let (calls, problems): (Vec<_>, Vec<_>) =
+                    targets.into_iter().partition(|t| t.url.is_ok());
+                entry["calls"] = calls
+                    .into_iter()
+                    .filter_map(|t| t.url.ok())
+                    .map(|url| format!("{method} {url}"))
+                    .collect();
+                if !problems.is_empty() {
+                    entry["problems"] = problems
+                        .into_iter()
+                        .filter_map(|t| t.url.err().map(|e| format!("{}: {e}", t.label)))
+                        .collect();
+                }
+            }
+            Err(e) => entry["problems"] = json!([e.to_string()]),
+        },
+        Action::Restart {
+            workload,
+            content_hash,
+            ..
+        } => match lookups.workload(workload) {
+            // `run` reads the workload again before patching; the cache
+            // says what it will most likely find.
+            Some(info) => {
+                let recorded = info
+                    .template_annotations
+                    .get(&hash_annotation_key(content_hash))
+                    .map(String::as_str);
+                entry["patch"] = json!(!records_content(recorded, content_hash));
+            }
+            None => {
+                entry["patch"] = json!(false);
+                entry["problems"] = json!([format!(
+                    "{:?} {}/{} is not in the cache: the restart would fail",
+                    workload.kind, workload.namespace, workload.name
+                )]);
+            }
+        },
+        Action::Http { .. } | Action::Publish { .. } | Action::Event { .. } => {}
     }
-    Ok(())
 }

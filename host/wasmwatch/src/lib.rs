@@ -13,6 +13,8 @@ pub mod local;
 pub mod local_controller;
 pub mod metrics;
 pub mod oci;
+pub mod plugin_dir;
 pub mod plugin_test;
 pub mod run;
 pub mod scaffold;
+pub mod validate;

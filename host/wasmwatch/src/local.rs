@@ -223,50 +223,50 @@ pub async fn run(
     .await
     .context("the local controller did not report the status of Deployment shop/orders")?;
 
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let manifest = wasmwatch_core::Manifest::from_file(&options.manifest)?;
+    // Whatever the manifest says, the two replicas elect a leader (both
+    // acting would double every refresh); its Lease names are used.
+    let lease_ns = manifest
+        .ha
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_string());
+    let (lease_name, state_name) = (
+        manifest.ha.lease_name.clone(),
+        manifest.ha.state_lease_name.clone(),
+    );
+    let run_options = |identity: &str, admin_addr| RunOptions {
+        manifest: options.manifest.clone(),
+        cache_dir: options.cache_dir.clone(),
+        registry: options.registry.clone(),
+        admin_addr,
+        identity: identity.to_string(),
+        namespace: "default".into(),
+        reports: Reports::Human,
+        announce: false,
+        kube_config: Some(server.kube_config()),
+        checkpoint_interval: Duration::from_secs(1),
+        force_ha: true,
+    };
     let mut replicas = Vec::new();
     for identity in ["wasmwatch-0", "wasmwatch-1"] {
-        let options = RunOptions {
-            manifest: options.manifest.clone(),
-            cache_dir: options.cache_dir.clone(),
-            registry: options.registry.clone(),
-            admin_addr: "127.0.0.1:0".parse().expect("address"),
-            identity: identity.to_string(),
-            namespace: "default".into(),
-            reports: Reports::Human,
-            announce: false,
-            kube_config: Some(server.kube_config()),
-            checkpoint_interval: Duration::from_secs(1),
-        };
-        let mut stop = stop_rx.clone();
-        replicas.push(tokio::spawn(async move {
-            let r = crate::run::run(options, async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await;
-            if let Err(e) = &r {
-                eprintln!("error: {identity}: {}", crate::cli::error_chain(e));
-            }
-            r
-        }));
+        let admin = free_port().await?;
+        replicas.push(Replica::start(run_options(identity, admin)));
     }
 
     // Ready when a leader has taken its baseline (its first checkpoint).
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_ns);
     let leader = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
-            let state = leases.get_opt("wasmwatch-state").await.ok().flatten();
+            let state = leases.get_opt(&state_name).await.ok().flatten();
             let has_checkpoint = state
                 .as_ref()
                 .and_then(|l| l.metadata.annotations.as_ref())
-                .is_some_and(|a| a.contains_key("wasmwatch.io/configmap-resource-version"));
-            if has_checkpoint
-                && let Some(l) = leases.get_opt("wasmwatch-leader").await.ok().flatten()
-                && let Some(holder) = l.spec.and_then(|s| s.holder_identity)
-            {
+                .is_some_and(|a| a.keys().any(|k| k.ends_with("-resource-version")));
+            if has_checkpoint && let Some(holder) = holder(&leases, &lease_name).await {
                 return holder;
             }
-            if replicas.iter().any(|r| r.is_finished()) {
+            if replicas.iter().any(|r| r.task.is_finished()) {
                 return String::new();
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -275,18 +275,29 @@ pub async fn run(
     .await
     .unwrap_or_default();
     if leader.is_empty() {
-        let _ = stop_tx.send(true);
         for r in replicas {
-            if let Ok(Err(e)) = r.await {
+            if let Err(e) = r.stop().await {
                 return Err(e.context("a wasmwatch replica failed to start"));
             }
         }
-        anyhow::bail!("no replica became leader within 60 s");
+        anyhow::bail!(
+            "no replica became leader within 60 s (the Lease {lease_ns}/{lease_name} has no holder)"
+        );
     }
 
     let kc = kubeconfig.display();
+    let admins: Vec<String> = replicas
+        .iter()
+        .map(|r| {
+            format!(
+                "  {}: http://{}/leader  /metrics  /readyz",
+                r.identity, r.admin
+            )
+        })
+        .collect();
     println!(
         "wasmwatch local cluster: API server {url}, 2 replicas, {leader} leads.
+{admins}
 
   sample app shop/orders: {PODS} pods behind Service orders, Deployment orders (envFrom ConfigMap orders)
 
@@ -294,13 +305,25 @@ pub async fn run(
   kubectl -n shop get configmap orders -o yaml
   kubectl -n shop patch configmap orders --type merge -p '{{\"data\":{{\"greeting\":\"hi\"}}}}'
 
-Then http-refresh POSTs /actuator/refresh to every ready orders pod (Spring Cloud
-Kubernetes style) and rollout-restart rolls Deployment shop/orders once per content
-(Reloader style): watch `kubectl -n shop get deployment orders -o yaml`.
-Ctrl-C stops.
-",
-        url = server.url()
+{plugins}",
+        url = server.url(),
+        admins = admins.join("\n"),
+        plugins = describe_plugins(&manifest),
     );
+    if !options.scripted {
+        println!(
+            "Type `stop 0` / `start 0` (or 1) and Enter to stop and restart a replica and see
+the other take over and replay what changed; `status` shows who leads. Ctrl-C stops."
+        );
+    }
+    // Leadership changes, as the Lease shows them, with the checkpoint a new
+    // leader replays from.
+    let watcher = AbortOnDrop(tokio::spawn(watch_leadership(
+        leases.clone(),
+        lease_name.clone(),
+        state_name.clone(),
+        leader.clone(),
+    )));
 
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
     let generation =
@@ -356,15 +379,214 @@ Ctrl-C stops.
             }
         }
     } else {
-        shutdown.await;
+        commands(&mut replicas, run_options, &leases, &lease_name, shutdown).await;
         true
     };
-    let _ = stop_tx.send(true);
+    drop(watcher);
+    let holder = holder(&leases, &lease_name).await;
     for r in replicas {
-        let _ = r.await;
+        let was = if holder.as_deref() == Some(r.identity.as_str()) {
+            " (the leader: it saved its checkpoint and released the Lease)"
+        } else {
+            ""
+        };
+        let identity = r.identity.clone();
+        if r.stop().await.is_ok() && !options.scripted {
+            println!("stopped replica {identity}{was}");
+        }
     }
     drop(controller);
+    if !options.scripted {
+        println!(
+            "stopped the sample app's {PODS} pods and the local API server ({}); the kubeconfig stays in {}",
+            server.url(),
+            options.dir.display()
+        );
+    }
     Ok(ok)
+}
+
+/// A free loopback port for a replica's admin server (so its URL can be
+/// printed before it starts).
+async fn free_port() -> anyhow::Result<SocketAddr> {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    Ok(l.local_addr()?)
+}
+
+/// One wasmwatch replica of the local run, stoppable and restartable.
+struct Replica {
+    identity: String,
+    admin: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Replica {
+    fn start(options: RunOptions) -> Replica {
+        let (stop, mut stopped) = watch::channel(false);
+        let identity = options.identity.clone();
+        let admin = options.admin_addr;
+        let name = identity.clone();
+        let task = tokio::spawn(async move {
+            let r = crate::run::run(options, async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await;
+            if let Err(e) = &r {
+                eprintln!("error: {name}: {}", crate::cli::error_chain(e));
+            }
+            r
+        });
+        Replica {
+            identity,
+            admin,
+            stop,
+            task,
+        }
+    }
+
+    /// Stops it as SIGTERM does (a leader saves and releases its Lease).
+    async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(true);
+        self.task.await?
+    }
+}
+
+/// The holder of the leader Lease, if any.
+async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {
+    leases
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+/// Prints each change of leader, and the checkpoints a new leader resumes
+/// (replays) from.
+async fn watch_leadership(leases: Api<Lease>, lease: String, state: String, mut last: String) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = holder(&leases, &lease).await.unwrap_or_default();
+        if now == last {
+            continue;
+        }
+        if now.is_empty() {
+            println!("leadership: {last} gave up the Lease; nobody leads");
+        } else {
+            let checkpoints: Vec<String> = leases
+                .get_opt(&state)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|l| l.metadata.annotations)
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| {
+                    let kind = k
+                        .strip_prefix("wasmwatch.io/")?
+                        .strip_suffix("-resource-version")?;
+                    Some(format!("{kind} {v}"))
+                })
+                .collect();
+            println!(
+                "leadership: {now} leads{}; it replays what changed after the checkpoints ({})",
+                if last.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (was {last})")
+                },
+                checkpoints.join("; ")
+            );
+        }
+        last = now;
+    }
+}
+
+/// Reads `stop N`, `start N` and `status` lines from stdin until `shutdown`.
+async fn commands(
+    replicas: &mut [Replica],
+    run_options: impl Fn(&str, SocketAddr) -> RunOptions,
+    leases: &Api<Lease>,
+    lease_name: &str,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut stdin_open = true;
+    tokio::pin!(shutdown);
+    loop {
+        let line = tokio::select! {
+            _ = &mut shutdown => return,
+            line = lines.next_line(), if stdin_open => line,
+        };
+        let Ok(Some(line)) = line else {
+            stdin_open = false;
+            continue;
+        };
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let replica = |n: Option<&&str>| -> Option<usize> {
+            n.and_then(|n| n.parse::<usize>().ok())
+                .filter(|n| *n < replicas.len())
+        };
+        match words.as_slice() {
+            ["status"] => {
+                let leader = holder(leases, lease_name).await.unwrap_or_default();
+                for r in replicas.iter() {
+                    let state = if r.task.is_finished() {
+                        "stopped"
+                    } else if r.identity == leader {
+                        "leading"
+                    } else {
+                        "standing by"
+                    };
+                    println!("  {} ({}): {state}", r.identity, r.admin);
+                }
+            }
+            ["stop", n] => match replica(Some(n)) {
+                Some(i) if !replicas[i].task.is_finished() => {
+                    let r = &replicas[i];
+                    let _ = r.stop.send(true);
+                    println!("stopping replica {} (as SIGTERM does)", r.identity);
+                }
+                Some(i) => println!("replica {} is already stopped", replicas[i].identity),
+                None => println!("no replica {n}: 0 or 1"),
+            },
+            ["start", n] => match replica(Some(n)) {
+                Some(i) if replicas[i].task.is_finished() => {
+                    let (identity, admin) = (replicas[i].identity.clone(), replicas[i].admin);
+                    replicas[i] = Replica::start(run_options(&identity, admin));
+                    println!("started replica {identity}");
+                }
+                Some(i) => println!("replica {} is running", replicas[i].identity),
+                None => println!("no replica {n}: 0 or 1"),
+            },
+            [] => {}
+            _ => println!("commands: stop N, start N, status (N: 0 or 1); Ctrl-C stops"),
+        }
+    }
+}
+
+/// What the manifest's plugins do here: one line per plugin, the bundled
+/// ones described as the tour shows them.
+fn describe_plugins(manifest: &wasmwatch_core::Manifest) -> String {
+    let mut out = String::from("Plugins of the manifest:\n");
+    for p in &manifest.plugins {
+        let module = p.module.display().to_string();
+        let what = if module.contains("http_refresh") || module.contains("http-refresh") {
+            "POSTs /actuator/refresh to every ready pod of the apps using a changed ConfigMap (Spring Cloud Kubernetes style)"
+        } else if module.contains("rollout_restart") || module.contains("rollout-restart") {
+            "rolls the Deployments using a changed ConfigMap once per content (Reloader style): watch `kubectl -n shop get deployment orders -o yaml`"
+        } else if module.contains("bus_refresh") || module.contains("bus-refresh") {
+            "publishes a refresh message on a bus (Spring Cloud Bus style)"
+        } else {
+            "decides for every change it selects; its actions are printed as they run"
+        };
+        out.push_str(&format!("  {} ({module}): {what}\n", p.name));
+    }
+    out
 }
 
 /// Whether a Deployment's status says its current generation is rolled

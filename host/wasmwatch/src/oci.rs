@@ -10,14 +10,15 @@
 //! so the runtime (which checks the pin again as it reads the file) is
 //! unchanged.
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use wasmwatch_core::Manifest;
+use wasmwatch_core::units::HumanDuration;
 use wasmwatch_oci::{AuthSource, ModuleRef, ModuleStore, Registry, RegistryOptions};
 
 /// How to reach registries (global flags).
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct RegistryArgs {
     /// A registry (HOST[:PORT], as written in the oci:// reference) spoken to
     /// over plain HTTP; any other only over HTTPS. Repeat, or comma-separate
@@ -58,6 +59,27 @@ pub struct RegistryArgs {
         global = true
     )]
     registry_username: Option<String>,
+    /// The longest one module's pull may take, from the first request to
+    /// the last byte (a registry that answers slowly, or not at all, is
+    /// given up after it; the command then stops, as on any failed pull).
+    #[arg(
+        long = "pull-timeout",
+        env = "WASMWATCH_PULL_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "60s",
+        value_parser = pull_timeout,
+        global = true
+    )]
+    pull_timeout: HumanDuration,
+}
+
+/// `--pull-timeout`: 1s to 1h.
+fn pull_timeout(s: &str) -> Result<HumanDuration, String> {
+    let d: HumanDuration = s.parse()?;
+    if d.0 < Duration::from_secs(1) || d.0 > Duration::from_secs(3600) {
+        return Err(format!("{d} is out of range (1s to 1h)"));
+    }
+    Ok(d)
 }
 
 impl RegistryArgs {
@@ -86,6 +108,7 @@ impl RegistryArgs {
                 config_file: self.registry_config.clone(),
                 explicit,
             },
+            pull_timeout: self.pull_timeout.0,
             ..RegistryOptions::default()
         })
     }
@@ -159,8 +182,7 @@ pub async fn resolve_modules(
                             .map_err(|e| anyhow::anyhow!("plugin {plugin}: {e}"))?,
                     ),
                 };
-                let bytes = registry
-                    .pull(&module, &entry.sha256)
+                let bytes = pull_saying_what_it_waits_for(registry, &module, entry, options)
                     .await
                     .map_err(|e| anyhow::anyhow!("plugin {plugin}: cannot pull {e}"))?;
                 let path = store.put(&entry.sha256, &bytes).map_err(|e| {
@@ -189,6 +211,34 @@ pub async fn resolve_modules(
         });
     }
     Ok(out)
+}
+
+/// `registry.pull` for `entry`, logging (warn) which plugin's module start-up
+/// is waiting for while the pull is slow: first after a few seconds (half
+/// the pull timeout when that is shorter), then every 10 s until it ends.
+async fn pull_saying_what_it_waits_for(
+    registry: &Registry,
+    module: &ModuleRef,
+    entry: &wasmwatch_core::manifest::PluginEntry,
+    options: &RegistryOptions,
+) -> Result<Vec<u8>, wasmwatch_oci::OciError> {
+    let started = tokio::time::Instant::now();
+    let first = Duration::from_secs(5).min(options.pull_timeout / 2);
+    let mut slow = tokio::time::interval_at(started + first, Duration::from_secs(10));
+    let pull = registry.pull(module, &entry.sha256);
+    tokio::pin!(pull);
+    loop {
+        tokio::select! {
+            result = &mut pull => return result,
+            _ = slow.tick() => tracing::warn!(
+                plugin = %entry.name,
+                reference = %module,
+                waited = %HumanDuration(Duration::from_secs(started.elapsed().as_secs())),
+                pull_timeout = %HumanDuration(options.pull_timeout),
+                "still pulling the plugin's module: waiting for the registry"
+            ),
+        }
+    }
 }
 
 /// [`resolve_modules`] for callers outside any async runtime.

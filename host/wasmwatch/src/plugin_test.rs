@@ -181,6 +181,12 @@ pub fn run(
             Some(p) => read_lookups(p)?,
             None => StaticLookups::default(),
         };
+        if !loaded.filter().matches(&event) {
+            eprintln!(
+                "note: {}: plugin {plugin:?} would never get this event (its manifest entry's `events` filter does not select it); tested anyway",
+                case.name
+            );
+        }
         let got = outcome(loaded.handle_blocking(&event));
         let got_text = format!("{}\n", serde_json::to_string_pretty(&got)?);
         if update {

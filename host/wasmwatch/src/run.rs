@@ -65,6 +65,9 @@ pub struct RunOptions {
     pub kube_config: Option<kube::Config>,
     /// How often the leader writes its checkpoints (when they moved).
     pub checkpoint_interval: Duration,
+    /// Elect a leader even when the manifest's `ha.enabled` is false (the
+    /// local run's two replicas must never both act).
+    pub force_ha: bool,
 }
 
 /// How action reports are printed.
@@ -115,16 +118,8 @@ pub async fn run(
     };
     let namespaces = watched_namespaces(&manifest);
     let lookups = KubeLookups::start(client.clone(), namespaces.clone());
-    let defaults = RuntimeConfig::default();
     let runtime = Runtime::new(
-        RuntimeConfig {
-            cache_dir: options.cache_dir.clone(),
-            // Every plugin has its share of sandboxes, whatever the others do.
-            max_concurrency: defaults
-                .max_concurrency
-                .max(defaults.plugin_concurrency * manifest.plugins.len() as u32),
-            ..defaults
-        },
+        runtime_config(options.cache_dir.clone(), manifest.plugins.len()),
         lookups.clone() as Arc<dyn Lookups>,
     )
     .map_err(|e| anyhow::anyhow!("cannot start the plugin runtime: {e:#}"))?;
@@ -163,7 +158,8 @@ pub async fn run(
         events,
     });
 
-    let ha = manifest.ha.clone();
+    let mut ha = manifest.ha.clone();
+    ha.enabled |= options.force_ha;
     let lease_namespace = ha
         .namespace
         .clone()
@@ -283,8 +279,21 @@ pub async fn run(
     Ok(())
 }
 
+/// The runtime's settings for `plugins` plugins (`run` and `--dry-run`).
+pub(crate) fn runtime_config(cache_dir: Option<PathBuf>, plugins: usize) -> RuntimeConfig {
+    let defaults = RuntimeConfig::default();
+    RuntimeConfig {
+        cache_dir,
+        // Every plugin has its share of sandboxes, whatever the others do.
+        max_concurrency: defaults
+            .max_concurrency
+            .max(defaults.plugin_concurrency * plugins as u32),
+        ..defaults
+    }
+}
+
 /// The namespaces the lookups' caches cover (`None`: all).
-fn watched_namespaces(manifest: &Manifest) -> Option<Vec<String>> {
+pub(crate) fn watched_namespaces(manifest: &Manifest) -> Option<Vec<String>> {
     manifest
         .watch
         .scopes()

@@ -473,3 +473,53 @@ plugins:
         "{err}"
     );
 }
+
+/// Without `--cache-dir`, every command uses the default compile cache
+/// (`$XDG_CACHE_HOME/wasmwatch`): the second `plugin run` loads the
+/// compiled artifact instead of compiling again; `--no-cache` writes none.
+#[test]
+fn plugin_run_uses_the_default_compile_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(
+        dir.path(),
+        "m.yaml",
+        &manifest_with_http_refresh("http-refresh"),
+    );
+    let fixtures = repo_root().join("tests/fixtures");
+    let cache = dir.path().join("xdg");
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+            .args(["plugin", "run", "--manifest", m.to_str().unwrap()])
+            .args(["--plugin", "http-refresh", "--event"])
+            .arg(fixtures.join("orders-configmap.yaml"))
+            .args(extra)
+            .env_remove("WASMWATCH_CACHE_DIR")
+            .env("XDG_CACHE_HOME", &cache)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    };
+    let artifacts = || -> Vec<PathBuf> {
+        std::fs::read_dir(cache.join("wasmwatch"))
+            .map(|d| {
+                d.map(|e| e.unwrap().path())
+                    .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    run(&["--no-cache"]);
+    assert!(artifacts().is_empty(), "--no-cache compiled into the cache");
+    run(&[]);
+    let first = artifacts();
+    assert_eq!(first.len(), 1, "the plugin compiled into the default cache");
+    let written = std::fs::metadata(&first[0]).unwrap().modified().unwrap();
+    run(&[]);
+    assert_eq!(artifacts(), first);
+    assert_eq!(
+        std::fs::metadata(&first[0]).unwrap().modified().unwrap(),
+        written,
+        "the second run loaded the artifact instead of compiling again"
+    );
+}

@@ -458,3 +458,115 @@ fn kubectl_rollout_status_and_wait_succeed_against_the_local_run() {
         "a new revision: {first} / {second}"
     );
 }
+
+/// `wasmwatch local` with a manifest that has no `ha:` section (as
+/// `plugin new`'s used to): the replicas still elect a leader. Each
+/// replica's admin URL is printed and answers `/leader`; `stop N` on the
+/// leader hands over (the other leads and says what it replays from),
+/// `start N` brings it back, and Ctrl-C says what it stopped.
+#[test]
+fn the_local_run_works_without_ha_and_hands_over_on_stop() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = example_manifest(dir.path(), |_| true);
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let (head, plugins) = text.split_once("plugins:\n").unwrap();
+    let head: String = head
+        .split_inclusive('\n')
+        .scan(false, |in_ha, line| {
+            if line.starts_with("ha:") {
+                *in_ha = true;
+            } else if !line.starts_with(' ') {
+                *in_ha = false;
+            }
+            Some(if *in_ha { "" } else { line }.to_string())
+        })
+        .collect();
+    assert!(!head.contains("ha:"), "{head}");
+    std::fs::write(&manifest, format!("{head}plugins:\n{plugins}")).unwrap();
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
+        .args(["local", "--manifest", manifest.to_str().unwrap()])
+        .args(["--dir", dir.path().join("local").to_str().unwrap()])
+        .args(["--cache-dir", dir.path().join("cache").to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = child.stdout.take().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let child = Kill(child);
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let mut wait_for = |what: &dyn Fn(&str) -> bool| -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    seen.push(line.clone());
+                    if what(&line) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!("not printed; the output was:\n{}", seen.join("\n")),
+            }
+        }
+    };
+    let banner = wait_for(&|l| l.contains(" leads."));
+    let leader = banner
+        .split(", ")
+        .find_map(|p| p.strip_suffix(" leads."))
+        .unwrap()
+        .to_string();
+    let mut admins = Vec::new();
+    for _ in 0..2 {
+        let line = wait_for(&|l| l.contains("/leader"));
+        let url = line.split_whitespace().nth(1).unwrap().to_string();
+        admins.push((line.trim().split(':').next().unwrap().to_string(), url));
+    }
+    for (identity, url) in &admins {
+        let out = Command::new("curl").args(["-s", url]).output();
+        if let Ok(out) = out {
+            let body = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(
+                body.trim(),
+                (identity == &leader).to_string(),
+                "{identity} {url}"
+            );
+        }
+    }
+    wait_for(&|l| l.starts_with("Plugins of the manifest"));
+    let index = if leader == "wasmwatch-0" { 0 } else { 1 };
+    writeln!(stdin, "stop {index}").unwrap();
+    wait_for(&|l| l.starts_with("stopping replica"));
+    let handover = wait_for(&|l| l.starts_with("leadership:") && l.contains(" leads"));
+    assert!(!handover.contains(&format!("{leader} leads")), "{handover}");
+    assert!(
+        handover.contains("replays what changed after the checkpoints (configmap "),
+        "{handover}"
+    );
+    writeln!(stdin, "start {index}").unwrap();
+    wait_for(&|l| l == format!("started replica {leader}"));
+    writeln!(stdin, "status").unwrap();
+    wait_for(&|l| l.contains(&leader) && l.ends_with("standing by"));
+    let pid = child.0.id().to_string();
+    Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    wait_for(&|l| l.contains("(the leader: it saved its checkpoint and released the Lease)"));
+    wait_for(&|l| l.starts_with("stopped the sample app's 3 pods and the local API server"));
+}

@@ -208,10 +208,115 @@ async fn metrics_parse_and_move_and_a_refresh_leaves_an_event_on_the_object() {
                 e.reason.as_deref() == Some("Refreshed")
                     && e.involved_object.kind.as_deref() == Some("ConfigMap")
                     && e.involved_object.name.as_deref() == Some("orders")
-                    && e.message
-                        .as_deref()
-                        .is_some_and(|m| m.contains("plugin http-refresh"))
+                    && e.message.as_deref().is_some_and(|m| {
+                        m.contains("plugin http-refresh") && m.contains(": 2 pods answered")
+                    })
             })
     })
     .await;
+}
+
+/// Events name what was done: a plugin's plain `http` action (a webhook,
+/// not a refresh of a Service's pods) leaves `WebhookCalled` with the
+/// status it was answered with, and `WebhookFailed` when it fails for
+/// good; never `Refreshed` or `RefreshFailed` (issue 21).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_call_is_named_as_such_in_its_events_not_refreshed() {
+    let hook = Pod::start().await;
+    let url = format!("http://{}/hooks/config", hook.addr);
+    let manifest = format!(
+        "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+watch: {{kinds: [ConfigMap], namespaces: [shop]}}
+ha: {{enabled: false}}
+plugins:
+  - name: hook
+    module: {{module:misbehave}}
+    sha256: {{sha256:misbehave}}
+    config: {{mode: echo-url, url: \"{url}\"}}
+    events: {{kinds: [ConfigMap]}}
+    capabilities: {{http: [\"http://127.0.0.1:*/hooks/*\"]}}
+    delivery: {{debounce: 0s, retries: 0, backoffInitial: 100ms, backoffMax: 100ms}}
+"
+    );
+    let e = test_env(&manifest, "shop").await;
+    let cms: Api<ConfigMap> = Api::namespaced(e.client.clone(), "shop");
+    for name in ["called", "refused"] {
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name}, "data": {"v": "1"}
+        }))
+        .unwrap();
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let _r = Replica::start(&e.kubeconfig, &e.manifest, "replica-a");
+    e.server.wait_for_watches(6).await;
+    let events: Api<Event> = Api::namespaced(e.client.clone(), "shop");
+    let on = |name: &'static str| {
+        let events = events.clone();
+        async move {
+            events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|e| e.involved_object.name.as_deref() == Some(name))
+                .map(|e| {
+                    (
+                        e.reason.unwrap_or_default(),
+                        e.type_.unwrap_or_default(),
+                        e.message.unwrap_or_default(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let bump = |name: &'static str| {
+        let cms = cms.clone();
+        async move {
+            cms.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"data": {"v": "2"}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+
+    bump("called").await;
+    eventually(Duration::from_secs(10), "an Event on `called`", || async {
+        !on("called").await.is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        on("called").await,
+        vec![(
+            "WebhookCalled".to_string(),
+            "Normal".to_string(),
+            format!("POST {url} answered 200 (plugin hook)")
+        )]
+    );
+    assert_eq!(hook.hits("POST /hooks/config"), 1);
+
+    // 404: permanent, dead-lettered at once.
+    hook.answer(&[404]);
+    bump("refused").await;
+    eventually(Duration::from_secs(10), "an Event on `refused`", || async {
+        !on("refused").await.is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let failed = on("refused").await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let (reason, kind, message) = &failed[0];
+    assert_eq!(
+        (reason.as_str(), kind.as_str()),
+        ("WebhookFailed", "Warning")
+    );
+    assert!(
+        message.contains(&format!("POST {url}")) && message.contains("404"),
+        "{message}"
+    );
 }

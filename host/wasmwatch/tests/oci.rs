@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use wasmwatch_testkit::registry::Registry;
+use wasmwatch_testkit::registry::{FakeRegistry, Misbehaviour, Registry};
 use wasmwatch_testkit::{plugin, repo_root, sha256_file};
 
 /// Runs `wasmwatch` with `args` and the given environment, nothing else
@@ -23,6 +23,7 @@ fn wasmwatch_env(args: &[&str], env: &[(&str, &str)]) -> Output {
         "WASMWATCH_REGISTRY_CONFIG",
         "WASMWATCH_REGISTRY_USERNAME",
         "WASMWATCH_REGISTRY_PASSWORD",
+        "WASMWATCH_PULL_TIMEOUT",
     ] {
         cmd.env_remove(var);
     }
@@ -640,4 +641,99 @@ plugins:
         .status();
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn a_stalling_registry_is_named_at_start_up_and_given_up_at_the_pull_timeout() {
+    let registry = FakeRegistry::start(Misbehaviour::Silent, b"\0asm".to_vec());
+    let module = registry.reference("plugins/refresh:1");
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let m = manifest(dir.path(), &module, &registry.sha256());
+    let host = registry.host();
+    let common = [
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--insecure-registry",
+        &host,
+        "--pull-timeout",
+        "3s",
+    ];
+    for command in [
+        vec!["validate", m.to_str().unwrap()],
+        vec![
+            "run",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--admin-addr",
+            "127.0.0.1:0",
+        ],
+    ] {
+        let mut args = command.clone();
+        args.extend(common);
+        let started = Instant::now();
+        let out = wasmwatch(&args);
+        let took = started.elapsed();
+        assert!(!out.status.success());
+        let err = text(&out.stderr);
+        assert!(
+            took >= Duration::from_secs(3) && took < Duration::from_secs(8),
+            "{command:?}: {took:?}"
+        );
+        // Start-up says whose module it waits for, before giving up.
+        let waiting = err
+            .lines()
+            .find(|l| l.contains("still pulling the plugin's module"))
+            .unwrap_or_else(|| panic!("{command:?}: no waiting line in {err}"));
+        assert!(
+            waiting.contains("http-refresh") && waiting.contains(&module),
+            "{waiting}"
+        );
+        let last = err.trim().lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("error: plugin http-refresh: cannot pull ")
+                && last.contains(&module)
+                && last.contains("within 3s (--pull-timeout)"),
+            "{command:?}: {err}"
+        );
+        eprintln!(
+            "{command:?} against a silent registry: {} ms",
+            took.as_millis()
+        );
+    }
+
+    // The flag's range.
+    let out = wasmwatch(&["validate", m.to_str().unwrap(), "--pull-timeout", "0s"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("out of range (1s to 1h)"));
+}
+
+#[test]
+fn a_huge_error_answer_is_one_bounded_line_on_stderr() {
+    let registry = FakeRegistry::start(Misbehaviour::HugeError(32 << 20), b"\0asm".to_vec());
+    let module = registry.reference("plugins/refresh:1");
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(dir.path(), &module, &registry.sha256());
+    let out = wasmwatch(&[
+        "validate",
+        m.to_str().unwrap(),
+        "--cache-dir",
+        dir.path().join("cache").to_str().unwrap(),
+        "--insecure-registry",
+        &registry.host(),
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert_eq!(
+        err.trim().lines().count(),
+        1,
+        "one line: {} bytes",
+        err.len()
+    );
+    assert!(err.len() < 6 * 1024, "{} bytes", err.len());
+    assert!(
+        err.starts_with("error: plugin http-refresh: cannot pull ")
+            && err.contains("500 Internal Server Error: oops\\n2026-01-01"),
+        "{err}"
+    );
 }

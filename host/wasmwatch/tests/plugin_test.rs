@@ -229,3 +229,37 @@ fn bad_invocations_name_the_problem() {
         text(&out.stderr)
     );
 }
+
+/// A case the manifest's `events` filter never selects is still tested, with
+/// a note saying the plugin would never get it in `run` (as `plugin run`
+/// says for one event).
+#[test]
+fn a_case_the_filter_never_selects_is_noted() {
+    let cases = copied_cases();
+    let m = manifest(cases.path(), "http-refresh", "http-refresh");
+    // Only Secrets reach the plugin now: every ConfigMap case is unselected.
+    let yaml = std::fs::read_to_string(&m).unwrap();
+    std::fs::write(
+        &m,
+        yaml.replace(
+            "    config: {strategy: refresh}",
+            "    events: {kinds: [Secret]}\n    config: {strategy: refresh}",
+        ),
+    )
+    .unwrap();
+    let out = wasmwatch(&[
+        "plugin",
+        "test",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--plugin",
+        "http-refresh",
+        cases.path().to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        stderr.contains("note: labels: plugin \"http-refresh\" would never get this event"),
+        "{stderr}"
+    );
+}

@@ -142,6 +142,11 @@ fn now_millis() -> u64 {
         .unwrap_or(0)
 }
 
+// It publishes to `connection`/`destination` of its config.
+wasmwatch_plugin_sdk::declare_needs!(
+    r#"{"bus": ["{config.connection}/{config.destination|springCloudBus}"]}"#
+);
+
 struct BusRefresh;
 
 impl Guest for BusRefresh {

@@ -73,6 +73,9 @@ fn parse_actuator(value: &str) -> (Option<u16>, Option<String>) {
     (port, path.filter(|p| !p.is_empty()))
 }
 
+// It refreshes Services in the namespace of each event it gets.
+wasmwatch_plugin_sdk::declare_needs!(r#"{"refresh": ["{namespace}"]}"#);
+
 struct HttpRefresh;
 
 impl Guest for HttpRefresh {

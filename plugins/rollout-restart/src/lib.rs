@@ -184,6 +184,9 @@ fn workload_kind(kind: WorkloadKind) -> &'static str {
     }
 }
 
+// It restarts workloads in the namespace of each event it gets.
+wasmwatch_plugin_sdk::declare_needs!(r#"{"restart": ["{namespace}"]}"#);
+
 struct RolloutRestart;
 
 impl Guest for RolloutRestart {

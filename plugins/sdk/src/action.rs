@@ -1,9 +1,42 @@
 //! Builders for the actions a plugin returns. The host checks each one
 //! against the plugin's capabilities before executing it.
 use crate::{
-    Action, BusPublish, EmitEvent, EventType, Header, HttpMethod, RefreshService, RestartWorkload,
-    WorkloadRef,
+    Action, BusPublish, EmitEvent, EventType, Header, HttpCall, HttpMethod, RefreshService,
+    RestartWorkload, WorkloadRef,
 };
+
+/// One HTTP call to `url`, with `headers` (name, value) and an optional
+/// body. Needs an `http` grant matching `url`; the host refuses `Host`,
+/// `Content-Length`, `Transfer-Encoding` and `Connection` headers.
+pub fn http(
+    method: HttpMethod,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<Vec<u8>>,
+) -> Action {
+    Action::Http(HttpCall {
+        method,
+        url: url.into(),
+        headers: headers
+            .iter()
+            .map(|(name, value)| Header {
+                name: (*name).into(),
+                value: (*value).into(),
+            })
+            .collect(),
+        body,
+    })
+}
+
+/// [`http`] with a JSON body and header `content-type: application/json`.
+pub fn http_json(method: HttpMethod, url: &str, json: impl Into<Vec<u8>>) -> Action {
+    http(
+        method,
+        url,
+        &[("content-type", "application/json")],
+        Some(json.into()),
+    )
+}
 
 /// `method path` on every ready pod of Service `namespace/service`, over
 /// http; `port: None` takes each endpoint's first port. Needs `refresh`.

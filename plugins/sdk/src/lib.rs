@@ -50,6 +50,46 @@ pub use bindings::{Action, ChangeEvent};
 pub mod action;
 pub mod spring;
 
+/// Declares what the plugin needs granted, so that `wasmwatch validate`
+/// warns when a manifest entry does not grant it (a plugin whose actions
+/// would all be refused). The argument is JSON, written once per plugin
+/// into the component's custom section `wasmwatch:needs`:
+///
+/// ```ignore
+/// // Refreshes Services in the namespace of each event it gets.
+/// wasmwatch_plugin_sdk::declare_needs!(r#"{"refresh": ["{namespace}"]}"#);
+/// // Publishes where its config says, `springCloudBus` by default.
+/// wasmwatch_plugin_sdk::declare_needs!(
+///     r#"{"bus": ["{config.connection}/{config.destination|springCloudBus}"]}"#
+/// );
+/// ```
+///
+/// Keys: `refresh` and `restart` (namespaces; `{namespace}` is each one
+/// the plugin's events come from), `bus` (`connection/destination`), `http`
+/// (URLs), `events` and `secretValues` (booleans). `{config.KEY}` and
+/// `{config.KEY|DEFAULT}` read the plugin's config. The format is in
+/// plugins/README.md ("Declaring what a plugin needs").
+#[macro_export]
+macro_rules! declare_needs {
+    ($json:literal) => {
+        const _: () = {
+            const JSON: &str = $json;
+            #[used]
+            #[unsafe(link_section = "wasmwatch:needs")]
+            static NEEDS: [u8; JSON.len()] = {
+                let bytes = JSON.as_bytes();
+                let mut out = [0u8; JSON.len()];
+                let mut i = 0;
+                while i < out.len() {
+                    out[i] = bytes[i];
+                    i += 1;
+                }
+                out
+            };
+        };
+    };
+}
+
 use serde::de::DeserializeOwned;
 
 /// Reads the plugin's config (JSON text from the manifest's `config`, as

@@ -16,6 +16,10 @@ impl Guest for Plugin {
     }
 
     fn handle(event: ChangeEvent) -> Result<Vec<Action>, String> {
+        // Other actions: action::refresh_service, action::restart,
+        // action::publish_json, and a webhook call (needs an `http` grant):
+        //   action::http_json(HttpMethod::Post, "https://hooks.example.com/x",
+        //       serde_json::json!({"object": event.object_id()}).to_string())
         Ok(vec![action::event_normal(
             "Changed",
             &format!("{} {} changed", event.kind_name(), event.object_id()),
