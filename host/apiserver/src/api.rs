@@ -173,7 +173,12 @@ fn check_list_options(q: &Query, watch: bool) -> Result<(), ApiError> {
     if causes.is_empty() {
         Ok(())
     } else {
-        Err(ApiError::invalid_kind("meta.k8s.io", "ListOptions", "", causes))
+        Err(ApiError::invalid_kind(
+            "meta.k8s.io",
+            "ListOptions",
+            "",
+            causes,
+        ))
     }
 }
 
