@@ -26,8 +26,6 @@ pub struct Args {
     /// modules still need a folder: --cache-dir or the default).
     #[arg(long, global = true, conflicts_with = "cache_dir")]
     no_cache: bool,
-    #[command(flatten)]
-    registry: crate::oci::RegistryArgs,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
@@ -60,6 +58,9 @@ enum Command {
         /// to check the deploy manifest outside the image (repeatable).
         #[arg(long = "plugin-dir", value_name = "IMAGE_DIR=LOCAL_DIR")]
         plugin_dirs: Vec<crate::plugin_dir::PluginDirMap>,
+        /// How to reach registries for `oci://` modules.
+        #[command(flatten)]
+        registry: crate::oci::RegistryArgs,
     },
     /// About the manifest format.
     #[command(subcommand)]
@@ -79,6 +80,8 @@ enum Command {
     /// (kubectl works against the kubeconfig it writes), a sample app and
     /// two replicas electing a leader, with the plugins of the manifest.
     Local {
+        /// The plugin manifest (YAML); its `ha` Lease names are used, and
+        /// the replicas elect a leader even without `ha.enabled`.
         #[arg(long)]
         manifest: PathBuf,
         /// Where the kubeconfig is written.
@@ -88,11 +91,15 @@ enum Command {
         /// they do not come within --timeout).
         #[arg(long)]
         scripted: bool,
+        /// How long --scripted waits for the refresh and the rollout.
         #[arg(long, default_value = "60s")]
         timeout: HumanDuration,
         /// Port of the local API server (0: any free port).
         #[arg(long, default_value_t = 0)]
         port: u16,
+        /// How to reach registries for `oci://` modules.
+        #[command(flatten)]
+        registry: crate::oci::RegistryArgs,
     },
 }
 
@@ -108,6 +115,7 @@ fn checkpoint_interval(s: &str) -> Result<HumanDuration, String> {
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
+    /// The plugin manifest (YAML).
     #[arg(long)]
     manifest: PathBuf,
     /// Decide from the same live caches, print each decision as a JSON line
@@ -129,6 +137,9 @@ struct RunArgs {
     /// How often the leader writes its checkpoints when they moved (1ms to 1h).
     #[arg(long, default_value = "2s", value_parser = checkpoint_interval)]
     checkpoint_interval: HumanDuration,
+    /// How to reach registries for `oci://` modules.
+    #[command(flatten)]
+    registry: crate::oci::RegistryArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -145,10 +156,15 @@ struct ElectArgs {
     /// Address of the admin HTTP port.
     #[arg(long, default_value = "0.0.0.0:8080")]
     admin_addr: std::net::SocketAddr,
+    /// How long a Lease is valid after its last renewal: a replica that
+    /// stops renewing is replaced after at most this long.
     #[arg(long, default_value = "15s")]
     lease_duration: HumanDuration,
+    /// How long the leader keeps trying to renew before it stops leading
+    /// (shorter than --lease-duration).
     #[arg(long, default_value = "10s")]
     renew_deadline: HumanDuration,
+    /// How often replicas try to take or renew the Lease.
     #[arg(long, default_value = "2s")]
     retry_period: HumanDuration,
 }
@@ -167,6 +183,7 @@ enum PluginCommand {
     /// Run one plugin on one event and print the actions it returns, with the
     /// host's capability verdict on each, as JSON. Nothing is executed.
     Run {
+        /// The plugin manifest (YAML).
         #[arg(long)]
         manifest: PathBuf,
         /// The plugin's name in the manifest.
@@ -182,6 +199,9 @@ enum PluginCommand {
         /// YAML with `services` and `workloads` the plugin's lookups answer from.
         #[arg(long)]
         lookups: Option<PathBuf>,
+        /// How to reach registries for `oci://` modules.
+        #[command(flatten)]
+        registry: crate::oci::RegistryArgs,
     },
     /// Publish a component to an OCI registry (a Wasm OCI artifact: config
     /// application/vnd.wasm.config.v0+json, layer application/wasm) and
@@ -191,6 +211,9 @@ enum PluginCommand {
         file: PathBuf,
         /// oci://REGISTRY/REPOSITORY:TAG
         reference: String,
+        /// How to reach registries to push to.
+        #[command(flatten)]
+        registry: crate::oci::RegistryArgs,
     },
     /// Create a ready plugin project NAME/: source, SDK, WIT, build script,
     /// a manifest entry and a test case for `plugin test`.
@@ -210,6 +233,7 @@ enum PluginCommand {
     /// or lookups.yaml as its lookups. Exit code 0 when all match, 1 when
     /// any differs (a diff is printed) or cannot run.
     Test {
+        /// The plugin manifest (YAML).
         #[arg(long)]
         manifest: PathBuf,
         /// The plugin's name in the manifest.
@@ -222,6 +246,9 @@ enum PluginCommand {
         /// Event files and folders of them.
         #[arg(required = true)]
         cases: Vec<PathBuf>,
+        /// How to reach registries for `oci://` modules.
+        #[command(flatten)]
+        registry: crate::oci::RegistryArgs,
     },
 }
 
@@ -339,11 +366,12 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             manifest,
             strict,
             plugin_dirs,
+            registry,
         } => crate::validate::run(
             &manifest,
             &plugin_dirs,
             args.cache_dir,
-            &args.registry.options()?,
+            &registry.options()?,
             strict,
         ),
         Command::Manifest(ManifestCommand::Schema) => {
@@ -359,12 +387,13 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             event,
             change,
             lookups,
+            registry,
         }) => {
             let mut m = Manifest::from_file(&manifest)?;
             crate::oci::resolve_modules_blocking(
                 &mut m,
                 args.cache_dir.as_deref(),
-                &args.registry.options()?,
+                &registry.options()?,
                 Some(&plugin),
             )?;
             let entry = manifest_plugin(&m, &manifest, &plugin)?;
@@ -403,6 +432,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             plugin,
             update,
             cases,
+            registry,
         }) => {
             let summary = crate::plugin_test::run(
                 &manifest,
@@ -410,7 +440,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                 &cases,
                 update,
                 args.cache_dir,
-                &args.registry.options()?,
+                &registry.options()?,
             )?;
             Ok(if summary.failed == 0 {
                 ExitCode::SUCCESS
@@ -418,8 +448,12 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Command::Plugin(PluginCommand::Push { file, reference }) => {
-            crate::oci::push(&file, &reference, &args.registry.options()?)?;
+        Command::Plugin(PluginCommand::Push {
+            file,
+            reference,
+            registry,
+        }) => {
+            crate::oci::push(&file, &reference, &registry.options()?)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Run(run) => {
@@ -428,7 +462,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                 rt.block_on(crate::dryrun::run(
                     &run.manifest,
                     args.cache_dir,
-                    &args.registry.options()?,
+                    &run.registry.options()?,
                     shutdown_signal(),
                 ))?;
                 return Ok(ExitCode::SUCCESS);
@@ -436,7 +470,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             let options = crate::run::RunOptions {
                 manifest: run.manifest,
                 cache_dir: args.cache_dir,
-                registry: args.registry.options()?,
+                registry: run.registry.options()?,
                 admin_addr: run.admin_addr,
                 identity: run.identity.unwrap_or_else(default_identity),
                 namespace: run.namespace,
@@ -459,6 +493,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             scripted,
             timeout,
             port,
+            registry,
         } => {
             let rt = tokio::runtime::Runtime::new()?;
             let ok = rt.block_on(crate::local::run(
@@ -466,7 +501,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                     manifest,
                     dir,
                     cache_dir: args.cache_dir,
-                    registry: args.registry.options()?,
+                    registry: registry.options()?,
                     scripted,
                     timeout: timeout.0,
                     port,
@@ -543,4 +578,63 @@ async fn run_elect(args: ElectArgs) -> anyhow::Result<()> {
     elector.run(shutdown_signal()).await;
     admin.abort();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    /// Every flag and argument of every subcommand says what it is for.
+    #[test]
+    fn every_flag_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Args::command(), "wasmwatch", &mut missing);
+        assert!(missing.is_empty(), "without help: {missing:?}");
+    }
+
+    /// Registry flags are offered by the commands that pull or push only.
+    #[test]
+    fn registry_flags_only_where_modules_are_pulled_or_pushed() {
+        let root = super::Args::command();
+        let has = |path: &[&str]| {
+            let mut cmd = &root;
+            for p in path {
+                cmd = cmd.find_subcommand(p).unwrap();
+            }
+            cmd.get_arguments()
+                .any(|a| a.get_long() == Some("insecure-registry"))
+        };
+        for pulls in [
+            &["validate"][..],
+            &["run"],
+            &["local"],
+            &["plugin", "run"],
+            &["plugin", "test"],
+            &["plugin", "push"],
+        ] {
+            assert!(has(pulls), "{pulls:?}");
+        }
+        for other in [&["elect"][..], &["plugin", "new"], &["manifest", "schema"]] {
+            assert!(!has(other), "{other:?}");
+        }
+        assert!(
+            !root
+                .get_arguments()
+                .any(|a| a.get_long() == Some("insecure-registry"))
+        );
+    }
 }

@@ -17,7 +17,7 @@ use wasmwatch_core::Manifest;
 use wasmwatch_core::units::HumanDuration;
 use wasmwatch_oci::{AuthSource, ModuleRef, ModuleStore, Registry, RegistryOptions};
 
-/// How to reach registries (global flags).
+/// How to reach registries: flags of the commands that pull or push.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RegistryArgs {
     /// A registry (HOST[:PORT], as written in the oci:// reference) spoken to
@@ -27,8 +27,7 @@ pub struct RegistryArgs {
         long = "insecure-registry",
         env = "WASMWATCH_INSECURE_REGISTRIES",
         value_delimiter = ',',
-        value_name = "HOST:PORT",
-        global = true
+        value_name = "HOST:PORT"
     )]
     insecure_registries: Vec<String>,
     /// A PEM file of CA certificates to trust for registries, beside the
@@ -36,8 +35,7 @@ pub struct RegistryArgs {
     #[arg(
         long = "registry-ca-file",
         env = "WASMWATCH_REGISTRY_CA_FILE",
-        value_name = "FILE",
-        global = true
+        value_name = "FILE"
     )]
     registry_ca_file: Option<PathBuf>,
     /// A docker config.json with registry credentials (`auths`), e.g. a
@@ -46,8 +44,7 @@ pub struct RegistryArgs {
     #[arg(
         long = "registry-config",
         env = "WASMWATCH_REGISTRY_CONFIG",
-        value_name = "FILE",
-        global = true
+        value_name = "FILE"
     )]
     registry_config: Option<PathBuf>,
     /// A user for every registry, ahead of the config file; the password
@@ -55,8 +52,7 @@ pub struct RegistryArgs {
     #[arg(
         long = "registry-username",
         env = "WASMWATCH_REGISTRY_USERNAME",
-        value_name = "USER",
-        global = true
+        value_name = "USER"
     )]
     registry_username: Option<String>,
     /// The longest one module's pull may take, from the first request to
@@ -68,7 +64,6 @@ pub struct RegistryArgs {
         value_name = "DURATION",
         default_value = "60s",
         value_parser = pull_timeout,
-        global = true
     )]
     pull_timeout: HumanDuration,
 }
