@@ -42,3 +42,12 @@ impl<T: Send + 'static> PluginPre<T> {
         })
     }
 }
+
+impl Plugin {
+    /// The `handle` export, for [`crate::output::call_handle`], which copies
+    /// its result out within the limits (the generated `call_handle` copies
+    /// it all first).
+    pub(crate) fn handle_func(&self) -> wasmtime::component::Func {
+        self.handle
+    }
+}

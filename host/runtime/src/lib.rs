@@ -28,6 +28,10 @@ mod bindings;
 mod cache;
 mod convert;
 mod error;
+// Implements wasmtime's `Lift` for `handle`'s result, and calls `handle`
+// through a function typed once at load.
+#[allow(unsafe_code)]
+mod output;
 mod plugin;
 mod sandbox;
 mod ticker;

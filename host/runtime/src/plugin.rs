@@ -17,14 +17,13 @@ use wasmwatch_core::{Action, Capabilities, ChangeEvent, Verdict};
 use crate::bindings::{self, PluginPre, WORLD};
 use crate::convert;
 use crate::error::{LoadError, PluginError};
+use crate::output::{self, HandleOutput, MAX_OUTPUT_BYTES, OutputRefused, WithLimits};
 use crate::sandbox::{
     Limiter, PluginShared, Runtime, SandboxState, allowed_import, zero_authority_wasi,
 };
 
 /// What the plugin's stdout and stderr may hold per call.
 const PIPE_CAPACITY: usize = 16 * 1024;
-/// Bytes of actions one call may return.
-const MAX_OUTPUT_BYTES: usize = 1 << 20;
 
 /// One action with the host's verdict on it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -174,12 +173,16 @@ impl Runtime {
             module_sha256: actual,
             refused: AtomicU64::new(0),
         };
-        // The first instantiation checks the exports' types; later ones rely on it.
+        // The first instantiation checks the exports' types; later ones
+        // rely on it, and so does `output::call_handle`.
         let config = loaded.shared.config_json.clone();
         let started = Instant::now();
         let check = loaded
             .call(true, move |b, s| {
-                Box::pin(async move { b.call_check_config(s, &config).await })
+                Box::pin(async move {
+                    output::check_handle(b.handle_func(), &*s)?;
+                    b.call_check_config(s, &config).await
+                })
             })
             .await;
         tracing::debug!(plugin, elapsed = ?started.elapsed(), "config check done");
@@ -258,16 +261,28 @@ impl Plugin {
     /// calls; dropping the future ends the call at once.
     pub async fn handle(&self, event: &ChangeEvent) -> Result<Decision, PluginError> {
         let wit_event = convert::event_to_wit(event, self.capabilities.secret_values);
+        // The output is counted while it is copied out of the sandbox, and
+        // refused at the first action over the limits (see `output`).
+        let max_actions = self.limits.max_actions as usize;
         let result = self
             .call(false, move |b, s| {
-                Box::pin(async move { b.call_handle(s, &wit_event).await })
+                Box::pin(WithLimits::new(max_actions, async move {
+                    output::call_handle(b.handle_func(), s, &wit_event).await
+                }))
             })
             .await?;
-        let actions = result.map_err(|message| PluginError::Returned {
-            plugin: self.name().to_string(),
-            message: bounded_line(&message, MAX_MESSAGE_BYTES).into_owned(),
-        })?;
-        if actions.len() > self.limits.max_actions as usize {
+        let actions = match result {
+            HandleOutput::Actions(actions) => actions,
+            HandleOutput::Error { text, len } => {
+                return Err(PluginError::Returned {
+                    plugin: self.name().to_string(),
+                    message: returned_message(&text, len),
+                });
+            }
+        };
+        // Checked while copying already; the size again exactly (the count
+        // while copying is in code units, which differ for UTF-16 guests).
+        if actions.len() > max_actions {
             return Err(PluginError::OutputTooLarge {
                 plugin: self.name().to_string(),
                 what: format!(
@@ -412,6 +427,12 @@ impl Plugin {
             MAX_MESSAGE_BYTES,
         )
         .into_owned();
+        if let Some(OutputRefused(what)) = e.downcast_ref::<OutputRefused>() {
+            return PluginError::OutputTooLarge {
+                plugin,
+                what: what.clone(),
+            };
+        }
         match e.downcast_ref::<Trap>() {
             Some(Trap::Interrupt) => PluginError::Timeout {
                 plugin,
@@ -429,6 +450,22 @@ impl Plugin {
                 stderr,
             },
         }
+    }
+}
+
+/// A plugin's error message on one bounded line. `text` is what was copied
+/// out of the sandbox, `len` the length of the whole message.
+fn returned_message(text: &str, len: usize) -> String {
+    let line = bounded_line(text, MAX_MESSAGE_BYTES);
+    if len <= text.len() {
+        return line.into_owned();
+    }
+    // Only a prefix, longer than a line, was copied: the line is cut and
+    // says how long that prefix is; say how long the message is.
+    let prefix_said = format!("(truncated, {} bytes in all)", text.len());
+    match line.strip_suffix(prefix_said.as_str()) {
+        Some(cut) => format!("{cut}(truncated, {len} bytes in all)"),
+        None => line.into_owned(),
     }
 }
 

@@ -132,7 +132,13 @@ fn a_100_mib_error_is_cut_to_a_bounded_line() {
         &text[..200]
     );
     assert!(text.len() < 4096 + 200, "{} bytes", text.len());
-    assert!(text.contains("truncated"), "{}", &text[text.len() - 100..]);
+    // Only the start of it was copied out of the sandbox, but the whole
+    // length is told.
+    assert!(
+        text.ends_with("(truncated, 104857600 bytes in all)"),
+        "{}",
+        &text[text.len() - 100..]
+    );
 }
 
 /// Collects what the host logs on this thread.
@@ -235,4 +241,123 @@ fn a_blocked_plugin_does_not_delay_another() {
             Err(PluginError::Timeout { .. })
         ));
     }
+}
+
+/// The plugin's time limit in the output tests below.
+const OUTPUT_TIMEOUT: Duration = Duration::from_millis(1000);
+/// When the plugin returns its output: early enough to lower it (in its own
+/// time) before the deadline, late enough that copying it out the old way
+/// ran far past the deadline (issue 23).
+const OUTPUT_HOLD: Duration = Duration::from_millis(900);
+
+fn output_plugin(rt: &Runtime, mode: &str) -> Plugin {
+    let m = entry(
+        "bad",
+        "misbehave",
+        &format!("{{mode: {mode}, hold_ms: {}}}", OUTPUT_HOLD.as_millis()),
+        &format!(
+            "    limits: {{timeout: {}ms, memory: 512Mi}}",
+            OUTPUT_TIMEOUT.as_millis()
+        ),
+    );
+    rt.load_blocking(&m.plugins[0], &m.base_dir).unwrap()
+}
+
+/// Output that costs the host far more to copy than the plugin to make is
+/// refused as too large, and before the deadline: the host counts it while
+/// copying (issue 23). The plugin returns 100 ms before its deadline.
+fn refused_before_the_deadline(mode: &str) {
+    let rt = runtime();
+    let plugin = output_plugin(&rt, mode);
+    let start = Instant::now();
+    let result = plugin.handle_blocking(&event());
+    let took = start.elapsed();
+    eprintln!(
+        "{mode}: returned {} ms after the deadline",
+        took.as_secs_f64() * 1e3 - OUTPUT_TIMEOUT.as_secs_f64() * 1e3
+    );
+    let err = match result {
+        Ok(d) => panic!("accepted {} actions", d.actions.len()),
+        Err(e) => e,
+    };
+    assert!(matches!(err, PluginError::OutputTooLarge { .. }), "{err}");
+    // Generous for a loaded machine: the refusal itself takes well under
+    // a millisecond, lowering the output in the sandbox a few.
+    assert!(
+        took <= OUTPUT_TIMEOUT + Duration::from_millis(50),
+        "{mode}: refused {took:?} after the call began, the limit is {OUTPUT_TIMEOUT:?}: {err}"
+    );
+}
+
+#[test]
+fn twenty_actions_sharing_a_million_headers_are_refused_in_time() {
+    refused_before_the_deadline("shared-headers");
+}
+
+#[test]
+fn a_hundred_bodies_aliasing_16_mib_are_refused_in_time() {
+    refused_before_the_deadline("aliased-bodies");
+}
+
+#[test]
+fn seven_16_mib_bodies_are_refused_in_time() {
+    refused_before_the_deadline("big-bodies");
+}
+
+#[test]
+fn a_million_empty_headers_are_refused_in_time() {
+    refused_before_the_deadline("headers");
+}
+
+#[test]
+fn half_a_million_actions_are_refused_in_time() {
+    refused_before_the_deadline("many-actions");
+}
+
+/// While a plugin's oversized output is refused, a well-behaved plugin's
+/// calls on the same (single) tokio worker go on as usual.
+#[test]
+fn oversized_output_does_not_delay_another_plugin() {
+    let rt = runtime();
+    let hostile = Arc::new(output_plugin(&rt, "aliased-bodies"));
+    let ok = Arc::new(load(&rt, "ok", "    capabilities: {events: true}"));
+    let worker = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (slowest, refused) = worker.block_on(async move {
+        let ev = event();
+        ok.handle(&ev).await.unwrap();
+        let call = {
+            let (hostile, ev) = (hostile.clone(), ev.clone());
+            tokio::spawn(async move { hostile.handle(&ev).await })
+        };
+        let mut slowest = Duration::ZERO;
+        let mut calls = 0;
+        // Until well after the hostile call's deadline.
+        let until = Instant::now() + OUTPUT_TIMEOUT + Duration::from_millis(300);
+        while Instant::now() < until {
+            let (ok, ev) = (ok.clone(), ev.clone());
+            let start = Instant::now();
+            // Through the worker, like the service's calls.
+            tokio::spawn(async move { ok.handle(&ev).await })
+                .await
+                .unwrap()
+                .unwrap();
+            slowest = slowest.max(start.elapsed());
+            calls += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        eprintln!("{calls} calls, the slowest took {slowest:?}");
+        (slowest, call.await.unwrap().unwrap_err())
+    });
+    assert!(
+        slowest < Duration::from_millis(100),
+        "a well-behaved call took {slowest:?}"
+    );
+    assert!(
+        matches!(refused, PluginError::OutputTooLarge { .. }),
+        "{refused}"
+    );
 }
