@@ -1,6 +1,6 @@
 //! The compiled-artifact cache. Artifacts are native code, so only files this
 //! host wrote itself are ever loaded: the cache lives in a folder the host
-//! creates with mode 0700, artifacts are named by the module's sha256 and the
+//! creates with mode 0700 (`<cache>/compiled/`), artifacts are named by the module's sha256 and the
 //! engine's compatibility hash, and users never supply precompiled artifacts
 //! (modules are always given as `.wasm` and pinned by their sha256).
 use std::hash::{Hash, Hasher};
@@ -9,12 +9,22 @@ use std::path::{Path, PathBuf};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-pub(crate) fn prepare_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+/// The folder compiled artifacts live in: `compiled/` inside the cache
+/// folder. The cache folder itself is the operator's (it also holds pulled
+/// modules) and keeps its mode; `compiled/` is this host's own and is made
+/// private (0700) at every start, so that no other user can plant native
+/// code in it, whatever the cache folder's mode.
+pub(crate) fn compiled_dir(cache_dir: &Path) -> PathBuf {
+    cache_dir.join("compiled")
+}
+
+pub(crate) fn prepare_dir(cache_dir: &Path) -> std::io::Result<()> {
+    let dir = compiled_dir(cache_dir);
+    std::fs::create_dir_all(&dir)?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
     }
     Ok(())
 }
@@ -36,7 +46,7 @@ pub(crate) fn compile(
     let Some(dir) = cache_dir else {
         return Component::new(engine, bytes);
     };
-    let path = artifact_path(dir, engine, sha256);
+    let path = artifact_path(&compiled_dir(dir), engine, sha256);
     if path.exists() {
         match load_own_artifact(engine, &path) {
             Ok(c) => return Ok(c),

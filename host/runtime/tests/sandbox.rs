@@ -700,8 +700,12 @@ fn a_bad_plugin_config_fails_at_load_with_the_plugins_message() {
 
 #[test]
 fn compiled_artifacts_are_cached_by_digest_and_engine() {
+    use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
+    // The operator's folder keeps its mode; the artifacts' own is private.
+    std::fs::create_dir(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755)).unwrap();
     let rt = Runtime::new(
         RuntimeConfig {
             cache_dir: Some(cache.clone()),
@@ -710,9 +714,12 @@ fn compiled_artifacts_are_cached_by_digest_and_engine() {
         Arc::new(StaticLookups::default()),
     )
     .unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&cache), 0o755, "the cache folder was changed");
+    assert_eq!(mode(&cache.join("compiled")), 0o700);
     let entry = "name: ok\n    module: {module:misbehave}\n    sha256: {sha256:misbehave}\n    config: {mode: ok}\n    capabilities: {events: true}";
     load(&rt, entry).unwrap();
-    let files: Vec<_> = std::fs::read_dir(&cache)
+    let files: Vec<_> = std::fs::read_dir(cache.join("compiled"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();

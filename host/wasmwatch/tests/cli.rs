@@ -501,7 +501,7 @@ fn plugin_run_uses_the_default_compile_cache() {
         assert!(out.status.success(), "{}", text(&out.stderr));
     };
     let artifacts = || -> Vec<PathBuf> {
-        std::fs::read_dir(cache.join("wasmwatch"))
+        std::fs::read_dir(cache.join("wasmwatch/compiled"))
             .map(|d| {
                 d.map(|e| e.unwrap().path())
                     .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
