@@ -947,7 +947,7 @@ fn every_kubectl_renders_the_same_objects() {
     for overlay in overlays() {
         let renders: Vec<BTreeMap<String, Value>> = kubectls
             .iter()
-            .map(|k| normalised(&render(k, &overlay_dir(&overlay))))
+            .map(|k| common::normalised_objects(&render(k, &overlay_dir(&overlay))))
             .collect();
         for (k, r) in kubectls.iter().zip(&renders).skip(1) {
             assert_eq!(
@@ -959,36 +959,6 @@ fn every_kubectl_renders_the_same_objects() {
             );
         }
     }
-}
-
-fn normalised(objects: &[Value]) -> BTreeMap<String, Value> {
-    fn clean(v: &mut Value) {
-        match v {
-            Value::Object(m) => {
-                m.retain(|_, x| !matches!(x, Value::Object(o) if o.is_empty()));
-                m.values_mut().for_each(clean);
-            }
-            Value::Array(a) => a.iter_mut().for_each(clean),
-            Value::String(s) if s.starts_with("wasmwatch-manifest-") => {
-                *s = "wasmwatch-manifest-<hash>".into();
-            }
-            _ => {}
-        }
-    }
-    objects
-        .iter()
-        .map(|o| {
-            let mut o = o.clone();
-            clean(&mut o);
-            let key = format!(
-                "{}/{}/{}",
-                o["kind"].as_str().unwrap_or(""),
-                o["metadata"]["namespace"].as_str().unwrap_or(""),
-                o["metadata"]["name"].as_str().unwrap_or("")
-            );
-            (key, o)
-        })
-        .collect()
 }
 
 /// The manifests in deploy/ pinned with the real bundled plugins (built from

@@ -535,39 +535,6 @@ fn kubectl() -> Option<PathBuf> {
     k
 }
 
-/// The objects, keyed by kind/namespace/name, without what kustomize
-/// versions render differently: the generated ConfigMap's hash suffix and
-/// empty maps.
-fn normalised(objects: &[Value]) -> std::collections::BTreeMap<String, Value> {
-    fn clean(v: &mut Value) {
-        match v {
-            Value::Object(m) => {
-                m.retain(|_, x| !matches!(x, Value::Object(o) if o.is_empty()));
-                m.values_mut().for_each(clean);
-            }
-            Value::Array(a) => a.iter_mut().for_each(clean),
-            Value::String(s) if s.starts_with("wasmwatch-manifest-") => {
-                *s = "wasmwatch-manifest-<hash>".into();
-            }
-            _ => {}
-        }
-    }
-    objects
-        .iter()
-        .map(|o| {
-            let mut o = o.clone();
-            clean(&mut o);
-            let key = format!(
-                "{}/{}/{}",
-                o["kind"].as_str().unwrap_or(""),
-                o["metadata"]["namespace"].as_str().unwrap_or(""),
-                o["metadata"]["name"].as_str().unwrap_or("")
-            );
-            (key, o)
-        })
-        .collect()
-}
-
 /// deploy/install*.yaml are what deploy/render-install makes of the
 /// overlays now: change deploy/base or an overlay, and this fails until the
 /// files are rendered again.
@@ -587,8 +554,8 @@ fn the_install_files_are_up_to_date() {
             .unwrap_or_else(|e| panic!("deploy/{file}: {e}; run deploy/render-install"));
         let fresh = std::fs::read_to_string(dir.path().join(file)).unwrap();
         let (committed, fresh) = (
-            normalised(&yaml_documents(&committed)),
-            normalised(&yaml_documents(&fresh)),
+            common::normalised_objects(&yaml_documents(&committed)),
+            common::normalised_objects(&yaml_documents(&fresh)),
         );
         assert_eq!(
             committed.keys().collect::<Vec<_>>(),

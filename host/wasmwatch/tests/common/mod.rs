@@ -396,3 +396,39 @@ pub async fn workload(
     )
     .await;
 }
+
+/// The objects, keyed by kind/namespace/name, without what kustomize
+/// versions render differently: the generated ConfigMap's hash suffix and
+/// empty maps.
+pub fn normalised_objects(
+    objects: &[serde_json::Value],
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    use serde_json::Value;
+    fn clean(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                m.retain(|_, x| !matches!(x, Value::Object(o) if o.is_empty()));
+                m.values_mut().for_each(clean);
+            }
+            Value::Array(a) => a.iter_mut().for_each(clean),
+            Value::String(s) if s.starts_with("wasmwatch-manifest-") => {
+                *s = "wasmwatch-manifest-<hash>".into();
+            }
+            _ => {}
+        }
+    }
+    objects
+        .iter()
+        .map(|o| {
+            let mut o = o.clone();
+            clean(&mut o);
+            let key = format!(
+                "{}/{}/{}",
+                o["kind"].as_str().unwrap_or(""),
+                o["metadata"]["namespace"].as_str().unwrap_or(""),
+                o["metadata"]["name"].as_str().unwrap_or("")
+            );
+            (key, o)
+        })
+        .collect()
+}
