@@ -23,6 +23,8 @@ use crate::sandbox::{
 };
 
 /// What the plugin's stdout and stderr may hold per call.
+/// Per guest-to-host transfer (see `Store::set_hostcall_fuel`).
+const HOSTCALL_FUEL: usize = 16 << 20;
 const PIPE_CAPACITY: usize = 16 * 1024;
 
 /// One action with the host's verdict on it.
@@ -381,6 +383,12 @@ impl Plugin {
             },
         );
         store.limiter(|s| &mut s.limiter);
+        // What one guest-to-host transfer (an import's arguments, an
+        // export's result) may copy: wasmtime's default is 128 MiB, which a
+        // hostile plugin could make the host copy uninterruptibly (a UTF-16
+        // error string, a huge log argument). Accepted outputs need ~3 MiB
+        // (`MAX_OUTPUT_BYTES` of payload plus per-item overhead).
+        store.set_hostcall_fuel(HOSTCALL_FUEL);
         store.epoch_deadline_callback(move |_| {
             Ok(if Instant::now() >= deadline {
                 UpdateDeadline::Interrupt

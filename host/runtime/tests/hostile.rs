@@ -210,7 +210,9 @@ fn a_forbidden_import_is_refused_before_compiling() {
     assert!(matches!(err, LoadError::ForbiddenImport { .. }), "{err}");
     assert!(err.to_string().contains("wasi:http"), "{err}");
     // Nothing was compiled: the cache holds no artifact.
-    let artifacts = std::fs::read_dir(cache.path().join("c")).unwrap().count();
+    let artifacts = std::fs::read_dir(cache.path().join("c/compiled"))
+        .unwrap()
+        .count();
     assert_eq!(artifacts, 0);
 }
 
