@@ -130,18 +130,39 @@ impl fmt::Display for LabelSelector {
     }
 }
 
+/// A label name part (and a non-empty value): at most 63 of `[A-Za-z0-9-_.]`,
+/// starting and ending alphanumeric, as kube-apiserver checks selectors
+/// (one it refuses would fail every list and watch of the kind).
+fn valid_name_part(n: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    !n.is_empty()
+        && n.len() <= 63
+        && edge(n.chars().next())
+        && edge(n.chars().last())
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// A qualified label key: `[prefix/]name`, the prefix a lower-case DNS
+/// subdomain of at most 253 characters.
 fn valid_key(k: &str) -> bool {
-    let name = k.rsplit_once('/').map_or(k, |(_, n)| n);
-    !name.is_empty()
-        && name.len() <= 63
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+    let (prefix, name) = match k.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    };
+    valid_name_part(name) && prefix.is_none_or(|p| p.len() <= 253 && p.split('.').all(label))
 }
 
 fn valid_value(v: &str) -> bool {
-    v.len() <= 63
-        && v.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    v.is_empty() || valid_name_part(v)
 }
 
 /// Splits on commas that are not inside parentheses.
@@ -258,6 +279,33 @@ impl serde::Serialize for LabelSelector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What kube-apiserver refuses (400 on every list and watch) is refused
+    /// when the manifest is read, not retried forever by the watch loop.
+    #[test]
+    fn keys_and_values_follow_kubes_rules() {
+        for bad in [
+            "app=-web",
+            "app=web_",
+            "-app=web",
+            "a/b/c=x",
+            "Example.com/x=y",
+            "example.com/=y",
+            "app in (web, .x)",
+        ] {
+            assert!(bad.parse::<LabelSelector>().is_err(), "{bad} accepted");
+        }
+        for good in [
+            "app=",
+            "app=web-1",
+            "example.com/tier=a.b_c",
+            "spring.cloud.kubernetes.config=true",
+            "!x.io/y",
+            "app in (a,b)",
+        ] {
+            assert!(good.parse::<LabelSelector>().is_ok(), "{good} refused");
+        }
+    }
 
     fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter()
