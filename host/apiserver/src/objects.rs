@@ -411,9 +411,13 @@ pub fn prepare_update(
     }
     // Deployments also count annotation changes as a new generation (their
     // strategy's PrepareForUpdate); StatefulSets and DaemonSets do not.
+    let same = validation::semantically_equal;
     let annotations_changed = rt.plural == "deployments"
-        && new.pointer("/metadata/annotations") != old.pointer("/metadata/annotations");
-    if rt.generation && (new.get("spec") != old.get("spec") || annotations_changed) {
+        && !same(
+            new.pointer("/metadata/annotations"),
+            old.pointer("/metadata/annotations"),
+        );
+    if rt.generation && (!same(new.get("spec"), old.get("spec")) || annotations_changed) {
         let g = old
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)

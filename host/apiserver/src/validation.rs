@@ -215,6 +215,26 @@ pub fn validate_kind(rt: &ResourceType, obj: &Value, causes: &mut Vec<Cause>) {
     }
 }
 
+/// Equal as kube's `Semantic.DeepEqual` sees JSON: an absent field, null,
+/// `{}` and `[]` are all empty (a client that sends `matchExpressions: []`
+/// changes nothing).
+pub fn semantically_equal(a: Option<&Value>, b: Option<&Value>) -> bool {
+    match (a, b) {
+        (Some(Value::Object(x)), Some(Value::Object(y))) => x
+            .keys()
+            .chain(y.keys())
+            .all(|k| semantically_equal(x.get(k), y.get(k))),
+        (Some(Value::Array(x)), Some(Value::Array(y))) => {
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|(p, q)| semantically_equal(Some(p), Some(q)))
+        }
+        (a, b) if empty(a) && empty(b) => true,
+        (a, b) => a == b,
+    }
+}
+
 const IMMUTABLE: &str = "field is immutable";
 const IMMUTABLE_WHEN_SET: &str = "field is immutable when `immutable` is set";
 
@@ -244,7 +264,9 @@ pub fn validate_update(rt: &ResourceType, old: &Value, new: &Value, causes: &mut
             ));
         }
     }
-    if rt.group == "apps" && old.pointer("/spec/selector") != new.pointer("/spec/selector") {
+    if rt.group == "apps"
+        && !semantically_equal(old.pointer("/spec/selector"), new.pointer("/spec/selector"))
+    {
         causes.push(invalid_json(
             "spec.selector",
             new.pointer("/spec/selector"),
@@ -271,6 +293,21 @@ pub fn validate_update(rt: &ResourceType, old: &Value, new: &Value, causes: &mut
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn empty_and_absent_are_equal_as_kube_compares() {
+        let eq = |a: Value, b: Value| semantically_equal(Some(&a), Some(&b));
+        assert!(eq(
+            json!({"matchLabels": {"a": "b"}, "matchExpressions": []}),
+            json!({"matchLabels": {"a": "b"}})
+        ));
+        assert!(semantically_equal(None, Some(&json!({}))));
+        assert!(!eq(
+            json!({"matchLabels": {"a": "b"}}),
+            json!({"matchLabels": {"a": "c"}})
+        ));
+        assert!(!eq(json!(["a"]), json!(["a", "b"])));
+    }
 
     #[test]
     fn selectors_match_labels_and_expressions() {
