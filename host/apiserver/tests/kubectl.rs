@@ -2,103 +2,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::Kubectl;
+
 use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
-use wasmwatch_apiserver::ServerHandle;
-
-fn kubectl_path() -> Option<PathBuf> {
-    let candidates = std::env::var_os("PATH")
-        .map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("kubectl"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    candidates.into_iter().find(|p| p.is_file())
-}
-
-struct Kubectl {
-    bin: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Kubectl {
-    fn new(server: &ServerHandle) -> Option<Kubectl> {
-        let Some(bin) = kubectl_path() else {
-            eprintln!(
-                "\n!!!!!!!! SKIPPING kubectl tests: kubectl is not installed (Debian package kubernetes-client) !!!!!!!!\n"
-            );
-            return None;
-        };
-        let dir = tempfile::tempdir().unwrap();
-        server
-            .write_kubeconfig(dir.path().join("kubeconfig"))
-            .unwrap();
-        Some(Kubectl { bin, dir })
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(&self.bin);
-        c.arg("--kubeconfig")
-            .arg(self.dir.path().join("kubeconfig"))
-            .arg("--cache-dir")
-            .arg(self.dir.path().join("cache"))
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .kill_on_drop(true);
-        c
-    }
-
-    async fn run(&self, args: &[&str]) -> Out {
-        let out = tokio::time::timeout(Duration::from_secs(30), self.command(args).output())
-            .await
-            .expect("kubectl finished in time")
-            .expect("kubectl runs");
-        Out {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
-    }
-
-    async fn ok(&self, args: &[&str]) -> String {
-        let o = self.run(args).await;
-        assert_eq!(
-            o.code, 0,
-            "kubectl {args:?} failed: {}{}",
-            o.stdout, o.stderr
-        );
-        o.stdout
-    }
-
-    async fn get_json(&self, args: &[&str]) -> Value {
-        let mut a = vec!["get"];
-        a.extend_from_slice(args);
-        a.extend_from_slice(&["-o", "json"]);
-        serde_json::from_str(&self.ok(&a).await).unwrap()
-    }
-
-    fn file(&self, name: &str, content: &str) -> String {
-        let p = self.dir.path().join(name);
-        std::fs::write(&p, content).unwrap();
-        path_str(&p)
-    }
-}
-
-fn path_str(p: &Path) -> String {
-    p.to_str().unwrap().to_string()
-}
 
 const CONFIGMAP: &str = r#"
 apiVersion: v1

@@ -258,15 +258,10 @@ async fn label_selector_grammar_is_kubes() {
 
 #[tokio::test]
 async fn kubectl_label_selectors_without_blanks() {
-    let Some(kubectl) = std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join("kubectl"))
-            .find(|p| p.is_file())
-    }) else {
-        eprintln!("SKIPPING: kubectl is not installed");
+    let server = common::start().await;
+    let Some(k) = common::Kubectl::new(&server) else {
         return;
     };
-    let server = common::start().await;
     let h = http();
     let coll = configmaps(&server);
     for (name, n) in [("one", "1"), ("five", "5"), ("nine", "9")] {
@@ -274,15 +269,8 @@ async fn kubectl_label_selectors_without_blanks() {
         o["metadata"]["labels"] = json!({"app": "web", "n": n});
         assert_eq!(post(&h, &coll, &o).await.status, 201);
     }
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let out = tokio::process::Command::new(kubectl)
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .arg("--cache-dir")
-        .arg(dir.path().join("cache"))
-        .args([
+    let stdout = k
+        .ok(&[
             "get",
             "configmaps",
             "-l",
@@ -290,19 +278,7 @@ async fn kubectl_label_selectors_without_blanks() {
             "-o",
             "name",
         ])
-        .env_remove("KUBECONFIG")
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(30), out)
-        .await
-        .expect("kubectl finished in time")
-        .expect("kubectl runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .await;
     assert_eq!(stdout.trim(), "configmap/five");
 }
 

@@ -4,8 +4,7 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::time::Duration;
+use common::Kubectl;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -16,70 +15,10 @@ use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_pb::apimachinery::pkg::runtime::{TypeMeta, Unknown};
 use prost::Message;
 use serde_json::{Value, json};
-use tokio::process::Command;
-use wasmwatch_apiserver::ServerHandle;
 
 const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
 /// What kubectl 1.32 sends on `create configmap|secret|namespace`.
 const KUBECTL_ACCEPT: &str = "application/vnd.kubernetes.protobuf,application/json";
-
-fn kubectl_path() -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join("kubectl"))
-            .find(|p| p.is_file())
-    })
-}
-
-struct Kubectl {
-    bin: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-impl Kubectl {
-    fn new(server: &ServerHandle) -> Option<Kubectl> {
-        let Some(bin) = kubectl_path() else {
-            eprintln!(
-                "\n!!!!!!!! SKIPPING kubectl protobuf tests: kubectl is not installed (Debian package kubernetes-client) !!!!!!!!\n"
-            );
-            return None;
-        };
-        let dir = tempfile::tempdir().unwrap();
-        server
-            .write_kubeconfig(dir.path().join("kubeconfig"))
-            .unwrap();
-        Some(Kubectl { bin, dir })
-    }
-
-    async fn ok(&self, args: &[&str]) -> String {
-        let out = Command::new(&self.bin)
-            .arg("--kubeconfig")
-            .arg(self.dir.path().join("kubeconfig"))
-            .arg("--cache-dir")
-            .arg(self.dir.path().join("cache"))
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .kill_on_drop(true)
-            .output();
-        let out = tokio::time::timeout(Duration::from_secs(30), out)
-            .await
-            .expect("kubectl finished in time")
-            .expect("kubectl runs");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
-    }
-
-    fn file(&self, name: &str, content: &[u8]) -> String {
-        let p = self.dir.path().join(name);
-        std::fs::write(&p, content).unwrap();
-        p.to_str().unwrap().to_string()
-    }
-}
 
 struct Raw {
     status: u16,

@@ -192,3 +192,92 @@ pub fn cm(name: &str, data: &[(&str, &str)]) -> Value {
         "data": data,
     })
 }
+
+/// kubectl (an independent client) against a server, as a subprocess: the
+/// one on PATH (tests/prepare installs Debian's kubernetes-client).
+pub fn kubectl_path() -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("kubectl"))
+            .find(|p| p.is_file())
+    })
+}
+
+/// kubectl with its own kubeconfig for one server.
+pub struct Kubectl {
+    pub bin: std::path::PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+/// What one kubectl run printed.
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Kubectl {
+    /// `None` (with a loud note) when kubectl is not installed.
+    pub fn new(server: &ServerHandle) -> Option<Kubectl> {
+        let Some(bin) = kubectl_path() else {
+            eprintln!(
+                "\n!!!!!!!! SKIPPING kubectl tests: kubectl is not installed (Debian package kubernetes-client) !!!!!!!!\n"
+            );
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        server
+            .write_kubeconfig(dir.path().join("kubeconfig"))
+            .unwrap();
+        Some(Kubectl { bin, dir })
+    }
+
+    pub fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(&self.bin);
+        c.arg("--kubeconfig")
+            .arg(self.dir.path().join("kubeconfig"))
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("cache"))
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .kill_on_drop(true);
+        c
+    }
+
+    pub async fn run(&self, args: &[&str]) -> Out {
+        let out = tokio::time::timeout(Duration::from_secs(30), self.command(args).output())
+            .await
+            .expect("kubectl finished in time")
+            .expect("kubectl runs");
+        Out {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Runs kubectl, which must succeed; returns its stdout.
+    pub async fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args).await;
+        assert_eq!(
+            o.code, 0,
+            "kubectl {args:?} failed: {}{}",
+            o.stdout, o.stderr
+        );
+        o.stdout
+    }
+
+    pub async fn get_json(&self, args: &[&str]) -> Value {
+        let mut a = vec!["get"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["-o", "json"]);
+        serde_json::from_str(&self.ok(&a).await).unwrap()
+    }
+
+    /// Writes a file beside the kubeconfig; returns its path.
+    pub fn file(&self, name: &str, content: &(impl AsRef<[u8]> + ?Sized)) -> String {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, content).unwrap();
+        p.to_str().unwrap().to_string()
+    }
+}
