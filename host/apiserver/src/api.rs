@@ -755,25 +755,11 @@ pub fn list(
         at = Some(tok.rv);
         start_after = Some(tok.start);
     } else {
+        // `check_list_options` refused every other combination.
         match (rv_param, rv_match) {
-            ("", "") => {}
-            ("", m) => {
-                return Err(ApiError::bad_request(format!(
-                    "resourceVersionMatch \"{m}\" is forbidden unless resourceVersion is provided"
-                )));
-            }
-            ("0", "Exact") => {
-                return Err(ApiError::bad_request(
-                    "resourceVersionMatch \"Exact\" is forbidden for resourceVersion \"0\"",
-                ));
-            }
+            ("", _) => {}
             (v, "Exact") => at = Some(parse_rv(v)?),
-            (v, "" | "NotOlderThan") => not_older_than = Some(parse_rv(v)?),
-            (_, m) => {
-                return Err(ApiError::bad_request(format!(
-                    "unknown resourceVersionMatch value: {m}"
-                )));
-            }
+            (v, _) => not_older_than = Some(parse_rv(v)?),
         }
     }
     let ns = t.namespace.as_deref();
