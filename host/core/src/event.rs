@@ -6,7 +6,6 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 /// The kinds wasmwatch watches.
 #[derive(
@@ -201,19 +200,17 @@ impl ObjectSnapshot {
     pub fn digest(&self) -> String {
         data_digest(&self.data)
     }
+
+    /// [`ObjectSnapshot::digest`], HMAC-SHA-256 under `key` when given
+    /// (see [`crate::digest`]).
+    pub fn digest_with(&self, key: Option<&crate::digest::DigestKey>) -> String {
+        crate::digest::data_digest(&self.data, key)
+    }
 }
 
 /// See [`ObjectSnapshot::digest`].
 pub fn data_digest(data: &BTreeMap<String, DataValue>) -> String {
-    let mut h = Sha256::new();
-    for (k, v) in data {
-        h.update((k.len() as u64).to_le_bytes());
-        h.update(k.as_bytes());
-        let v = v.as_bytes();
-        h.update((v.len() as u64).to_le_bytes());
-        h.update(v);
-    }
-    hex::encode(h.finalize())
+    crate::digest::data_digest(data, None)
 }
 
 /// One change of a watched object, as handed to plugins.
@@ -223,6 +220,9 @@ pub struct ChangeEvent {
     pub object: ObjectSnapshot,
     /// Keys added, removed or changed against the previously handled version.
     pub changed_keys: Vec<String>,
+    /// Hex digest of the data: SHA-256 for ConfigMaps, HMAC-SHA-256 under
+    /// the cluster's digest key for Secrets when the host has one (see
+    /// [`crate::digest`]).
     pub digest: String,
     /// Delivered again by a new leader replaying a leaderless gap.
     pub replay: bool,
@@ -260,6 +260,18 @@ impl ChangeEvent {
             change,
             object,
             changed_keys,
+            digest,
+            replay: false,
+        }
+    }
+
+    /// The event for `object` whose digest the caller computed (the index
+    /// has, possibly keyed), every key counted as changed.
+    pub fn with_digest(change: ChangeType, object: ObjectSnapshot, digest: String) -> Self {
+        ChangeEvent {
+            change,
+            changed_keys: object.data.keys().cloned().collect(),
+            object,
             digest,
             replay: false,
         }

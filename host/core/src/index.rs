@@ -11,10 +11,19 @@
 //! key; host/kube's checkpoint store keeps that text in shards next to the
 //! checkpoints, so that a new leader resynchronises against what its
 //! predecessor handled.
+//!
+//! An index of Secrets holds a [`DigestKey`]: its digests and per-key hashes
+//! are then HMAC-SHA-256 (see [`crate::digest`]) and its lines say so
+//! (`"k":true` in the labels/annotations field). Lines without the mark,
+//! written by versions before keys, are compared against the plain digests
+//! of the same object, so an upgrade delivers no change by itself; such a
+//! line is rewritten keyed the next time its object is seen.
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
+use crate::digest::{DigestKey, data_digest, short_hash};
 use crate::event::{ChangeEvent, ChangeType, ObjectKind, ObjectSnapshot};
 
 /// What is remembered of one handled object.
@@ -35,6 +44,8 @@ struct Handled {
     /// Loaded from a stored index that may be older than the checkpoint the
     /// watch resumes from (see [`ObjectIndex::mark_unverified`]).
     unverified: bool,
+    /// The hashes are keyed (HMAC under the index's [`DigestKey`]).
+    keyed: bool,
 }
 
 /// The labels and annotations remembered of a handled object.
@@ -44,14 +55,18 @@ struct Meta {
     labels: BTreeMap<String, String>,
     #[serde(rename = "a", default, skip_serializing_if = "BTreeMap::is_empty")]
     annotations: BTreeMap<String, String>,
+    /// The line's hashes are keyed (absent in lines written before keys).
+    #[serde(rename = "k", default, skip_serializing_if = "std::ops::Not::not")]
+    keyed: bool,
 }
 
 /// Annotation values longer than this are not remembered (they are payloads,
 /// like `kubectl.kubernetes.io/last-applied-configuration`, not routing).
 const MAX_REMEMBERED_VALUE: usize = 512;
 
-fn remembered(o: &ObjectSnapshot) -> Meta {
+fn remembered(o: &ObjectSnapshot, keyed: bool) -> Meta {
     Meta {
+        keyed,
         labels: o.labels.clone(),
         annotations: o
             .annotations
@@ -63,11 +78,6 @@ fn remembered(o: &ObjectSnapshot) -> Meta {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
     }
-}
-
-fn short_hash(bytes: &[u8]) -> u64 {
-    let d = Sha256::digest(bytes);
-    u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
 }
 
 /// A stable hash of labels and annotations: it is persisted with the index
@@ -88,18 +98,20 @@ fn metadata_hash(o: &ObjectSnapshot) -> u64 {
 }
 
 impl Handled {
-    fn of(o: &ObjectSnapshot) -> Handled {
-        let hex = o.digest();
-        Handled {
+    /// What is remembered of `o`, and its full hex digest (the event's),
+    /// keyed when `key` is given.
+    fn of(o: &ObjectSnapshot, key: Option<&DigestKey>) -> (Handled, String) {
+        let hex = data_digest(&o.data, key);
+        let handled = Handled {
             digest: u128::from_str_radix(&hex[..32], 16).expect("hex digest"),
             metadata: metadata_hash(o),
             keys: o
                 .data
                 .iter()
-                .map(|(k, v)| (k.clone(), short_hash(v.as_bytes())))
+                .map(|(k, v)| (k.clone(), short_hash(v.as_bytes(), key)))
                 .collect(),
             meta: {
-                let m = remembered(o);
+                let m = remembered(o, key.is_some());
                 (m != Meta::default()).then(|| {
                     serde_json::to_string(&m)
                         .expect("string maps serialize")
@@ -107,7 +119,9 @@ impl Handled {
                 })
             },
             unverified: false,
-        }
+            keyed: key.is_some(),
+        };
+        (handled, hex)
     }
 
     /// Every key of `now` and of `self`, sorted.
@@ -153,6 +167,8 @@ pub enum Seen {
 pub struct ObjectIndex {
     kind: ObjectKind,
     objects: BTreeMap<(String, String), Handled>,
+    /// Keys the digests (of Secrets; see the module docs).
+    key: Option<DigestKey>,
 }
 
 impl ObjectIndex {
@@ -160,6 +176,36 @@ impl ObjectIndex {
         ObjectIndex {
             kind,
             objects: BTreeMap::new(),
+            key: None,
+        }
+    }
+
+    /// Digests of objects seen from now on are keyed with `key` (or plain
+    /// with `None`); lines already held keep theirs until their object is
+    /// seen again.
+    pub fn with_digest_key(mut self, key: Option<DigestKey>) -> Self {
+        self.key = key;
+        self
+    }
+
+    pub fn digest_key(&self) -> Option<&DigestKey> {
+        self.key.as_ref()
+    }
+
+    /// What is remembered of `o`, with its digest, under this index's key.
+    fn handled(&self, o: &ObjectSnapshot) -> (Handled, String) {
+        Handled::of(o, self.key.as_ref())
+    }
+
+    /// `now` in the hashes `before` was written with, so that they compare:
+    /// a line from before keys (plain) against plain hashes of the object.
+    /// A keyed line in an index without the key cannot be compared: it
+    /// counts as different.
+    fn comparable<'a>(before: &Handled, now: &'a Handled, o: &ObjectSnapshot) -> Cow<'a, Handled> {
+        if before.keyed || !now.keyed {
+            Cow::Borrowed(now)
+        } else {
+            Cow::Owned(Handled::of(o, None).0)
         }
     }
 
@@ -188,6 +234,7 @@ impl ObjectIndex {
                 .filter(|((ns, _), _)| scope.contains(ns))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
+            key: self.key.clone(),
         }
     }
 
@@ -241,12 +288,17 @@ impl ObjectIndex {
         let key = (object.namespace.clone(), object.name.clone());
         if seen == Seen::Deleted {
             let removed = self.objects.remove(&key).is_some();
+            let digest = object.digest_with(self.key.as_ref());
             return (
-                Some(ChangeEvent::new(ChangeType::Deleted, object, None)),
+                Some(ChangeEvent::with_digest(
+                    ChangeType::Deleted,
+                    object,
+                    digest,
+                )),
                 removed,
             );
         }
-        let now = Handled::of(&object);
+        let (now, digest) = self.handled(&object);
         let previous = self.objects.insert(key, now.clone());
         let change = match previous {
             // A replay after failover may modify objects this replica never
@@ -254,7 +306,8 @@ impl ObjectIndex {
             None if seen == Seen::Modified => ChangeType::Modified,
             None => ChangeType::Added,
             Some(before) => {
-                let content = before.digest != now.digest;
+                let same = Self::comparable(&before, &now, &object);
+                let content = before.digest != same.digest;
                 let metadata = metadata_changes && before.metadata != now.metadata;
                 if !(content || metadata || before.unverified) {
                     return (None, before != now);
@@ -266,18 +319,19 @@ impl ObjectIndex {
                 } else {
                     ChangeType::Modified
                 };
-                let mut ev = ChangeEvent::new(change, object, None);
-                ev.changed_keys = if before.unverified {
+                let changed_keys = if before.unverified {
                     // What changed since the last handled version is
                     // unknown: every key may have.
                     before.all_keys(&now)
                 } else {
-                    before.changed_keys(&now)
+                    before.changed_keys(&same)
                 };
+                let mut ev = ChangeEvent::with_digest(change, object, digest);
+                ev.changed_keys = changed_keys;
                 return (Some(ev), true);
             }
         };
-        (Some(ChangeEvent::new(change, object, None)), true)
+        (Some(ChangeEvent::with_digest(change, object, digest)), true)
     }
 
     /// After the watch history was lost: compares a fresh list with what was
@@ -301,28 +355,31 @@ impl ObjectIndex {
         let mut out = Vec::new();
         for object in page {
             let key = (object.namespace.clone(), object.name.clone());
-            let now = Handled::of(&object);
-            match self.objects.get(&key) {
-                None => out.push(ChangeEvent::new(ChangeType::Added, object, None)),
-                Some(before)
-                    if before.digest != now.digest
-                        || (r.metadata_changes && before.metadata != now.metadata) =>
-                {
-                    let mut ev = ChangeEvent::new(ChangeType::Resynced, object, None);
-                    ev.changed_keys = before.changed_keys(&now);
-                    out.push(ev);
-                }
+            let (now, digest) = self.handled(&object);
+            let Some(before) = self.objects.get(&key) else {
+                out.push(ChangeEvent::with_digest(ChangeType::Added, object, digest));
+                r.fresh.insert(key, now);
+                continue;
+            };
+            let same = Self::comparable(before, &now, &object);
+            let changed_keys = if before.digest != same.digest
+                || (r.metadata_changes && before.metadata != now.metadata)
+            {
+                Some(before.changed_keys(&same))
+            } else if r.changed_after_floor(&object.resource_version) {
                 // Equal to what the index remembers, but written after the
                 // history was lost: what happened in between is unknown (a
                 // predecessor may have delivered a B the index never saw
                 // before the object went back to A). Deliver it, every key
                 // counted as changed.
-                Some(before) if r.changed_after_floor(&object.resource_version) => {
-                    let mut ev = ChangeEvent::new(ChangeType::Resynced, object, None);
-                    ev.changed_keys = before.all_keys(&now);
-                    out.push(ev);
-                }
-                Some(_) => {}
+                Some(before.all_keys(&now))
+            } else {
+                None
+            };
+            if let Some(changed_keys) = changed_keys {
+                let mut ev = ChangeEvent::with_digest(ChangeType::Resynced, object, digest);
+                ev.changed_keys = changed_keys;
+                out.push(ev);
             }
             r.fresh.insert(key, now);
         }
@@ -352,7 +409,8 @@ impl ObjectIndex {
                 annotations: meta.annotations,
                 data: Default::default(),
             };
-            out.push(ChangeEvent::new(ChangeType::Deleted, gone, None));
+            let digest = gone.digest_with(self.key.as_ref());
+            out.push(ChangeEvent::with_digest(ChangeType::Deleted, gone, digest));
         }
         self.objects = r.fresh;
         out
@@ -455,13 +513,13 @@ impl ObjectIndex {
                     Ok((k.to_string(), h))
                 })
                 .collect::<Result<Vec<_>, String>>()?;
-            let meta = match parts.next() {
+            let (meta, keyed) = match parts.next() {
                 Some(json) => {
-                    serde_json::from_str::<Meta>(json)
+                    let m = serde_json::from_str::<Meta>(json)
                         .map_err(|_| bad("bad labels/annotations"))?;
-                    Some(json.into())
+                    (Some(json.into()), m.keyed)
                 }
-                None => None,
+                None => (None, false),
             };
             index.objects.insert(
                 (ns.to_string(), name.to_string()),
@@ -471,6 +529,7 @@ impl ObjectIndex {
                     keys,
                     meta,
                     unverified: false,
+                    keyed,
                 },
             );
         }
@@ -765,5 +824,129 @@ mod tests {
             vec!["spring.cloud.kubernetes.configmap.apps"],
             "payload-sized annotations are not remembered"
         );
+    }
+
+    fn secret(name: &str, pin: &str, labels: serde_json::Value) -> ObjectSnapshot {
+        ObjectSnapshot::from_json(&json!({"kind": "Secret",
+            "metadata": {"name": name, "namespace": "shop", "labels": labels},
+            "stringData": {"pin": pin, "user": "bob"}}))
+        .unwrap()
+    }
+
+    fn key(b: u8) -> Option<DigestKey> {
+        Some(DigestKey::new(&[b; 32]).unwrap())
+    }
+
+    /// The index a version before keys stored, read back by a keyed one.
+    fn legacy_then_keyed(objects: &[ObjectSnapshot]) -> ObjectIndex {
+        let mut old = ObjectIndex::new(ObjectKind::Secret);
+        for o in objects {
+            old.apply(Seen::Added, o.clone(), false);
+        }
+        let text = old.encode();
+        assert!(text.contains("pin=5ce1f3164267ac03"), "{text}");
+        ObjectIndex::decode(ObjectKind::Secret, &text)
+            .unwrap()
+            .with_digest_key(key(7))
+    }
+
+    #[test]
+    fn keyed_secret_digests_reveal_no_plain_hash() {
+        let mut idx = ObjectIndex::new(ObjectKind::Secret).with_digest_key(key(7));
+        let ev = idx
+            .apply(Seen::Added, secret("pin", "1234", json!({})), false)
+            .unwrap();
+        let plain = secret("pin", "1234", json!({})).digest();
+        assert_ne!(ev.digest, plain, "event.digest is keyed");
+        assert_eq!(ev.digest.len(), 64);
+        let text = idx.encode();
+        assert!(!text.contains("5ce1f3164267ac03"), "{text}");
+        assert!(!text.contains(&plain[..32]), "{text}");
+        assert!(
+            text.contains(r#"{"k":true}"#),
+            "keyed lines are marked: {text}"
+        );
+        // Read back with the key: the same content is no change.
+        let mut back = ObjectIndex::decode(ObjectKind::Secret, &text)
+            .unwrap()
+            .with_digest_key(key(7));
+        assert_eq!(back, idx);
+        assert!(
+            back.apply(Seen::Added, secret("pin", "1234", json!({})), false)
+                .is_none()
+        );
+        let ev = back
+            .apply(Seen::Modified, secret("pin", "9999", json!({})), false)
+            .unwrap();
+        assert_eq!(ev.changed_keys, vec!["pin"]);
+    }
+
+    #[test]
+    fn an_index_written_before_keys_compares_equal_until_the_object_changes() {
+        let mut idx = legacy_then_keyed(&[
+            secret("a", "1234", json!({"app": "shop"})),
+            secret("b", "1", json!({})),
+        ]);
+        // The same content, seen again (a relist, a replayed event): nothing.
+        let (ev, changed) = idx.apply_noting(
+            Seen::Added,
+            secret("a", "1234", json!({"app": "shop"})),
+            false,
+        );
+        assert_eq!(ev, None);
+        assert!(changed, "the line is rewritten keyed, and must be saved");
+        let text = idx.encode();
+        assert!(
+            !text.contains("5ce1f3164267ac03"),
+            "a's plain hash is gone: {text}"
+        );
+        assert!(text.contains(r#"shop/a "#) && text.contains(r#""k":true"#));
+        // A real change of a legacy line: delivered, with only the key that changed.
+        let ev = idx
+            .apply(Seen::Modified, secret("b", "2", json!({})), false)
+            .unwrap();
+        assert_eq!(ev.change, ChangeType::Modified);
+        assert_eq!(ev.changed_keys, vec!["pin"]);
+        assert_ne!(ev.digest, secret("b", "2", json!({})).digest());
+    }
+
+    #[test]
+    fn a_resync_against_an_index_written_before_keys_delivers_only_changes() {
+        let mut idx = legacy_then_keyed(&[
+            secret("a", "1234", json!({})),
+            secret("b", "1", json!({})),
+            secret("gone", "x", json!({})),
+        ]);
+        let events = idx.resync(
+            vec![secret("a", "1234", json!({})), secret("b", "2", json!({}))],
+            false,
+        );
+        let seen: Vec<(ChangeType, &str, Vec<String>)> = events
+            .iter()
+            .map(|e| (e.change, e.object.name.as_str(), e.changed_keys.clone()))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (ChangeType::Resynced, "b", vec!["pin".to_string()]),
+                (ChangeType::Deleted, "gone", vec![]),
+            ]
+        );
+        // Every line is keyed after the resync.
+        assert!(!idx.encode().contains("5ce1f3164267ac03"));
+    }
+
+    #[test]
+    fn keyed_lines_read_without_the_key_or_with_another_count_as_changed() {
+        let mut idx = ObjectIndex::new(ObjectKind::Secret).with_digest_key(key(7));
+        idx.apply(Seen::Added, secret("a", "1234", json!({})), false);
+        let text = idx.encode();
+        for other in [None, key(8)] {
+            let mut back = ObjectIndex::decode(ObjectKind::Secret, &text)
+                .unwrap()
+                .with_digest_key(other);
+            let ev = back.apply(Seen::Added, secret("a", "1234", json!({})), false);
+            assert!(ev.is_some(), "hashes of another key cannot be compared");
+        }
     }
 }

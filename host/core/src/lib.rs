@@ -15,6 +15,7 @@
 
 pub mod action;
 pub mod capability;
+pub mod digest;
 pub mod event;
 pub mod index;
 pub mod lookups;

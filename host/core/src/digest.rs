@@ -1,0 +1,165 @@
+//! Content digests of objects' data, and the key that makes Secret digests
+//! unguessable.
+//!
+//! A digest of Secret data ends up where more people can read it than can
+//! read the Secret: in the state Lease's index shards (per object and per
+//! key), in `event.digest` (which the bundled rollout-restart writes on pod
+//! templates as `secret/<name>:<digest>`), in logs. A plain SHA-256 of a
+//! weak value (`pin` = `1234`) is a guess away from the value, so Secret
+//! digests are HMAC-SHA-256 under a [`DigestKey`] every replica shares
+//! (host/kube's `digest_key` keeps it in a Secret in wasmwatch's
+//! namespace). ConfigMap digests stay plain SHA-256: anyone who can read
+//! the digest can read the ConfigMap.
+//!
+//! Both are computed over the same bytes: per key in key order, the key's
+//! and the value's length (u64, little endian) before each of them.
+//!
+//! Digests written by versions before keys existed were plain for Secrets
+//! too. They are recognisable (the index marks keyed lines; a restart knows
+//! the plain digest of the content it restarts for), so an upgrade compares
+//! old digests as equal to the same content and acts on nothing by itself.
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use sha2::digest::{FixedOutput, Update};
+
+use crate::event::DataValue;
+
+/// The shortest key accepted, in bytes (HMAC keys below a hash's output are
+/// weaker; RFC 2104 recommends at least that length).
+pub const MIN_KEY_BYTES: usize = 16;
+
+/// A secret key for HMAC-SHA-256 digests of Secret data. Its `Debug` does
+/// not print the key.
+#[derive(Clone)]
+pub struct DigestKey {
+    mac: Hmac<Sha256>,
+    /// Only for equality (tests compare indexes that hold a key).
+    bytes: Arc<[u8]>,
+}
+
+impl DigestKey {
+    /// A key of at least [`MIN_KEY_BYTES`] bytes.
+    pub fn new(key: &[u8]) -> Result<DigestKey, String> {
+        if key.len() < MIN_KEY_BYTES {
+            return Err(format!(
+                "the digest key has {} bytes; at least {MIN_KEY_BYTES} are needed",
+                key.len()
+            ));
+        }
+        Ok(DigestKey {
+            mac: <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes any key length"),
+            bytes: key.into(),
+        })
+    }
+
+    fn mac(&self) -> Hmac<Sha256> {
+        self.mac.clone()
+    }
+}
+
+impl PartialEq for DigestKey {
+    fn eq(&self, other: &DigestKey) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for DigestKey {}
+
+impl fmt::Debug for DigestKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DigestKey(..)")
+    }
+}
+
+fn feed(h: &mut impl Update, data: &BTreeMap<String, DataValue>) {
+    for (k, v) in data {
+        h.update(&(k.len() as u64).to_le_bytes());
+        h.update(k.as_bytes());
+        let v = v.as_bytes();
+        h.update(&(v.len() as u64).to_le_bytes());
+        h.update(v);
+    }
+}
+
+fn finish(h: impl FixedOutput) -> [u8; 32] {
+    h.finalize_fixed()
+        .as_slice()
+        .try_into()
+        .expect("SHA-256 has 32 bytes")
+}
+
+/// Hex digest of `data`: HMAC-SHA-256 under `key`, plain SHA-256 without.
+/// Equal content gives an equal digest whatever the object's history.
+pub fn data_digest(data: &BTreeMap<String, DataValue>, key: Option<&DigestKey>) -> String {
+    let bytes = match key {
+        Some(key) => {
+            let mut h = key.mac();
+            feed(&mut h, data);
+            finish(h)
+        }
+        None => {
+            let mut h = <Sha256 as sha2::Digest>::new();
+            feed(&mut h, data);
+            finish(h)
+        }
+    };
+    hex::encode(bytes)
+}
+
+/// The first 8 bytes of one value's digest (the index's per-key hashes).
+pub fn short_hash(bytes: &[u8], key: Option<&DigestKey>) -> u64 {
+    let d = match key {
+        Some(key) => {
+            let mut h = key.mac();
+            Update::update(&mut h, bytes);
+            finish(h)
+        }
+        None => <Sha256 as sha2::Digest>::digest(bytes).into(),
+    };
+    u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(v: &str) -> BTreeMap<String, DataValue> {
+        BTreeMap::from([("pin".to_string(), DataValue::Text(v.to_string()))])
+    }
+
+    #[test]
+    fn keyed_digests_differ_from_plain_and_between_keys() {
+        let a = DigestKey::new(&[1; 32]).unwrap();
+        let b = DigestKey::new(&[2; 32]).unwrap();
+        let plain = data_digest(&data("1234"), None);
+        let keyed = data_digest(&data("1234"), Some(&a));
+        assert_ne!(plain, keyed);
+        assert_ne!(keyed, data_digest(&data("1234"), Some(&b)));
+        // Deterministic: every replica with the key computes the same.
+        assert_eq!(
+            keyed,
+            data_digest(&data("1234"), Some(&DigestKey::new(&[1; 32]).unwrap()))
+        );
+        assert_ne!(keyed, data_digest(&data("1235"), Some(&a)));
+        assert_eq!(keyed.len(), 64);
+        // The plain per-key hash is SHA-256's first 8 bytes, little endian:
+        // what versions before keys stored (`pin=5ce1f3164267ac03`).
+        assert_eq!(short_hash(b"1234", None), 0x5ce1_f316_4267_ac03);
+        assert_ne!(short_hash(b"1234", Some(&a)), 0x5ce1_f316_4267_ac03);
+    }
+
+    #[test]
+    fn short_keys_are_refused_and_never_printed() {
+        assert!(
+            DigestKey::new(b"short")
+                .unwrap_err()
+                .contains("at least 16")
+        );
+        let k = DigestKey::new(b"a secret key of some length").unwrap();
+        assert_eq!(format!("{k:?}"), "DigestKey(..)");
+    }
+}
