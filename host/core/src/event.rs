@@ -224,6 +224,11 @@ pub struct ChangeEvent {
     /// the cluster's digest key for Secrets when the host has one (see
     /// [`crate::digest`]).
     pub digest: String,
+    /// When `digest` is keyed (a Secret): the plain SHA-256 digest of the
+    /// same data, as versions before keys wrote it on pod templates. A
+    /// restart accepts a template recording it as this content, so an
+    /// upgrade restarts nothing by itself. Never given to plugins.
+    pub unkeyed_digest: Option<String>,
     /// Delivered again by a new leader replaying a leaderless gap.
     pub replay: bool,
 }
@@ -261,6 +266,7 @@ impl ChangeEvent {
             object,
             changed_keys,
             digest,
+            unkeyed_digest: None,
             replay: false,
         }
     }
@@ -273,6 +279,7 @@ impl ChangeEvent {
             changed_keys: object.data.keys().cloned().collect(),
             object,
             digest,
+            unkeyed_digest: None,
             replay: false,
         }
     }

@@ -192,6 +192,15 @@ impl ObjectIndex {
         self.key.as_ref()
     }
 
+    /// The event for `object` with the `digest` this index computed, and
+    /// the plain one beside it when that is keyed.
+    fn event(&self, change: ChangeType, object: ObjectSnapshot, digest: String) -> ChangeEvent {
+        let unkeyed = self.key.is_some().then(|| object.digest());
+        let mut ev = ChangeEvent::with_digest(change, object, digest);
+        ev.unkeyed_digest = unkeyed;
+        ev
+    }
+
     /// What is remembered of `o`, with its digest, under this index's key.
     fn handled(&self, o: &ObjectSnapshot) -> (Handled, String) {
         Handled::of(o, self.key.as_ref())
@@ -290,7 +299,7 @@ impl ObjectIndex {
             let removed = self.objects.remove(&key).is_some();
             let digest = object.digest_with(self.key.as_ref());
             return (
-                Some(ChangeEvent::with_digest(
+                Some(self.event(
                     ChangeType::Deleted,
                     object,
                     digest,
@@ -326,12 +335,12 @@ impl ObjectIndex {
                 } else {
                     before.changed_keys(&same)
                 };
-                let mut ev = ChangeEvent::with_digest(change, object, digest);
+                let mut ev = self.event(change, object, digest);
                 ev.changed_keys = changed_keys;
                 return (Some(ev), true);
             }
         };
-        (Some(ChangeEvent::with_digest(change, object, digest)), true)
+        (Some(self.event(change, object, digest)), true)
     }
 
     /// After the watch history was lost: compares a fresh list with what was
@@ -357,7 +366,7 @@ impl ObjectIndex {
             let key = (object.namespace.clone(), object.name.clone());
             let (now, digest) = self.handled(&object);
             let Some(before) = self.objects.get(&key) else {
-                out.push(ChangeEvent::with_digest(ChangeType::Added, object, digest));
+                out.push(self.event(ChangeType::Added, object, digest));
                 r.fresh.insert(key, now);
                 continue;
             };
@@ -377,7 +386,7 @@ impl ObjectIndex {
                 None
             };
             if let Some(changed_keys) = changed_keys {
-                let mut ev = ChangeEvent::with_digest(ChangeType::Resynced, object, digest);
+                let mut ev = self.event(ChangeType::Resynced, object, digest);
                 ev.changed_keys = changed_keys;
                 out.push(ev);
             }
@@ -410,7 +419,7 @@ impl ObjectIndex {
                 data: Default::default(),
             };
             let digest = gone.digest_with(self.key.as_ref());
-            out.push(ChangeEvent::with_digest(ChangeType::Deleted, gone, digest));
+            out.push(self.event(ChangeType::Deleted, gone, digest));
         }
         self.objects = r.fresh;
         out
@@ -858,6 +867,7 @@ mod tests {
             .unwrap();
         let plain = secret("pin", "1234", json!({})).digest();
         assert_ne!(ev.digest, plain, "event.digest is keyed");
+        assert_eq!(ev.unkeyed_digest.as_deref(), Some(plain.as_str()));
         assert_eq!(ev.digest.len(), 64);
         let text = idx.encode();
         assert!(!text.contains("5ce1f3164267ac03"), "{text}");

@@ -63,6 +63,11 @@ pub struct WatchSpec {
     /// modification (by default only data changes do, as in the Spring watcher).
     #[serde(default)]
     pub metadata_changes: bool,
+    /// The Secret, in wasmwatch's namespace (`ha.namespace`, else the
+    /// pod's), holding the key of Secret digests (HMAC-SHA-256; field
+    /// `key`). Created with a random key when absent.
+    #[serde(default = "default_digest_key_secret")]
+    pub digest_key_secret: String,
 }
 
 impl Default for WatchSpec {
@@ -72,8 +77,13 @@ impl Default for WatchSpec {
             namespaces: all_namespaces(),
             label_selector: None,
             metadata_changes: false,
+            digest_key_secret: default_digest_key_secret(),
         }
     }
+}
+
+fn default_digest_key_secret() -> String {
+    "wasmwatch-digest-key".to_string()
 }
 
 impl WatchSpec {
@@ -754,6 +764,15 @@ impl Manifest {
             bad("watch.kinds".into(), "must name at least one kind".into());
         }
         check_namespaces(&self.watch.namespaces, "watch.namespaces", &mut bad);
+        if !is_dns_subdomain(&self.watch.digest_key_secret) {
+            bad(
+                "watch.digestKeySecret".into(),
+                format!(
+                    "{:?} is not a valid Secret name (DNS-1123 subdomain)",
+                    self.watch.digest_key_secret
+                ),
+            );
+        }
 
         let ha = &self.ha;
         for (field, name) in [

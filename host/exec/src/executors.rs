@@ -86,7 +86,14 @@ impl Execute for Executors {
                     reason,
                     content_hash,
                 } => {
-                    let outcome = self.kube.restart(workload, content_hash, reason).await?;
+                    let unkeyed = crate::workload::unkeyed_content_hash(
+                        content_hash,
+                        origin.unkeyed_digest.as_ref(),
+                    );
+                    let outcome = self
+                        .kube
+                        .restart_also_at(workload, content_hash, unkeyed.as_deref(), reason)
+                        .await?;
                     if outcome == crate::workload::RestartOutcome::Restarted {
                         let message = format!("{reason} (plugin {})", origin.plugin);
                         if let Err(e) = self

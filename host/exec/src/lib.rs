@@ -28,6 +28,11 @@ pub struct Origin {
     pub resource_version: String,
     /// The plugin whose decision this is.
     pub plugin: String,
+    /// For a Secret whose digest is keyed: (keyed, plain) digests of its
+    /// content (`ChangeEvent::unkeyed_digest`). A restart for a content
+    /// hash holding the keyed one accepts a pod template that records the
+    /// plain one (written by versions before keys).
+    pub unkeyed_digest: Option<(String, String)>,
 }
 
 /// Why an action failed.

@@ -172,6 +172,20 @@ impl KubeExecutor {
         content_hash: &str,
         reason: &str,
     ) -> Result<RestartOutcome, ExecError> {
+        self.restart_also_at(workload, content_hash, None, reason)
+            .await
+    }
+
+    /// [`KubeExecutor::restart`], also counting a template that records
+    /// `unkeyed` (the same content hashed as versions before keyed Secret
+    /// digests did; see [`unkeyed_content_hash`]) as already at the content.
+    pub async fn restart_also_at(
+        &self,
+        workload: &WorkloadRef,
+        content_hash: &str,
+        unkeyed: Option<&str>,
+        reason: &str,
+    ) -> Result<RestartOutcome, ExecError> {
         let what = format!("restart of {}", describe(workload));
         if workload.namespace.is_empty() || workload.name.is_empty() {
             return Err(ExecError::Permanent(format!(
@@ -196,7 +210,7 @@ impl KubeExecutor {
             .pointer("/spec/template/metadata/annotations")
             .and_then(|a| a.get(&key))
             .and_then(Value::as_str);
-        if records_content(recorded, content_hash) {
+        if records_content(recorded, content_hash, unkeyed) {
             debug!(
                 kind = ?workload.kind,
                 namespace = %workload.namespace,
@@ -472,6 +486,162 @@ impl KubeExecutor {
             ))),
         }
     }
+
+    /// The `involvedObject` of an Event on the changed object (as
+    /// [`KubeExecutor::event`] writes it).
+    pub fn object_reference(&self, origin: &Origin) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some(origin.kind.as_str().into()),
+            name: Some(origin.name.clone()),
+            namespace: Some(origin.namespace.clone()),
+            uid: non_empty(&origin.uid),
+            resource_version: non_empty(&origin.resource_version),
+            field_path: None,
+        }
+    }
+
+    /// The `involvedObject` of an Event on a workload, with its uid when
+    /// `restart` saw it (as [`KubeExecutor::workload_event`] writes it).
+    pub fn workload_reference(&self, workload: &WorkloadRef) -> ObjectReference {
+        let uid = self
+            .uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(workload)
+            .cloned();
+        ObjectReference {
+            api_version: Some("apps/v1".into()),
+            kind: Some(kind_name(workload.kind).into()),
+            name: Some(workload.name.clone()),
+            namespace: Some(workload.namespace.clone()),
+            uid,
+            resource_version: None,
+            field_path: None,
+        }
+    }
+
+    /// Creates an Event that stands for `count` occurrences, the first at
+    /// `first` and the last at `last` (the recorder's aggregation, see
+    /// [`crate::recorder`]), otherwise shaped as [`KubeExecutor::event`]'s;
+    /// returns its name, for [`KubeExecutor::patch_event`].
+    pub async fn create_event(
+        &self,
+        e: &crate::recorder::NewEvent<'_>,
+    ) -> Result<String, ExecError> {
+        let namespace = e.object.namespace.clone().unwrap_or_default();
+        let object_name = e.object.name.clone().unwrap_or_default();
+        let what = format!(
+            "event {:?} on {} {namespace}/{object_name}",
+            e.reason,
+            e.object.kind.as_deref().unwrap_or_default()
+        );
+        if namespace.is_empty() || object_name.is_empty() {
+            return Err(ExecError::Permanent(format!(
+                "{what}: the object needs a namespace and a name"
+            )));
+        }
+        if e.reason.is_empty() {
+            return Err(ExecError::Permanent(format!(
+                "{what}: an Event needs a reason"
+            )));
+        }
+        let reason = truncate(e.reason, MAX_EVENT_REASON);
+        let annotations = e.plugin.filter(|p| !p.is_empty()).map(|p| {
+            [("wasmwatch.io/plugin".to_string(), p.to_string())]
+                .into_iter()
+                .collect()
+        });
+        let name = event_name(&object_name);
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(namespace.clone()),
+                annotations,
+                ..Default::default()
+            },
+            involved_object: e.object.clone(),
+            reason: Some(reason.to_string()),
+            message: Some(truncate_message(e.message)),
+            type_: Some(
+                match e.event_type {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .into(),
+            ),
+            source: Some(EventSource {
+                component: Some(self.component.clone()),
+                host: None,
+            }),
+            reporting_component: Some(self.component.clone()),
+            reporting_instance: Some(self.instance.clone()),
+            action: Some(reason.to_string()),
+            first_timestamp: Some(Time(e.first)),
+            last_timestamp: Some(Time(e.last.max(e.first))),
+            // When it was first observed (required of new-style Events).
+            event_time: Some(MicroTime(e.first)),
+            count: Some(i32::try_from(e.count.max(1)).unwrap_or(i32::MAX)),
+            ..Default::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let params = PostParams {
+            field_manager: Some(self.component.clone()),
+            ..Default::default()
+        };
+        self.request(&what, "creating the Event", api.create(&params, &event))
+            .await?;
+        debug!(%what, count = e.count, "event recorded");
+        Ok(name)
+    }
+
+    /// Adds occurrences to an Event [`KubeExecutor::create_event`] wrote: a
+    /// JSON merge PATCH of `count` (the new total), `lastTimestamp` and
+    /// `message`, the fields client-go's recorder patches. A missing Event
+    /// (expired after the API server's Event TTL, or deleted) and a refused
+    /// patch (RBAC rules without `patch` on events) are answers, not
+    /// errors: the caller creates a new Event.
+    pub async fn patch_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        count: u32,
+        last: Timestamp,
+        message: &str,
+    ) -> Result<crate::recorder::EventPatched, ExecError> {
+        use crate::recorder::EventPatched;
+        let what = format!("event {namespace}/{name}");
+        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let patch = json!({
+            "count": i32::try_from(count.max(1)).unwrap_or(i32::MAX),
+            "lastTimestamp": Time(last),
+            "message": truncate_message(message),
+        });
+        let params = PatchParams {
+            field_manager: Some(self.component.clone()),
+            ..Default::default()
+        };
+        let answer = tokio::time::timeout(
+            self.timeout,
+            api.patch(name, &params, &Patch::Merge(&patch)),
+        )
+        .await;
+        match answer {
+            Ok(Ok(_)) => {
+                debug!(%what, count, "event updated");
+                Ok(EventPatched::Patched)
+            }
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => Ok(EventPatched::NotFound),
+            Ok(Err(kube::Error::Api(status))) if status.code == 403 => {
+                Ok(EventPatched::Forbidden(status.message.clone()))
+            }
+            Ok(Err(e)) => Err(classify_error(&what, "patching the Event", &e)),
+            Err(_) => Err(ExecError::Retryable(format!(
+                "{what}: no answer from the API server within {:?} when patching the Event",
+                self.timeout
+            ))),
+        }
+    }
 }
 
 /// The failure class of a kube error (see the module docs).
@@ -511,10 +681,25 @@ fn classify_error(what: &str, doing: &str, e: &kube::Error) -> ExecError {
 
 /// Whether a pod template whose [`hash_annotation_key`] annotation is
 /// `recorded` already runs `content_hash`: a restart then writes nothing
-/// ([`RestartOutcome::AlreadyAtContent`]). `wasmwatch run --dry-run` asks
-/// the same of its cached workloads.
-pub fn records_content(recorded: Option<&str>, content_hash: &str) -> bool {
-    recorded == Some(content_hash)
+/// ([`RestartOutcome::AlreadyAtContent`]); `unkeyed` is the same content as
+/// versions before keyed Secret digests wrote it. `wasmwatch run --dry-run`
+/// asks the same of its cached workloads.
+pub fn records_content(recorded: Option<&str>, content_hash: &str, unkeyed: Option<&str>) -> bool {
+    recorded.is_some() && (recorded == Some(content_hash) || recorded == unkeyed)
+}
+
+/// `content_hash` with the keyed digest of `unkeyed_digest` (keyed, plain)
+/// replaced by the plain one: how versions before keyed Secret digests
+/// wrote the same content on pod templates (the bundled rollout-restart
+/// sends `secret/<name>:<digest>`). `None` when the hash does not hold
+/// the keyed digest.
+pub fn unkeyed_content_hash(
+    content_hash: &str,
+    unkeyed_digest: Option<&(String, String)>,
+) -> Option<String> {
+    let (keyed, plain) = unkeyed_digest?;
+    (!keyed.is_empty() && content_hash.contains(keyed.as_str()))
+        .then(|| content_hash.replace(keyed.as_str(), plain))
 }
 
 /// The annotation key recording content hashes of the object `content_hash`

@@ -59,6 +59,7 @@ fn origin(name: &str) -> Origin {
         uid: format!("uid-{name}"),
         resource_version: "1".into(),
         plugin: "http-refresh".into(),
+        unkeyed_digest: None,
     }
 }
 

@@ -362,6 +362,7 @@ fn origin(cm: &ConfigMap) -> Origin {
         uid: cm.metadata.uid.clone().unwrap(),
         resource_version: cm.metadata.resource_version.clone().unwrap(),
         plugin: "http-refresh".into(),
+        unkeyed_digest: None,
     }
 }
 
@@ -486,6 +487,7 @@ async fn an_event_in_a_missing_namespace_is_permanent() {
         uid: String::new(),
         resource_version: String::new(),
         plugin: "p".into(),
+        unkeyed_digest: None,
     };
     let err = exec
         .event(&origin, EventType::Normal, "Seen", "m")

@@ -10,9 +10,12 @@
 //! - [`lookups`]: the plugins' lookups (workloads, Services, ready endpoints)
 //!   answered from compact caches fed by watches; [`references`]: what a pod
 //!   template references.
+//! - [`digest_key`]: the key of Secret digests, kept in a Secret in
+//!   wasmwatch's namespace.
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
+pub mod digest_key;
 pub mod elector;
 pub mod lookups;
 pub mod references;

@@ -22,6 +22,7 @@ use futures_util::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
 use tokio::sync::mpsc;
+use wasmwatch_core::digest::DigestKey;
 use wasmwatch_core::index::{ObjectIndex, Resync, Seen};
 use wasmwatch_core::{ChangeEvent, ObjectKind, ObjectSnapshot, Scope};
 
@@ -33,6 +34,9 @@ pub struct WatchTarget {
     pub label_selector: Option<String>,
     /// Count label/annotation-only changes as modifications.
     pub metadata_changes: bool,
+    /// Keys the digests of this kind's objects (Secrets; see
+    /// `wasmwatch_core::digest`). `None`: plain SHA-256.
+    pub digest_key: Option<DigestKey>,
 }
 
 /// What the loop reports, in order.
@@ -170,7 +174,7 @@ impl WatchLoop {
         };
         WatchLoop {
             api,
-            index: ObjectIndex::new(target.kind),
+            index: ObjectIndex::new(target.kind).with_digest_key(target.digest_key.clone()),
             target,
             state: match checkpoint {
                 Some(from) => State::Resume { from },
@@ -284,7 +288,7 @@ impl WatchLoop {
     pub fn with_index(mut self, mut index: ObjectIndex) -> WatchLoop {
         if matches!(self.state, State::Resume { .. }) {
             index.mark_unverified();
-            self.index = index;
+            self.index = index.with_digest_key(self.target.digest_key.clone());
             self.rebuild_index = false;
         }
         self
@@ -428,7 +432,8 @@ impl WatchLoop {
                     };
                 }
                 if self.rebuild_index {
-                    self.index = ObjectIndex::new(self.target.kind);
+                    self.index = ObjectIndex::new(self.target.kind)
+                        .with_digest_key(self.target.digest_key.clone());
                     self.list_into_index().await?;
                     self.index.mark_unverified();
                     self.rebuild_index = false;

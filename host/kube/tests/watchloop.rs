@@ -13,6 +13,7 @@ fn target(ns: Option<&str>) -> WatchTarget {
         scope: ns.map_or(Scope::All, |ns| Scope::Namespace(ns.to_string())),
         label_selector: None,
         metadata_changes: false,
+        digest_key: None,
     }
 }
 

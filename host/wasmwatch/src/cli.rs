@@ -461,6 +461,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             if run.dry_run {
                 rt.block_on(crate::dryrun::run(
                     &run.manifest,
+                    &run.namespace,
                     args.cache_dir,
                     &run.registry.options()?,
                     shutdown_signal(),

@@ -20,9 +20,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
-use wasmwatch_core::{Action, Lookups, Manifest};
+use wasmwatch_core::{Action, Lookups, Manifest, ObjectKind};
 use wasmwatch_exec::http::refresh_targets;
-use wasmwatch_exec::workload::{hash_annotation_key, records_content};
+use wasmwatch_exec::workload::{hash_annotation_key, records_content, unkeyed_content_hash};
 use wasmwatch_kube::lookups::KubeLookups;
 use wasmwatch_kube::watchloop::{Output, WatchLoop, WatchTarget};
 use wasmwatch_runtime::{Decision, Plugin, Runtime};
@@ -30,6 +30,7 @@ use wasmwatch_runtime::{Decision, Plugin, Runtime};
 /// Loads the manifest and its plugins, then watches until `shutdown`.
 pub async fn run(
     manifest_path: &Path,
+    namespace: &str,
     cache_dir: Option<std::path::PathBuf>,
     registry: &wasmwatch_oci::RegistryOptions,
     shutdown: impl std::future::Future<Output = ()>,
@@ -50,6 +51,25 @@ pub async fn run(
     for entry in &manifest.plugins {
         plugins.push(Arc::new(runtime.load(entry, &manifest.base_dir).await?));
     }
+    // The key `run` hashes Secrets with, so that restarts show the content
+    // hash `run` would write; read only (the dry run creates nothing).
+    let digest_key = if manifest.watch.kinds.contains(&ObjectKind::Secret) {
+        let ns = manifest.ha.namespace.as_deref().unwrap_or(namespace);
+        let name = &manifest.watch.digest_key_secret;
+        match wasmwatch_kube::digest_key::load(client.clone(), ns, name, false).await {
+            Ok(Some(key)) => Some(key),
+            Ok(None) => {
+                eprintln!(
+                    "note: no digest key Secret {ns}/{name} yet (`run` creates it): Secret \
+                     digests below are plain SHA-256, not the keyed ones `run` writes"
+                );
+                None
+            }
+            Err(e) => anyhow::bail!("{e}"),
+        }
+    } else {
+        None
+    };
     tokio::pin!(shutdown);
     tokio::select! {
         _ = lookups.ready() => {}
@@ -70,6 +90,10 @@ pub async fn run(
                     .as_ref()
                     .map(|s| s.as_str().to_string()),
                 metadata_changes: manifest.watch.metadata_changes,
+                digest_key: match kind {
+                    ObjectKind::Secret => digest_key.clone(),
+                    ObjectKind::ConfigMap => None,
+                },
             };
             let id = loops.len() / 2;
             let (loop_tx, mut loop_rx) = mpsc::channel(256);
@@ -139,6 +163,10 @@ async fn show(plugins: &[Arc<Plugin>], lookups: &KubeLookups, output: Output) {
         return;
     };
     let object = format!("{}/{}", event.object.namespace, event.object.name);
+    let unkeyed = event
+        .unkeyed_digest
+        .as_ref()
+        .map(|plain| (event.digest.clone(), plain.clone()));
     for plugin in plugins.iter().filter(|p| p.filter().matches(&event)) {
         let line = match plugin.handle(&event).await {
             Ok(decision) => json!({
@@ -146,7 +174,7 @@ async fn show(plugins: &[Arc<Plugin>], lookups: &KubeLookups, output: Output) {
                 "kind": event.object.kind.as_str(),
                 "change": event.change,
                 "resourceVersion": resource_version,
-                "decision": with_execution(&decision, lookups),
+                "decision": with_execution(&decision, lookups, unkeyed.as_ref()),
             }),
             Err(e) => json!({
                 "object": object,
@@ -159,14 +187,18 @@ async fn show(plugins: &[Arc<Plugin>], lookups: &KubeLookups, output: Output) {
 }
 
 /// The decision as JSON, each action with what `run` would execute for it.
-fn with_execution(decision: &Decision, lookups: &KubeLookups) -> Value {
+fn with_execution(
+    decision: &Decision,
+    lookups: &KubeLookups,
+    unkeyed: Option<&(String, String)>,
+) -> Value {
     let mut value = serde_json::to_value(decision).expect("a decision serialises");
     if let Some(actions) = value.get_mut("actions").and_then(Value::as_array_mut) {
         for (checked, entry) in decision.actions.iter().zip(actions) {
             let allowed = checked.verdict.is_allowed();
             entry["execute"] = json!(allowed);
             if allowed {
-                execution(&checked.action, lookups, entry);
+                execution(&checked.action, lookups, unkeyed, entry);
             }
         }
     }
@@ -175,7 +207,12 @@ fn with_execution(decision: &Decision, lookups: &KubeLookups) -> Value {
 
 /// What the executors would do with an allowed action, from the caches
 /// as they are now (at execution time they may have moved on).
-fn execution(action: &Action, lookups: &KubeLookups, entry: &mut Value) {
+fn execution(
+    action: &Action,
+    lookups: &KubeLookups,
+    unkeyed: Option<&(String, String)>,
+    entry: &mut Value,
+) {
     match action {
         Action::RefreshService {
             namespace,
@@ -215,7 +252,9 @@ fn execution(action: &Action, lookups: &KubeLookups, entry: &mut Value) {
                     .template_annotations
                     .get(&hash_annotation_key(content_hash))
                     .map(String::as_str);
-                entry["patch"] = json!(!records_content(recorded, content_hash));
+                let unkeyed = unkeyed_content_hash(content_hash, unkeyed);
+                entry["patch"] =
+                    json!(!records_content(recorded, content_hash, unkeyed.as_deref()));
             }
             None => {
                 entry["patch"] = json!(false);

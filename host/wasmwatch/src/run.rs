@@ -28,6 +28,7 @@ use anyhow::Context;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::Instrument;
 use wasmwatch_core::action::EventType;
+use wasmwatch_core::digest::DigestKey;
 use wasmwatch_core::{Action, ChangeEvent, Lookups, Manifest, ObjectKind};
 use wasmwatch_exec::executors::{Executors, describe_action};
 use wasmwatch_exec::pipeline::{
@@ -95,6 +96,9 @@ struct Service {
     options: RunOptions,
     lease_namespace: String,
     metrics: Arc<Metrics>,
+    /// Keys Secret digests (see `wasmwatch_core::digest`); `None` when no
+    /// Secrets are watched.
+    digest_key: Option<DigestKey>,
 }
 
 /// Runs the service until `shutdown`.
@@ -204,6 +208,11 @@ pub async fn run(
     ));
     tokio::spawn(track_leadership(leadership.clone(), metrics.clone()));
     tracing::info!(identity = %options.identity, "admin port listening on http://{admin_addr}");
+    tokio::pin!(shutdown);
+    let digest_key = tokio::select! {
+        key = digest_key(&client, &manifest, &lease_namespace) => key?,
+        _ = &mut shutdown => return Ok(()),
+    };
     lookups.ready().await;
     ready_tx.send_replace(true);
     if options.announce {
@@ -227,8 +236,8 @@ pub async fn run(
         options,
         lease_namespace,
         metrics,
+        digest_key,
     });
-    tokio::pin!(shutdown);
     match elector_parts {
         None => {
             service.lead(None, leadership, &mut shutdown).await;
@@ -277,6 +286,39 @@ pub async fn run(
     }
     admin.abort();
     Ok(())
+}
+
+/// The key of Secret digests, read (or created) before this replica is
+/// ready: every replica must hash Secrets alike before it may lead. A
+/// missing right or a Secret without a usable key ends the run with the
+/// fix in the message; an API server that cannot be reached is retried.
+///
+/// `WASMWATCH_UNKEYED_DIGESTS=1` hashes Secrets as versions before keys
+/// did (plain SHA-256). It exists for the upgrade tests, which need state
+/// written that way; it is not a setting.
+async fn digest_key(
+    client: &kube::Client,
+    manifest: &Manifest,
+    namespace: &str,
+) -> anyhow::Result<Option<DigestKey>> {
+    if !manifest.watch.kinds.contains(&ObjectKind::Secret)
+        || std::env::var_os("WASMWATCH_UNKEYED_DIGESTS").is_some_and(|v| v == "1")
+    {
+        return Ok(None);
+    }
+    let name = &manifest.watch.digest_key_secret;
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match wasmwatch_kube::digest_key::load(client.clone(), namespace, name, true).await {
+            Ok(key) => return Ok(key),
+            Err(wasmwatch_kube::digest_key::KeyError::Permanent(e)) => anyhow::bail!("{e}"),
+            Err(wasmwatch_kube::digest_key::KeyError::Retryable(e)) => {
+                tracing::warn!("{e}; retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
 }
 
 /// The runtime's settings for `plugins` plugins (`run` and `--dry-run`).
@@ -484,6 +526,10 @@ impl Service {
                         .as_ref()
                         .map(|s| s.as_str().to_string()),
                     metadata_changes: self.manifest.watch.metadata_changes,
+                    digest_key: match kind {
+                        ObjectKind::Secret => self.digest_key.clone(),
+                        ObjectKind::ConfigMap => None,
+                    },
                 };
                 let from = checkpoints.get(*kind, &scope).map(str::to_string);
                 let (start, mut wl) = if unreadable.contains_key(kind) {
@@ -761,6 +807,10 @@ impl Service {
                     uid: event.object.uid.clone(),
                     resource_version: event.object.resource_version.clone(),
                     plugin: loaded.plugin.name().to_string(),
+                    unkeyed_digest: event
+                        .unkeyed_digest
+                        .as_ref()
+                        .map(|plain| (event.digest.clone(), plain.clone())),
                 },
                 event: event.clone(),
                 ticket,

@@ -416,7 +416,8 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
                 "{overlay}: no subresources needed: {r:?}"
             );
         }
-        // Reading ConfigMaps and Secrets only, whatever the rule.
+        // Reading ConfigMaps and Secrets only, whatever the rule (and
+        // creating the digest key's Secret, checked by namespace below).
         if r.api_groups
             .as_deref()
             .unwrap_or_default()
@@ -426,8 +427,11 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
             for res in r.resources.as_deref().unwrap_or_default() {
                 if res == "configmaps" || res == "secrets" {
                     for v in &r.verbs {
+                        let key_create = res == "secrets"
+                            && v == "create"
+                            && r.resource_names.as_deref().unwrap_or_default().is_empty();
                         assert!(
-                            ["get", "list", "watch"].contains(&v.as_str()),
+                            ["get", "list", "watch"].contains(&v.as_str()) || key_create,
                             "{overlay}: {v} on {res} granted: {r:?}"
                         );
                     }
@@ -449,6 +453,7 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
         ("apps", "deployments", "patch", false),
         ("apps", "statefulsets", "patch", false),
         ("", "events", "create", false),
+        ("", "secrets", "create", false),
         ("coordination.k8s.io", "leases", "create", false),
         ("coordination.k8s.io", "leases", "update", true),
     ]
@@ -457,9 +462,21 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
     .collect();
     assert_eq!(g.writes(), expected, "{overlay}: the write permissions");
 
+    // The digest key: created (RBAC cannot limit create by name) and read
+    // by name in wasmwatch's namespace, nowhere else, never changed.
+    let lease_ns = manifest.ha.namespace.as_deref().unwrap_or(NAMESPACE);
+    let key_secret = manifest.watch.digest_key_secret.as_str();
+    assert!(g.allows(Some(lease_ns), "", "secrets", "create", None));
+    assert!(
+        g.allows(Some(lease_ns), "", "secrets", "get", Some(key_secret)),
+        "{overlay}: get secret {key_secret} in {lease_ns}"
+    );
     for ns in [None, Some(NAMESPACE), Some("default"), Some("kube-system")] {
         for res in ["configmaps", "secrets"] {
             for verb in ["create", "update", "patch", "delete", "deletecollection"] {
+                if (ns, res, verb) == (Some(lease_ns), "secrets", "create") {
+                    continue;
+                }
                 assert!(
                     !g.allows(ns, "", res, verb, Some("x")) && !g.allows(ns, "", res, verb, None),
                     "{overlay}: {verb} {res} in {ns:?}"
@@ -471,7 +488,6 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
     // Leases: create anywhere in our namespace (RBAC cannot limit create by
     // name), everything else only on the manifest's Leases, and only there.
     let ha = &manifest.ha;
-    let lease_ns = ha.namespace.as_deref().unwrap_or(NAMESPACE);
     let lease = |ns: &str, verb: &str, name: Option<&str>| {
         g.allows(Some(ns), "coordination.k8s.io", "leases", verb, name)
     };
@@ -1708,6 +1724,7 @@ fn observed_table(requests: &[wasmwatch_apiserver::Request]) -> String {
 
 fn check_host_against_rbac(
     overlay: &str,
+    lease_ns: &str,
     i: &Install,
     host: &[wasmwatch_apiserver::Request],
     non_resource: &[wasmwatch_apiserver::NonResourceRequest],
@@ -1725,8 +1742,15 @@ fn check_host_against_rbac(
     eprintln!("{overlay}: observed (verb, group/resource): {verbs:?}");
     eprintln!("{overlay}: the host's non-resource requests: {non_resource:?}");
 
-    // The host never writes ConfigMaps or Secrets.
+    // The host never writes ConfigMaps or Secrets, but for creating its
+    // digest key's Secret once in its own namespace.
+    let mut key_created = 0;
     for r in host {
+        if r.is_write() && r.group.is_empty() && r.resource == "secrets" && r.verb == "create" {
+            assert_eq!(r.namespace.as_deref(), Some(lease_ns), "{overlay}: {r:?}");
+            key_created += 1;
+            continue;
+        }
         assert!(
             !(r.is_write()
                 && r.group.is_empty()
@@ -1734,6 +1758,10 @@ fn check_host_against_rbac(
             "{overlay}: the host wrote {r:?}"
         );
     }
+    assert!(
+        (1..=2).contains(&key_created),
+        "{overlay}: the digest key is created once (two replicas may race): {key_created}"
+    );
 
     // 1. Every call the host made is allowed, in its namespace (or across
     //    all namespaces) and on its name.
@@ -1830,6 +1858,7 @@ async fn the_rbac_allows_exactly_the_calls_the_host_makes() {
         let (text, _) = i.manifest_text();
         let manifest = check_manifest(&overlay, &text);
         let (host, non_resource) = host_requests(&overlay, &manifest, &text).await;
-        check_host_against_rbac(&overlay, &i, &host, &non_resource);
+        let lease_ns = manifest.ha.namespace.as_deref().unwrap_or(NAMESPACE);
+        check_host_against_rbac(&overlay, lease_ns, &i, &host, &non_resource);
     }
 }

@@ -257,6 +257,27 @@ impl Replica {
         namespace: &str,
         ready_within: Duration,
     ) -> Replica {
+        Replica::start_env(
+            kubeconfig,
+            manifest,
+            identity,
+            checkpoint_interval,
+            namespace,
+            ready_within,
+            &[],
+        )
+    }
+
+    /// [`Replica::start_in`] with extra environment variables.
+    pub fn start_env(
+        kubeconfig: &std::path::Path,
+        manifest: &std::path::Path,
+        identity: &str,
+        checkpoint_interval: &str,
+        namespace: &str,
+        ready_within: Duration,
+        env: &[(&str, &str)],
+    ) -> Replica {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmwatch"));
         cmd.args(["run", "--manifest", manifest.to_str().unwrap()])
             .args(["--identity", identity, "--admin-addr", "127.0.0.1:0"])
@@ -271,7 +292,8 @@ impl Replica {
             .env(
                 "RUST_LOG",
                 std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
-            );
+            )
+            .envs(env.iter().copied());
         let (child, ready, lines) = spawn_ready(&mut cmd, ready_within);
         let admin = ready["admin"]
             .as_str()
@@ -342,13 +364,18 @@ where
 
 /// The configmap checkpoint of `namespace` in the state Lease, if any.
 pub async fn checkpoint(client: &kube::Client, namespace: &str) -> Option<u64> {
+    checkpoint_of(client, "configmap", namespace).await
+}
+
+/// The checkpoint of `kind` (`configmap`, `secret`) of `namespace`.
+pub async fn checkpoint_of(client: &kube::Client, kind: &str, namespace: &str) -> Option<u64> {
     let api: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), "default");
     let lease = api.get_opt("wasmwatch-state").await.ok()??;
     let value = lease
         .metadata
         .annotations?
-        .get("wasmwatch.io/configmap-resource-version")?
+        .get(&format!("wasmwatch.io/{kind}-resource-version"))?
         .clone();
     value
         .split(',')
