@@ -299,11 +299,7 @@ impl ObjectIndex {
             let removed = self.objects.remove(&key).is_some();
             let digest = object.digest_with(self.key.as_ref());
             return (
-                Some(self.event(
-                    ChangeType::Deleted,
-                    object,
-                    digest,
-                )),
+                Some(self.event(ChangeType::Deleted, object, digest)),
                 removed,
             );
         }

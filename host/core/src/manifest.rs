@@ -38,6 +38,9 @@ pub struct Manifest {
     /// Bus connections (AMQP or NATS) plugins may publish to by name.
     #[serde(default)]
     pub buses: Vec<BusConnection>,
+    /// How fast the host acts, over all targets and per target.
+    #[serde(default)]
+    pub rate_limits: RateLimits,
     /// The plugins, each with the events it gets and what it may do.
     pub plugins: Vec<PluginEntry>,
     /// The folder module paths are relative to (the manifest file's folder).
@@ -478,6 +481,13 @@ pub struct Delivery {
     /// The longest delay between retries (at most 24h).
     #[serde(default = "default_backoff_max")]
     pub backoff_max: HumanDuration,
+    /// The shortest time between two actions on one target (a workload's
+    /// restarts, a Service's refreshes; at most 1h). Changes meanwhile wait
+    /// and merge, the last content winning, and a Warning Event
+    /// (`Throttled`) on the changed object says so: a Secret that flaps
+    /// rolls its workloads at most once per cooldown. 0: none.
+    #[serde(default = "zero")]
+    pub cooldown: HumanDuration,
 }
 
 impl Default for Delivery {
@@ -487,7 +497,51 @@ impl Default for Delivery {
             retries: default_retries(),
             backoff_initial: default_backoff_initial(),
             backoff_max: default_backoff_max(),
+            cooldown: zero(),
         }
+    }
+}
+
+/// Token buckets the host's actions pass before every attempt.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RateLimits {
+    /// Over every action (default 200 per second, bursts of 100).
+    #[serde(default = "default_global_rate")]
+    pub global: Rate,
+    /// Per target: one workload, one Service's refresh path, one URL
+    /// (default 5 per second, bursts of 5).
+    #[serde(default = "default_per_target_rate")]
+    pub per_target: Rate,
+}
+
+impl Default for RateLimits {
+    fn default() -> Self {
+        RateLimits {
+            global: default_global_rate(),
+            per_target: default_per_target_rate(),
+        }
+    }
+}
+
+/// `perSecond` on average, up to `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Rate {
+    pub per_second: f64,
+    pub burst: u32,
+}
+
+fn default_global_rate() -> Rate {
+    Rate {
+        per_second: 200.0,
+        burst: 100,
+    }
+}
+fn default_per_target_rate() -> Rate {
+    Rate {
+        per_second: 5.0,
+        burst: 5,
     }
 }
 
@@ -760,6 +814,26 @@ impl Manifest {
         if self.kind != KIND {
             bad("kind".into(), format!("{:?}: expected {KIND:?}", self.kind));
         }
+        for (field, rate) in [
+            ("rateLimits.global", self.rate_limits.global),
+            ("rateLimits.perTarget", self.rate_limits.per_target),
+        ] {
+            if !(rate.per_second.is_finite() && rate.per_second > 0.0 && rate.per_second <= 1e6) {
+                bad(
+                    format!("{field}.perSecond"),
+                    format!(
+                        "{} is out of range (more than 0, at most 1000000)",
+                        rate.per_second
+                    ),
+                );
+            }
+            if rate.burst == 0 {
+                bad(
+                    format!("{field}.burst"),
+                    "must be at least 1 (0 would let nothing through)".into(),
+                );
+            }
+        }
         if self.watch.kinds.is_empty() {
             bad("watch.kinds".into(), "must name at least one kind".into());
         }
@@ -970,6 +1044,12 @@ impl Manifest {
                 bad(
                     format!("{at}.delivery.debounce"),
                     format!("{} is out of range (at most 1h)", d.debounce),
+                );
+            }
+            if d.cooldown.0 > MAX_DEBOUNCE {
+                bad(
+                    format!("{at}.delivery.cooldown"),
+                    format!("{} is out of range (at most 1h)", d.cooldown),
                 );
             }
             if d.backoff_max.0 > MAX_BACKOFF {

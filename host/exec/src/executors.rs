@@ -8,8 +8,16 @@
 //! | `http` (a webhook) | `WebhookCalled` (`POST https://… answered 200`) | `WebhookFailed` |
 //! | `publish` | `RefreshPublished` | `RefreshFailed` |
 //! | `restart` | `Restarted` on the object, `Reloaded` on the workload (only when the template was patched) | `RefreshFailed` |
-//! | `event` | the Event itself | `RefreshFailed` |
+//! | `event` | the Event itself (written by the action, not aggregated) | `RefreshFailed` |
+//!
+//! Every Event of the table but the plugins' own goes through
+//! [`crate::recorder::EventRecorder`], which aggregates repeats: one
+//! Event per object, type, reason, plugin and message (up to 10 messages
+//! per object, type, reason and plugin in 10 minutes, then one
+//! `(combined from similar events)` Event) whose `count` and
+//! `lastTimestamp` grow, written at most once per 5 s per Event.
 use std::sync::Arc;
+use std::time::Duration;
 
 use wasmwatch_core::Action;
 use wasmwatch_core::action::EventType;
@@ -23,8 +31,70 @@ pub struct Executors {
     pub buses: wasmwatch_bus::Buses,
     pub kube: Arc<crate::workload::KubeExecutor>,
     /// The host's own Events (Refreshed, WebhookCalled, RefreshPublished,
-    /// RefreshFailed, WebhookFailed), off the delivery path.
+    /// Restarted, Reloaded, RefreshFailed, WebhookFailed), off the delivery
+    /// path and aggregated.
     pub events: crate::recorder::EventRecorder,
+}
+
+impl Executors {
+    /// Restarts of one workload, each for the change of one object: one
+    /// patch recording every content; `Reloaded` on the workload and
+    /// `Restarted` on each object when the template was patched.
+    async fn restart(&self, restarts: &[(Origin, Action)]) -> Result<Executed, ExecError> {
+        let mut contents = Vec::new();
+        let mut reasons: Vec<&str> = Vec::new();
+        let mut workload = None;
+        for (origin, action) in restarts {
+            let Action::Restart {
+                workload: w,
+                reason,
+                content_hash,
+            } = action
+            else {
+                continue;
+            };
+            workload.get_or_insert(w);
+            let unkeyed =
+                crate::workload::unkeyed_content_hash(content_hash, origin.unkeyed_digest.as_ref());
+            contents.push((content_hash.as_str(), unkeyed));
+            if !reasons.contains(&reason.as_str()) {
+                reasons.push(reason);
+            }
+        }
+        let Some(workload) = workload else {
+            return Ok(Executed::default());
+        };
+        let hashes: Vec<(&str, Option<&str>)> =
+            contents.iter().map(|(h, u)| (*h, u.as_deref())).collect();
+        let reason = reasons.join("; ");
+        let outcome = self
+            .kube
+            .restart_for_all(workload, &hashes, &reason)
+            .await?;
+        if outcome == crate::workload::RestartOutcome::Restarted {
+            // Recorded (and aggregated) off the delivery path, like the
+            // other host Events.
+            let plugins: Vec<&str> = restarts.iter().map(|(o, _)| o.plugin.as_str()).collect();
+            self.events.record_workload(
+                workload,
+                EventType::Normal,
+                "Reloaded",
+                format!("{reason} (plugin {})", plugins[plugins.len() - 1]),
+            );
+            for (origin, _) in restarts {
+                self.events.record(
+                    origin,
+                    EventType::Normal,
+                    "Restarted",
+                    format!(
+                        "rollout restart of {:?} {}/{} (plugin {})",
+                        workload.kind, workload.namespace, workload.name, origin.plugin
+                    ),
+                );
+            }
+        }
+        Ok(Executed::default())
+    }
 }
 
 impl Execute for Executors {
@@ -81,41 +151,9 @@ impl Execute for Executors {
                             ExecError::Permanent(e.to_string())
                         }
                     }),
-                Action::Restart {
-                    workload,
-                    reason,
-                    content_hash,
-                } => {
-                    let unkeyed = crate::workload::unkeyed_content_hash(
-                        content_hash,
-                        origin.unkeyed_digest.as_ref(),
-                    );
-                    let outcome = self
-                        .kube
-                        .restart_also_at(workload, content_hash, unkeyed.as_deref(), reason)
-                        .await?;
-                    if outcome == crate::workload::RestartOutcome::Restarted {
-                        let message = format!("{reason} (plugin {})", origin.plugin);
-                        if let Err(e) = self
-                            .kube
-                            .workload_event(workload, EventType::Normal, "Reloaded", &message)
-                            .await
-                        {
-                            tracing::warn!("cannot record the restart Event: {e}");
-                        }
-                        let message = format!(
-                            "rollout restart of {:?} {}/{} (plugin {})",
-                            workload.kind, workload.namespace, workload.name, origin.plugin
-                        );
-                        if let Err(e) = self
-                            .kube
-                            .event(origin, EventType::Normal, "Restarted", &message)
-                            .await
-                        {
-                            tracing::warn!("cannot record the restart Event: {e}");
-                        }
-                    }
-                    Ok(Executed::default())
+                Action::Restart { .. } => {
+                    self.restart(std::slice::from_ref(&(origin.clone(), action.clone())))
+                        .await
                 }
                 Action::Event {
                     event_type,
@@ -128,6 +166,29 @@ impl Execute for Executors {
                     .map(|()| Executed::default()),
             }
         })
+    }
+
+    fn execute_restarts<'a>(
+        &'a self,
+        restarts: &'a [(Origin, Action)],
+    ) -> BoxFuture<'a, Result<Executed, ExecError>> {
+        Box::pin(self.restart(restarts))
+    }
+
+    fn throttled(&self, origin: &Origin, action: &Action, wait: Duration, cooldown: Duration) {
+        self.events.record(
+            origin,
+            EventType::Warning,
+            "Throttled",
+            format!(
+                "{} waits {:.1}s: it acts at most once per delivery.cooldown ({}s), \
+                 changes meanwhile merge and the last content wins (plugin {})",
+                describe_action(action),
+                wait.as_secs_f64(),
+                cooldown.as_secs_f64(),
+                origin.plugin
+            ),
+        );
     }
 
     fn succeeded(&self, origins: &[Origin], action: &Action, executed: &Executed) {

@@ -10,9 +10,18 @@
 //! ```
 //!
 //! - **Target key**: what an action acts on (a Service's pods and path, a
-//!   URL, a bus destination, a workload and the object whose hash it
-//!   records). Actions with the same key coalesce: ten changes to one app's
-//!   ConfigMaps inside the debounce window give one refresh.
+//!   URL, a bus destination, a workload). Actions with the same key
+//!   coalesce: ten changes to one app's ConfigMaps inside the debounce
+//!   window give one refresh. Restarts of one workload coalesce whatever
+//!   object they are for, keeping the latest content hash of each object:
+//!   two ConfigMaps changed in one window roll the workload once, both
+//!   hashes in one patch ([`Execute::execute_restarts`]; issue 20's burst
+//!   control: they were keyed per workload and object, two rollouts).
+//! - **Cooldown**: after a coalescing target acted, its next job waits at
+//!   least `policy.cooldown` from that job's start; what is submitted
+//!   meanwhile merges into it, the last content winning, and
+//!   [`Execute::throttled`] is told once per held job (a Warning Event).
+//!   A flapping Secret rolls its workloads at most once per cooldown.
 //! - **Debounce**: a job waits `policy.debounce` from its *first* submission
 //!   (a fixed window, so a flapping object still gets refreshed every window
 //!   rather than never). Events (`Action::Event`) never wait or coalesce.
@@ -79,6 +88,28 @@ pub trait Execute: Send + Sync + 'static {
     /// The action failed for good: tell someone (a Kubernetes Event on the
     /// object). Like [`Execute::succeeded`]: after the tickets, no waiting.
     fn dead_letter(&self, _origin: &Origin, _action: &Action, _error: &ExecError) {}
+
+    /// One attempt of the restarts of one workload for several objects
+    /// (each with the change it is for), coalesced: the host's executor
+    /// patches the pod template once with every content hash. The default
+    /// executes them in turn.
+    fn execute_restarts<'a>(
+        &'a self,
+        restarts: &'a [(Origin, Action)],
+    ) -> BoxFuture<'a, Result<Executed, ExecError>> {
+        Box::pin(async move {
+            let mut executed = Executed::default();
+            for (origin, action) in restarts {
+                executed = self.execute(origin, action).await?;
+            }
+            Ok(executed)
+        })
+    }
+
+    /// `action`, for `origin`'s change, waits `wait` for its target's
+    /// cooldown (`cooldown`): tell someone (a Warning Event). Called once
+    /// per held job, from the pipeline's loop: it must not wait.
+    fn throttled(&self, _origin: &Origin, _action: &Action, _wait: Duration, _cooldown: Duration) {}
 }
 
 /// What a successful attempt did beyond what its action says, for the
@@ -98,6 +129,8 @@ pub struct Policy {
     pub retries: u32,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
+    /// The shortest time between two jobs of one coalescing target.
+    pub cooldown: Duration,
 }
 
 impl From<&wasmwatch_core::manifest::Delivery> for Policy {
@@ -107,6 +140,7 @@ impl From<&wasmwatch_core::manifest::Delivery> for Policy {
             retries: d.retries,
             backoff_initial: d.backoff_initial.0,
             backoff_max: d.backoff_max.0,
+            cooldown: d.cooldown.0,
         }
     }
 }
@@ -124,6 +158,19 @@ pub struct PipelineConfig {
     pub global: RateLimit,
     /// Per target key.
     pub per_target: RateLimit,
+}
+
+impl From<&wasmwatch_core::manifest::RateLimits> for PipelineConfig {
+    fn from(r: &wasmwatch_core::manifest::RateLimits) -> Self {
+        let limit = |r: wasmwatch_core::manifest::Rate| RateLimit {
+            rate: r.per_second,
+            burst: f64::from(r.burst),
+        };
+        PipelineConfig {
+            global: limit(r.global),
+            per_target: limit(r.per_target),
+        }
+    }
 }
 
 impl Default for PipelineConfig {
@@ -220,11 +267,8 @@ pub enum TargetKey {
         /// a message replaces only a waiting one of the same object.
         content_of: String,
     },
-    Restart {
-        workload: String,
-        /// The object whose content hash is recorded (`configmap/orders`).
-        object: String,
-    },
+    /// Every restart of one workload, whatever object it is for.
+    Restart { workload: String },
     /// Never coalesced.
     Unique(u64),
 }
@@ -291,19 +335,11 @@ impl TargetKey {
                 routing_key: routing_key.clone(),
                 content_of: content_of(origin),
             },
-            Action::Restart {
-                workload,
-                content_hash,
-                ..
-            } => TargetKey::Restart {
+            Action::Restart { workload, .. } => TargetKey::Restart {
                 workload: format!(
                     "{:?}/{}/{}",
                     workload.kind, workload.namespace, workload.name
                 ),
-                object: content_hash
-                    .rsplit_once(':')
-                    .map_or(content_hash.as_str(), |(object, _)| object)
-                    .to_string(),
             },
             Action::Event { .. } => TargetKey::Unique(unique),
         }
@@ -322,6 +358,12 @@ impl TargetKey {
                     ..
                 }
         )
+    }
+
+    /// Jobs of this key wait out `policy.cooldown` after the previous one:
+    /// coalescing keys (contents are all delivered, in order).
+    fn cools_down(&self) -> bool {
+        !(self.queues() || matches!(self, TargetKey::Unique(_)))
     }
 
     /// HTTP calls with a body and Events go at once (as before keys were
@@ -356,9 +398,25 @@ impl<T> TicketState<T> {
     }
 }
 
+/// The object a restart's content hash is about (`configmap/orders` of
+/// `configmap/orders:<digest>`).
+fn restart_object(action: &Action) -> Option<&str> {
+    match action {
+        Action::Restart { content_hash, .. } => Some(
+            content_hash
+                .rsplit_once(':')
+                .map_or(content_hash.as_str(), |(object, _)| object),
+        ),
+        _ => None,
+    }
+}
+
 /// A job waiting for its window.
 struct Pending<T> {
     action: Action,
+    /// A restart job: the latest restart per object (with the change it
+    /// is for), in the order objects joined; `action` is the last one.
+    restarts: Vec<(Origin, Action)>,
     origins: Vec<Origin>,
     tickets: Vec<Arc<TicketState<T>>>,
     policy: Policy,
@@ -545,6 +603,8 @@ async fn run<T: Send + 'static>(
     done: mpsc::UnboundedSender<T>,
 ) {
     let mut slots: BTreeMap<TargetKey, Slot<T>> = BTreeMap::new();
+    // Until when each target's cooldown lasts (from its last job's start).
+    let mut cooldowns: HashMap<TargetKey, Instant> = HashMap::new();
     // (due, sequence, key): the next pending window to close.
     let mut timers: BinaryHeap<Reverse<(Instant, u64, TargetKey)>> = BinaryHeap::new();
     let mut seq = 0u64;
@@ -576,6 +636,11 @@ async fn run<T: Send + 'static>(
                     match slot.pending.back_mut() {
                         Some(p) if !key.queues() => {
                             shared.stats.coalesced.fetch_add(1, Ordering::Relaxed);
+                            if let Some(object) = restart_object(&action) {
+                                p.restarts
+                                    .retain(|(_, a)| restart_object(a) != Some(object));
+                                p.restarts.push((s.origin.clone(), action.clone()));
+                            }
                             p.action = action;
                             if !p.origins.contains(&s.origin) {
                                 p.origins.push(s.origin.clone());
@@ -584,13 +649,31 @@ async fn run<T: Send + 'static>(
                         }
                         _ => {
                             shared.stats.queued.fetch_add(1, Ordering::Relaxed);
-                            let due = if key.debounces() {
-                                Instant::now() + s.policy.debounce
+                            let now = Instant::now();
+                            let mut due = if key.debounces() {
+                                now + s.policy.debounce
                             } else {
-                                Instant::now()
+                                now
+                            };
+                            if let Some(until) = cooldowns.get(&key).copied()
+                                && until > due
+                                && key.cools_down()
+                            {
+                                shared.executor.throttled(
+                                    &s.origin,
+                                    &action,
+                                    until - now,
+                                    s.policy.cooldown,
+                                );
+                                due = until;
+                            }
+                            let restarts = match restart_object(&action) {
+                                Some(_) => vec![(s.origin.clone(), action.clone())],
+                                None => Vec::new(),
                             };
                             slot.pending.push_back(Pending {
                                 action,
+                                restarts,
                                 origins: vec![s.origin.clone()],
                                 tickets: vec![state.clone()],
                                 policy: s.policy,
@@ -634,6 +717,12 @@ async fn run<T: Send + 'static>(
                     }
                     let pending = slot.pending.pop_front().expect("checked");
                     slot.running = true;
+                    if key.cools_down() && !pending.policy.cooldown.is_zero() {
+                        if cooldowns.len() >= 4096 {
+                            cooldowns.retain(|_, until| *until > now);
+                        }
+                        cooldowns.insert(key.clone(), now + pending.policy.cooldown);
+                    }
                     let shared = shared.clone();
                     let tx = tx.clone();
                     let span = {
@@ -678,7 +767,11 @@ async fn execute_job<T>(shared: &Shared, key: &TargetKey, job: Pending<T>) {
             return;
         }
         shared.stats.attempts.fetch_add(1, Ordering::Relaxed);
-        let result = shared.executor.execute(&origin, &job.action).await;
+        let result = if job.restarts.len() > 1 {
+            shared.executor.execute_restarts(&job.restarts).await
+        } else {
+            shared.executor.execute(&origin, &job.action).await
+        };
         let mut executed = Executed::default();
         let outcome = match result {
             Ok(e) => {

@@ -65,14 +65,15 @@
 //! uid and resourceVersion when known), reason (cut to 128 bytes), message
 //! (cut to 1024 bytes on a character boundary), type, `source.component`,
 //! `reportingComponent`, `reportingInstance`, `action` (the reason),
-//! `firstTimestamp` = `lastTimestamp`, `eventTime`, count 1, and a unique
-//! name `<object>.<hex>` like client-go's. Not kube's
+//! `firstTimestamp`, `lastTimestamp`, `eventTime`, `count`, and a unique
+//! name `<object>.<hex>` like client-go's. The host's own Events repeat
+//! as a growing `count` on one Event ([`crate::recorder`] patches count,
+//! `lastTimestamp` and message, as client-go's correlator does): a burst of
+//! thousands of changes writes a handful of Events. Not kube's
 //! `kube::runtime::events::Recorder`: it writes events.k8s.io/v1 Events,
 //! which our test API server stores apart from core/v1 ones (it does not
 //! convert between the two), so `kubectl get events` would not list them
-//! there; and its series cache (repeats within 6 minutes become a patch of
-//! the first Event) is per process, which buys little for a service whose
-//! Events are rare.
+//! there.
 //!
 //! ## Failures
 //!
@@ -186,18 +187,32 @@ impl KubeExecutor {
         unkeyed: Option<&str>,
         reason: &str,
     ) -> Result<RestartOutcome, ExecError> {
+        self.restart_for_all(workload, &[(content_hash, unkeyed)], reason)
+            .await
+    }
+
+    /// One restart of `workload` for several contents (each a content hash
+    /// with its [`unkeyed_content_hash`]): one read, then one patch that
+    /// records every content the template does not record yet. Already at
+    /// every content: nothing is written. Issue 20's burst control: two
+    /// objects changed together roll the workload once.
+    pub async fn restart_for_all(
+        &self,
+        workload: &WorkloadRef,
+        contents: &[(&str, Option<&str>)],
+        reason: &str,
+    ) -> Result<RestartOutcome, ExecError> {
         let what = format!("restart of {}", describe(workload));
         if workload.namespace.is_empty() || workload.name.is_empty() {
             return Err(ExecError::Permanent(format!(
                 "{what}: the workload needs a namespace and a name"
             )));
         }
-        if content_hash.is_empty() {
+        if contents.is_empty() || contents.iter().any(|(h, _)| h.is_empty()) {
             return Err(ExecError::Permanent(format!(
                 "{what}: the content hash is empty"
             )));
         }
-        let key = hash_annotation_key(content_hash);
         let api = self.workload_api(workload);
         let current = self
             .request(&what, "reading the workload", api.get(&workload.name))
@@ -205,23 +220,34 @@ impl KubeExecutor {
         if let Some(uid) = &current.metadata.uid {
             self.remember_uid(workload, uid);
         }
-        let recorded = current
-            .data
-            .pointer("/spec/template/metadata/annotations")
-            .and_then(|a| a.get(&key))
-            .and_then(Value::as_str);
-        if records_content(recorded, content_hash, unkeyed) {
-            debug!(
-                kind = ?workload.kind,
-                namespace = %workload.namespace,
-                name = %workload.name,
-                %key,
-                content_hash,
-                "restart: the workload already runs this content"
-            );
+        let recorded_annotations = current.data.pointer("/spec/template/metadata/annotations");
+        let mut annotations = serde_json::Map::new();
+        let mut previous = Vec::new();
+        for (content_hash, unkeyed) in contents {
+            let key = hash_annotation_key(content_hash);
+            let recorded = recorded_annotations
+                .and_then(|a| a.get(&key))
+                .and_then(Value::as_str);
+            if records_content(recorded, content_hash, *unkeyed) {
+                debug!(
+                    kind = ?workload.kind,
+                    namespace = %workload.namespace,
+                    name = %workload.name,
+                    %key,
+                    content_hash,
+                    "restart: the workload already runs this content"
+                );
+                continue;
+            }
+            previous.push(recorded.unwrap_or("").to_string());
+            annotations.insert(key, json!(content_hash));
+        }
+        if annotations.is_empty() {
             return Ok(RestartOutcome::AlreadyAtContent);
         }
+        let keys: Vec<String> = annotations.keys().cloned().collect();
         let now = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        annotations.insert(RESTARTED_AT_ANNOTATION.to_string(), json!(now));
         let mut metadata = json!({});
         if let Some(rv) = &current.metadata.resource_version {
             // A precondition: 409 if the workload changed since the GET.
@@ -229,10 +255,7 @@ impl KubeExecutor {
         }
         let patch = json!({
             "metadata": metadata,
-            "spec": {"template": {"metadata": {"annotations": {
-                key.as_str(): content_hash,
-                RESTARTED_AT_ANNOTATION: now,
-            }}}},
+            "spec": {"template": {"metadata": {"annotations": annotations}}},
         });
         let params = PatchParams {
             field_manager: Some(self.component.clone()),
@@ -248,10 +271,9 @@ impl KubeExecutor {
             kind = ?workload.kind,
             namespace = %workload.namespace,
             name = %workload.name,
-            %key,
-            content_hash,
+            keys = %keys.join(","),
             reason,
-            previous = recorded.unwrap_or(""),
+            previous = %previous.join(","),
             "restart: pod template patched"
         );
         Ok(RestartOutcome::Restarted)

@@ -23,6 +23,17 @@ struct Recorder {
     script: Mutex<VecDeque<Result<(), ExecError>>>,
     dead: Mutex<Vec<(String, ExecError)>>,
     delay: Mutex<Duration>,
+    /// (when, content hashes) of each merged restart.
+    merged: Mutex<Vec<(Instant, Vec<String>)>>,
+    /// (object, wait) of each throttled job.
+    throttled: Mutex<Vec<(String, Duration)>>,
+}
+
+fn hash_of(a: &Action) -> String {
+    match a {
+        Action::Restart { content_hash, .. } => content_hash.clone(),
+        other => panic!("not a restart: {other:?}"),
+    }
 }
 
 impl Execute for Recorder {
@@ -48,6 +59,36 @@ impl Execute for Recorder {
             .lock()
             .unwrap()
             .push((origin.name.clone(), error.clone()));
+    }
+
+    fn execute_restarts<'a>(
+        &'a self,
+        restarts: &'a [(Origin, Action)],
+    ) -> BoxFuture<'a, Result<Executed, ExecError>> {
+        Box::pin(async move {
+            let hashes = restarts.iter().map(|(_, a)| hash_of(a)).collect();
+            self.merged.lock().unwrap().push((Instant::now(), hashes));
+            Ok(Executed::default())
+        })
+    }
+
+    fn throttled(&self, origin: &Origin, _action: &Action, wait: Duration, _cooldown: Duration) {
+        self.throttled
+            .lock()
+            .unwrap()
+            .push((origin.name.clone(), wait));
+    }
+}
+
+fn restart_of(workload: &str, hash: &str) -> Action {
+    Action::Restart {
+        workload: WorkloadRef {
+            kind: WorkloadKind::Deployment,
+            namespace: "shop".into(),
+            name: workload.into(),
+        },
+        reason: "r".into(),
+        content_hash: hash.into(),
     }
 }
 
@@ -88,6 +129,7 @@ fn policy(debounce_ms: u64, retries: u32) -> Policy {
         retries,
         backoff_initial: Duration::from_secs(1),
         backoff_max: Duration::from_secs(60),
+        cooldown: Duration::ZERO,
     }
 }
 
@@ -313,42 +355,110 @@ async fn a_change_during_a_running_refresh_is_refreshed_again_after_it() {
     );
 }
 
+/// Issue 20's burst control: restarts of one workload for several objects
+/// within the window are one job, every object's latest hash in it (they
+/// were one job per object: two rollouts); other workloads stay apart.
 #[tokio::test(start_paused = true)]
-async fn events_are_never_coalesced_and_restarts_coalesce_per_object() {
+async fn events_are_never_coalesced_and_restarts_of_one_workload_merge() {
     let mut h = harness(unlimited());
-    let restart = |hash: &str| Action::Restart {
-        workload: WorkloadRef {
-            kind: WorkloadKind::Deployment,
-            namespace: "shop".into(),
-            name: "orders".into(),
-        },
-        reason: "r".into(),
-        content_hash: hash.into(),
-    };
     h.pipeline.submit(Submission {
         ticket: 1,
         origin: origin("a"),
         actions: vec![
             event(),
             event(),
-            restart("configmap/a:1"),
-            restart("configmap/a:2"),
-            restart("secret/b:9"),
+            restart_of("orders", "configmap/a:1"),
+            restart_of("orders", "configmap/a:2"),
+            restart_of("billing", "configmap/a:2"),
         ],
         policy: policy(100, 0),
     });
-    assert_eq!(done_within(&mut h, Duration::from_secs(1)).await, vec![1]);
+    h.pipeline.submit(Submission {
+        ticket: 2,
+        origin: origin("b"),
+        actions: vec![restart_of("orders", "secret/b:9")],
+        policy: policy(100, 0),
+    });
+    let mut done = done_within(&mut h, Duration::from_secs(1)).await;
+    done.sort();
+    assert_eq!(done, vec![1, 2]);
     let calls = h.rec.calls.lock().unwrap();
-    let hashes: Vec<String> = calls
+    let single: Vec<String> = calls
         .iter()
-        .filter_map(|(_, a, _)| match a {
-            Action::Restart { content_hash, .. } => Some(content_hash.clone()),
-            _ => None,
-        })
+        .filter(|(_, a, _)| matches!(a, Action::Restart { .. }))
+        .map(|(_, a, _)| hash_of(a))
         .collect();
-    assert_eq!(calls.len(), 4, "2 events + 2 restarts");
-    assert!(hashes.contains(&"configmap/a:2".to_string()), "latest wins");
-    assert!(hashes.contains(&"secret/b:9".to_string()));
+    assert_eq!(calls.len(), 3, "2 events + billing's restart: {calls:?}");
+    assert_eq!(single, vec!["configmap/a:2"], "billing's, alone");
+    let merged = h.rec.merged.lock().unwrap();
+    assert_eq!(merged.len(), 1, "orders rolls once: {merged:?}");
+    assert_eq!(
+        merged[0].1,
+        vec!["configmap/a:2", "secret/b:9"],
+        "the latest hash of each object"
+    );
+}
+
+/// A flapping object: after a restart, the workload's next one waits for
+/// the cooldown, everything submitted meanwhile merging into it (the last
+/// content of each object winning), and the hold is reported once.
+#[tokio::test(start_paused = true)]
+async fn a_cooldown_holds_and_merges_what_changes_meanwhile() {
+    let mut h = harness(unlimited());
+    let cooling = Policy {
+        cooldown: Duration::from_secs(10),
+        ..policy(0, 0)
+    };
+    let t0 = Instant::now();
+    let submit = |h: &Harness, ticket: u32, object: &str, hash: &str| {
+        h.pipeline.submit(Submission {
+            ticket,
+            origin: origin(object),
+            actions: vec![restart_of("orders", hash)],
+            policy: cooling,
+        })
+    };
+    submit(&h, 1, "a", "configmap/a:1");
+    assert_eq!(
+        done_within(&mut h, Duration::from_millis(100)).await,
+        vec![1]
+    );
+    for (i, hash) in ["configmap/a:2", "configmap/a:3"].iter().enumerate() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        submit(&h, 2 + i as u32, "a", hash);
+    }
+    submit(&h, 4, "b", "secret/b:1");
+    assert!(
+        done_within(&mut h, Duration::from_secs(7)).await.is_empty(),
+        "held for the cooldown"
+    );
+    let mut done = done_within(&mut h, Duration::from_secs(3)).await;
+    done.sort();
+    assert_eq!(done, vec![2, 3, 4]);
+    {
+        let calls = h.rec.calls.lock().unwrap();
+        assert_eq!(calls.len(), 1, "only the first, alone: {calls:?}");
+        let merged = h.rec.merged.lock().unwrap();
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged[0].1, vec!["configmap/a:3", "secret/b:1"]);
+        let at = merged[0].0 - t0;
+        assert!(
+            at >= Duration::from_secs(10) && at < Duration::from_millis(10_100),
+            "{at:?}"
+        );
+        let throttled = h.rec.throttled.lock().unwrap();
+        assert_eq!(throttled.len(), 1, "once per held job: {throttled:?}");
+        assert_eq!(throttled[0].0, "a");
+        assert!(throttled[0].1 > Duration::from_secs(8), "{throttled:?}");
+    }
+    // After the cooldown, a change acts at once again.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    submit(&h, 5, "a", "configmap/a:4");
+    assert_eq!(
+        done_within(&mut h, Duration::from_millis(100)).await,
+        vec![5]
+    );
+    assert_eq!(h.rec.throttled.lock().unwrap().len(), 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -608,7 +608,7 @@ impl Service {
         };
         let pipeline = Pipeline::start(
             self.executors.clone() as Arc<dyn Execute>,
-            PipelineConfig::default(),
+            PipelineConfig::from(&self.manifest.rate_limits),
             may_act.clone(),
             Some(on_report),
             done_tx.clone(),

@@ -445,7 +445,7 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
 
     let g = Grants::of(i);
     // Exactly these writes, nothing else: restarts (patch of the pod template),
-    // core/v1 Events (created, never patched), and the Leases. The test
+    // core/v1 Events (created, patched when they repeat), the digest key Secret (created once), and the Leases. The test
     // `the_rbac_allows_exactly_the_calls_the_host_makes` checks the host
     // really makes each of them.
     let expected: BTreeSet<(String, String, String, bool)> = [
@@ -453,6 +453,7 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
         ("apps", "deployments", "patch", false),
         ("apps", "statefulsets", "patch", false),
         ("", "events", "create", false),
+        ("", "events", "patch", false),
         ("", "secrets", "create", false),
         ("coordination.k8s.io", "leases", "create", false),
         ("coordination.k8s.io", "leases", "update", true),

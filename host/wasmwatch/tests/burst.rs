@@ -1,0 +1,217 @@
+//! Issue 20's burst control, end to end: `wasmwatch run` against the test
+//! API server, the bundled rollout-restart restarting a Deployment.
+//! - objects a workload uses that change within one debounce roll it once,
+//!   every object's hash in one patch;
+//! - a Secret that flaps rolls it at most once per `delivery.cooldown`, the
+//!   last content ending on the pod template, and a Warning Event says so.
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use wasmwatch_core::DataValue;
+use wasmwatch_core::digest::{DigestKey, data_digest};
+
+fn manifest(kind: &str, delivery: &str) -> String {
+    format!(
+        "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+watch: {{kinds: [{kind}], namespaces: [shop]}}
+ha: {{enabled: false}}
+plugins:
+  - name: rollout-restart
+    module: {{module:rollout-restart}}
+    sha256: {{sha256:rollout-restart}}
+    events: {{kinds: [{kind}]}}
+    capabilities: {{restart: [shop], events: true}}
+    delivery: {delivery}
+"
+    )
+}
+
+/// (generation, pod-template annotations) of Deployment `shop/orders`.
+async fn orders(client: &kube::Client) -> (i64, BTreeMap<String, String>) {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), "shop");
+    let d = api.get("orders").await.unwrap();
+    let annotations = d
+        .spec
+        .template
+        .metadata
+        .and_then(|m| m.annotations)
+        .unwrap_or_default();
+    (d.metadata.generation.unwrap(), annotations)
+}
+
+async fn orders_using(client: &kube::Client, env_from: serde_json::Value) {
+    workload(
+        client,
+        "shop",
+        "Deployment",
+        "orders",
+        serde_json::json!({"reloader.stakater.com/auto": "true"}),
+        serde_json::json!({}),
+        serde_json::json!({"containers": [{"name": "app", "image": "example/app:1",
+            "envFrom": env_from}]}),
+    )
+    .await;
+}
+
+/// A replica, once its watches are open (the lookups' five and the
+/// watched kind's): changes from then on are its to handle.
+async fn start(e: &TestEnv) -> Replica {
+    let before = e.server.open_watches();
+    let (k, m) = (e.kubeconfig.clone(), e.manifest.clone());
+    let r = tokio::task::spawn_blocking(move || Replica::start(&k, &m, "r"))
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(15),
+        e.server.wait_for_watches(before + 6),
+    )
+    .await
+    .expect("the watches open");
+    r
+}
+
+fn data(v: &str) -> BTreeMap<String, DataValue> {
+    BTreeMap::from([("v".to_string(), DataValue::Text(v.to_string()))])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_configmaps_changed_in_one_debounce_roll_the_workload_once_with_both_hashes() {
+    let e = test_env(
+        &manifest(
+            "ConfigMap",
+            "{debounce: 1s, retries: 3, backoffInitial: 100ms, backoffMax: 1s}",
+        ),
+        "shop",
+    )
+    .await;
+    let c = &e.client;
+    orders_using(
+        c,
+        serde_json::json!([{"configMapRef": {"name": "a"}}, {"configMapRef": {"name": "b"}}]),
+    )
+    .await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "shop");
+    for name in ["a", "b"] {
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name}, "data": {"v": "1"}
+        }))
+        .unwrap();
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let replica = start(&e).await;
+    let (generation, _) = orders(c).await;
+    for name in ["a", "b"] {
+        let patch = serde_json::json!({"data": {"v": "2"}});
+        cms.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    let want = |name: &str| format!("configmap/{name}:{}", data_digest(&data("2"), None));
+    eventually(Duration::from_secs(10), "both hashes", || async {
+        let (_, a) = orders(c).await;
+        a.get("config-hash.wasmwatch.io/configmap.a") == Some(&want("a"))
+            && a.get("config-hash.wasmwatch.io/configmap.b") == Some(&want("b"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        orders(c).await.0,
+        generation + 1,
+        "one rollout for both ConfigMaps"
+    );
+    drop(replica);
+}
+
+/// The acceptance of issue 20: a Secret flipping between two values every
+/// 100 ms for 60 s, cooldown 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_secret_rolls_the_workload_at_most_once_per_cooldown() {
+    const FLAP: Duration = Duration::from_secs(60);
+    const COOLDOWN: Duration = Duration::from_secs(10);
+    let e = test_env(
+        &manifest(
+            "Secret",
+            "{debounce: 0s, cooldown: 10s, retries: 3, backoffInitial: 100ms, backoffMax: 1s}",
+        ),
+        "shop",
+    )
+    .await;
+    let c = &e.client;
+    orders_using(c, serde_json::json!([{"secretRef": {"name": "token"}}])).await;
+    let secrets: Api<Secret> = Api::namespaced(c.clone(), "shop");
+    let token: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "token"}, "stringData": {"v": "x"}
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &token)
+        .await
+        .unwrap();
+    let replica = start(&e).await;
+    let (generation, _) = orders(c).await;
+
+    let start = Instant::now();
+    let mut last = "x";
+    let mut flips = 0;
+    while start.elapsed() < FLAP {
+        last = if last == "x" { "y" } else { "x" };
+        let patch = serde_json::json!({"stringData": {"v": last}});
+        secrets
+            .patch("token", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        flips += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let keys: Api<Secret> = Api::namespaced(c.clone(), "default");
+    let key = keys.get("wasmwatch-digest-key").await.unwrap();
+    let key = DigestKey::new(&key.data.unwrap()["key"].0).unwrap();
+    let want = format!("secret/token:{}", data_digest(&data(last), Some(&key)));
+    eventually(
+        COOLDOWN + Duration::from_secs(5),
+        "the last content on the template",
+        || async {
+            orders(c)
+                .await
+                .1
+                .get("config-hash.wasmwatch.io/secret.token")
+                == Some(&want)
+        },
+    )
+    .await;
+    let rollouts = orders(c).await.0 - generation;
+    // The first change rolls at once (a cooldown adds no latency to a
+    // single change), then at most one per cooldown, the last landing the
+    // final content: ceil(60 / 10) + 1.
+    let bound = FLAP.as_secs().div_ceil(COOLDOWN.as_secs()) as i64 + 1;
+    eprintln!("{flips} flips in {FLAP:?}: {rollouts} rollouts (bound {bound})");
+    assert!(
+        (2..=bound).contains(&rollouts),
+        "{rollouts} rollouts for {flips} flips"
+    );
+    let events: Api<Event> = Api::namespaced(c.clone(), "shop");
+    let throttled: Vec<Event> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Throttled"))
+        .collect();
+    assert!(!throttled.is_empty(), "a Warning Event says so");
+    assert_eq!(throttled[0].type_.as_deref(), Some("Warning"));
+    let message = throttled[0].message.clone().unwrap_or_default();
+    assert!(
+        message.contains("Deployment shop/orders") && message.contains("cooldown"),
+        "{message}"
+    );
+    drop(replica);
+}
