@@ -18,10 +18,15 @@
 //!   values.
 //!
 //! In any string, `{config.KEY}` is the string (or number) `KEY` of the
-//! plugin's `config`, and `{config.KEY|DEFAULT}` the same with a default. A
+//! plugin's `config`, and `{config.KEY|DEFAULT}` the same with a default;
+//! `KEY` may be a dotted path into nested objects (`webhook.url`). A
 //! need whose config value is missing is not checked (the plugin's own
-//! `check-config` says what is wrong). Keys a host does not know are
-//! ignored, so a plugin may declare more than an older host checks.
+//! `check-config` says what is wrong). A guard `{config.KEY=A,B}` (or
+//! `{config.KEY|DEFAULT=A,B}`) stands for nothing when the value is one of
+//! `A`, `B`, and otherwise skips the need, so a need can depend on the
+//! plugin's mode: `{config.mode|restart=restart,alert}{namespace}`. Keys a
+//! host does not know are ignored, so a plugin may declare more than an
+//! older host checks.
 //!
 //! A section, not a `check-config` result: it is data read from the
 //! component's bytes, so it changes nothing in the plugin contract (the WIT
@@ -147,7 +152,10 @@ fn leb_u32(bytes: &[u8]) -> Option<(u32, &[u8])> {
 }
 
 /// `template` with `{config.KEY}` / `{config.KEY|DEFAULT}` replaced from
-/// `config`; `None` when a key is missing and has no default.
+/// `config` (`KEY` a name, or a dotted path into nested objects), and
+/// guards `{config.KEY=A,B}` / `{config.KEY|DEFAULT=A,B}` replaced by
+/// nothing; `None` when a key is missing and has no default, or when a
+/// guard's value is none of its list.
 fn expand(template: &str, config: &serde_json::Value) -> Option<String> {
     let mut out = String::new();
     let mut rest = template;
@@ -155,16 +163,27 @@ fn expand(template: &str, config: &serde_json::Value) -> Option<String> {
         out.push_str(&rest[..start]);
         let after = &rest[start + "{config.".len()..];
         let end = after.find('}')?;
-        let (key, default) = match after[..end].split_once('|') {
-            Some((k, d)) => (k, Some(d)),
+        let (lookup, guard) = match after[..end].split_once('=') {
+            Some((l, g)) => (l, Some(g)),
             None => (&after[..end], None),
         };
-        let value = match config.get(key) {
+        let (key, default) = match lookup.split_once('|') {
+            Some((k, d)) => (k, Some(d)),
+            None => (lookup, None),
+        };
+        let found = config
+            .get(key)
+            .or_else(|| key.split('.').try_fold(config, |v, part| v.get(part)));
+        let value = match found {
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => v.to_string(),
             _ => default?.to_string(),
         };
-        out.push_str(&value);
+        match guard {
+            Some(list) if !list.split(',').any(|v| v == value) => return None,
+            Some(_) => {}
+            None => out.push_str(&value),
+        }
         rest = &after[end + 1..];
     }
     out.push_str(rest);
@@ -225,6 +244,11 @@ pub fn shortfalls(manifest: &Manifest, index: usize, needs: &Needs) -> Vec<Probl
             format!("grants only {grant_text}")
         };
         for t in templates {
+            // Guards first: a need of a mode the config does not use is
+            // skipped, `{namespace}` included.
+            let Some(t) = expand(t, &p.config) else {
+                continue;
+            };
             if t == EVENT_NAMESPACE {
                 match &from {
                     None if !grants.iter().any(|g| g.0 == "*") => out.push(Problem {
@@ -257,13 +281,11 @@ pub fn shortfalls(manifest: &Manifest, index: usize, needs: &Needs) -> Vec<Probl
                     }
                     None => {}
                 }
-            } else if let Some(ns) = expand(t, &p.config)
-                && !granted(&ns)
-            {
+            } else if !granted(&t) {
                 out.push(Problem {
                     path: format!("{at}.{field}"),
                     message: format!(
-                        "{what}, but the plugin {action} in namespace {ns:?}: that would be refused; add it to {field}"
+                        "{what}, but the plugin {action} in namespace {t:?}: that would be refused; add it to {field}"
                     ),
                 });
             }
@@ -343,6 +365,35 @@ mod tests {
             Some("http://x:8080/")
         );
         assert_eq!(expand("{config.missing}/x", &c), None);
+    }
+
+    #[test]
+    fn nested_keys_and_guards() {
+        let c = serde_json::json!({"mode": "webhook", "webhook": {"url": "http://h/x"}});
+        assert_eq!(
+            expand("{config.webhook.url}", &c).as_deref(),
+            Some("http://h/x")
+        );
+        assert_eq!(expand("{config.alert.url}", &c), None);
+        assert_eq!(
+            expand("{config.mode=webhook}{config.webhook.url}", &c).as_deref(),
+            Some("http://h/x")
+        );
+        assert_eq!(
+            expand("{config.mode|restart=restart,alert}{namespace}", &c),
+            None
+        );
+        let restart = serde_json::json!({});
+        assert_eq!(
+            expand("{config.mode|restart=restart,alert}{namespace}", &restart).as_deref(),
+            Some("{namespace}")
+        );
+        assert_eq!(expand("{config.mode=webhook}x", &restart), None);
+        let alert = serde_json::json!({"mode": "alert"});
+        assert_eq!(
+            expand("{config.mode|restart=restart,alert}{namespace}", &alert).as_deref(),
+            Some("{namespace}")
+        );
     }
 
     #[test]

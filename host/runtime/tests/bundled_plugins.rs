@@ -533,6 +533,11 @@ over_both_rollout_restarts!(
     rollout_restart_outside_the_granted_namespaces_is_refused,
     rollout_restart_rejects_unknown_config,
     rollout_restart_rejects_config_of_the_wrong_type,
+    rollout_restart_webhook_mode_posts_one_notification_instead_of_restarting,
+    rollout_restart_webhook_mode_can_post_reloaders_body_for_every_change,
+    rollout_restart_alert_mode_restarts_and_alerts_once_per_workload,
+    rollout_restart_alert_sinks_are_reloaders_formats,
+    rollout_restart_mode_config_errors_name_the_field,
 );
 
 /// rollout-restart `module` (a testkit component name) with these workloads.
@@ -1021,4 +1026,266 @@ fn rollout_restart_rejects_config_of_the_wrong_type(module: &str) {
         ),
         "{err}"
     );
+}
+
+// ------------------------------------------ rollout-restart webhook / alert
+
+const HOOK: &str = "http://hooks.example/reload";
+
+/// rollout-restart `module` in `config`'s mode, granted restarts in `shop`
+/// and calls to [`HOOK`].
+fn rollout_calling(module: &str, workloads: Vec<WorkloadInfo>, config: &str) -> Plugin {
+    load(
+        StaticLookups {
+            workloads,
+            ..Default::default()
+        },
+        &format!(
+            "name: restart\n    module: {{module:{module}}}\n    sha256: {{sha256:{module}}}\n    config: {config}\n    capabilities: {{restart: [shop], http: [\"{HOOK}\"]}}"
+        ),
+    )
+}
+
+/// The decision's actions as `plugin run` prints them (action and verdict).
+fn printed(plugin: &Plugin, ev: &ChangeEvent) -> serde_json::Value {
+    serde_json::to_value(plugin.handle_blocking(ev).unwrap().actions).unwrap()
+}
+
+/// Workloads of `shop` using ConfigMap `orders`: `api` (auto), `billing`
+/// (a StatefulSet naming it) and `plain` (no annotation).
+fn shop_workloads() -> Vec<WorkloadInfo> {
+    vec![
+        deploy(
+            "api",
+            &[("reloader.stakater.com/auto", "true")],
+            &[(CM, "orders")],
+        ),
+        workload(
+            WorkloadKind::StatefulSet,
+            "billing",
+            &[],
+            &[("configmap.reloader.stakater.com/reload", "orders")],
+            &[(CM, "orders")],
+        ),
+        deploy("plain", &[], &[(CM, "orders")]),
+    ]
+}
+
+fn post(url: &str, content_type: &str, body: &str) -> serde_json::Value {
+    serde_json::json!({"action": {"type": "http", "method": "POST", "url": url,
+        "headers": [{"name": "content-type", "value": content_type}], "body": body},
+        "verdict": "allowed"})
+}
+
+fn rollout_restart_webhook_mode_posts_one_notification_instead_of_restarting(module: &str) {
+    let plugin = rollout_calling(
+        module,
+        shop_workloads(),
+        &format!("{{mode: webhook, webhook: {{url: \"{HOOK}\"}}}}"),
+    );
+    let ev = modified(&ORDERS);
+    let mut actions = printed(&plugin, &ev);
+    let body = actions[0]["action"]["body"].take();
+    let mut want = serde_json::json!([post(HOOK, "application/json", "")]);
+    want[0]["action"]["body"] = serde_json::Value::Null;
+    assert_eq!(actions, want, "one POST, no restart");
+    let body = body.as_str().unwrap();
+    assert_eq!(
+        body,
+        format!(
+            r#"{{"kind":"ConfigMap","namespace":"shop","name":"orders","uid":"u-1","resourceVersion":"42","change":"modified","digest":"{}","changedKeys":["application.yaml"],"workloads":[{{"kind":"Deployment","namespace":"shop","name":"api"}},{{"kind":"StatefulSet","namespace":"shop","name":"billing"}}]}}"#,
+            ev.digest
+        )
+    );
+    // The same selection as restarts: nothing selected, nothing sent;
+    // `ignore` is honoured (Reloader's webhook mode posts anyway).
+    let unused = Obj {
+        name: "unused",
+        ..ORDERS
+    };
+    assert_eq!(printed(&plugin, &modified(&unused)), serde_json::json!([]));
+    let ignored = Obj {
+        annotations: &[("reloader.stakater.com/ignore", "true")],
+        ..ORDERS
+    };
+    assert_eq!(printed(&plugin, &modified(&ignored)), serde_json::json!([]));
+    // Reloader's defaults for create and delete hold in webhook mode too.
+    assert_eq!(
+        printed(&plugin, &event(ChangeType::Deleted, &ORDERS)),
+        serde_json::json!([])
+    );
+}
+
+fn rollout_restart_webhook_mode_can_post_reloaders_body_for_every_change(module: &str) {
+    let plugin = rollout_calling(
+        module,
+        shop_workloads(),
+        &format!(
+            "{{mode: webhook, reloadOnDelete: true, webhook: {{url: \"{HOOK}\", format: reloader, always: true}}}}"
+        ),
+    );
+    let reloader = serde_json::json!([post(
+        HOOK,
+        "application/json",
+        r#"{"webhook":"update successful"}"#
+    )]);
+    assert_eq!(printed(&plugin, &modified(&ORDERS)), reloader);
+    // `always`: an object no workload uses is posted about too.
+    let unused = Obj {
+        name: "unused",
+        ..ORDERS
+    };
+    assert_eq!(printed(&plugin, &modified(&unused)), reloader);
+    assert_eq!(
+        printed(&plugin, &event(ChangeType::Deleted, &ORDERS)),
+        reloader
+    );
+    // The JSON format lists no workload then.
+    let json = rollout_calling(
+        module,
+        vec![],
+        &format!("{{mode: webhook, webhook: {{url: \"{HOOK}\", always: true}}}}"),
+    );
+    let printed = printed(&json, &modified(&unused));
+    let body: serde_json::Value =
+        serde_json::from_str(printed[0]["action"]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["name"], "unused");
+    assert_eq!(body["workloads"], serde_json::json!([]));
+}
+
+fn rollout_restart_alert_mode_restarts_and_alerts_once_per_workload(module: &str) {
+    let plugin = rollout_calling(
+        module,
+        shop_workloads(),
+        &format!(
+            "{{mode: alert, alert: {{url: \"{HOOK}\", sink: slack, additionalInfo: \" prod-eu \"}}}}"
+        ),
+    );
+    let ev = modified(&ORDERS);
+    let hash = format!("configmap/orders:{}", ev.digest);
+    let restart = |kind: &str, name: &str| {
+        serde_json::json!({"action": {"type": "restart",
+            "workload": {"kind": kind, "namespace": "shop", "name": name},
+            "reason": "ConfigMap shop/orders changed", "contentHash": hash},
+            "verdict": "allowed"})
+    };
+    let slack = |kind: &str, name: &str| {
+        post(
+            HOOK,
+            "application/json",
+            &format!(
+                r#"{{"attachments":[{{"author_name":"Reloader","color":"good","text":"prod-eu : Reloader detected changes in *orders* of type *CONFIGMAP* in namespace *shop*. Hence reloaded *{name}* of type *{kind}* in namespace *shop*"}}]}}"#
+            ),
+        )
+    };
+    assert_eq!(
+        printed(&plugin, &ev),
+        serde_json::json!([
+            restart("Deployment", "api"),
+            restart("StatefulSet", "billing"),
+            slack("Deployment", "api"),
+            slack("StatefulSet", "billing"),
+        ])
+    );
+    let secret_ev = modified(&secret("orders"));
+    assert_eq!(printed(&plugin, &secret_ev), serde_json::json!([]));
+}
+
+fn rollout_restart_alert_sinks_are_reloaders_formats(module: &str) {
+    let workloads = || {
+        vec![deploy(
+            "api",
+            &[("reloader.stakater.com/auto", "true")],
+            &[(SECRET, "db")],
+        )]
+    };
+    let db = secret("db");
+    let message = "Reloader detected changes in *db* of type *SECRET* in namespace *shop*. Hence reloaded *api* of type *Deployment* in namespace *shop*";
+    for (sink, content_type, body) in [
+        (
+            "teams",
+            "application/json",
+            format!(r#"{{"text":"{message}"}}"#),
+        ),
+        (
+            "gchat",
+            "application/json",
+            format!(r#"{{"text":"{message}"}}"#),
+        ),
+        (
+            "teams-workflow",
+            "application/json",
+            format!(
+                r#"{{"type":"message","attachments":[{{"contentType":"application/vnd.microsoft.card.adaptive","content":{{"$schema":"http://adaptivecards.io/schemas/adaptive-card.json","type":"AdaptiveCard","version":"1.2","body":[{{"type":"TextBlock","text":"{message}","wrap":true}}]}}}}]}}"#
+            ),
+        ),
+        ("raw", "text/plain", message.replace('*', "")),
+    ] {
+        let plugin = rollout_calling(
+            module,
+            workloads(),
+            &format!("{{mode: alert, alert: {{url: \"{HOOK}\", sink: {sink}}}}}"),
+        );
+        let printed = printed(&plugin, &modified(&db));
+        assert_eq!(printed[0]["action"]["type"], "restart", "{sink}");
+        assert_eq!(printed[1], post(HOOK, content_type, &body), "{sink}");
+        assert_eq!(printed.as_array().unwrap().len(), 2, "{sink}");
+    }
+    // Go's JSON escapes `<`, `>` and `&`; the raw text keeps them.
+    let plugin = rollout_calling(
+        module,
+        workloads(),
+        &format!(
+            "{{mode: alert, alert: {{url: \"{HOOK}\", sink: gchat, additionalInfo: \"<eu> & co\"}}}}"
+        ),
+    );
+    let printed = printed(&plugin, &modified(&db));
+    assert_eq!(
+        printed[1]["action"]["body"],
+        format!(r#"{{"text":"\u003ceu\u003e \u0026 co : {message}"}}"#)
+    );
+}
+
+fn rollout_restart_mode_config_errors_name_the_field(module: &str) {
+    for (config, want) in [
+        (
+            "{mode: notify}",
+            r#"mode: unknown mode "notify", expected "restart", "webhook" or "alert""#,
+        ),
+        (
+            "{mode: webhook}",
+            "webhook.url is required with mode: webhook",
+        ),
+        (
+            "{mode: webhook, webhook: {url: \"ftp://hooks/x\"}}",
+            r#"webhook.url: "ftp://hooks/x" is not an http or https URL (it must start with http:// or https://)"#,
+        ),
+        (
+            "{mode: webhook, webhook: {url: \"http://hooks/x\", format: xml}}",
+            r#"webhook.format: unknown format "xml", expected "json" or "reloader""#,
+        ),
+        (
+            "{mode: alert, alert: {url: \"https://\"}}",
+            r#"alert.url: "https://" has no host"#,
+        ),
+        (
+            "{mode: alert, alert: {url: \"http://hooks/x\", sink: discord}}",
+            r#"alert.sink: unknown sink "discord", expected "slack", "teams", "teams-workflow", "gchat" or "raw""#,
+        ),
+        (
+            "{webhook: {url: \"http://hooks/x\"}}",
+            r#"webhook is set but mode is "restart": set mode: webhook, or remove webhook"#,
+        ),
+        (
+            "{mode: webhook, webhook: {url: \"http://hooks/x\", fromat: json}}",
+            "unknown field `fromat`, expected one of `url`, `format`, `always`",
+        ),
+    ] {
+        let err = rollout_config_error(module, config);
+        let want = format!("plugin `restart`: rejected its config: rollout-restart config: {want}");
+        assert!(
+            err.starts_with(&want),
+            "{module} {config}:\n{err}\nwant\n{want}"
+        );
+    }
 }

@@ -366,6 +366,16 @@ async fn logs_to_a_pipe_carry_no_colour_codes() {
 /// `plugin run` over rollout-restart `module` (a testkit component name)
 /// with the Reloader-annotated workloads of the fixtures; the JSON printed.
 fn run_rollout_restart(module: &str, config: &str, change: &str) -> serde_json::Value {
+    run_rollout_restart_granted(module, config, change, "{restart: [shop]}")
+}
+
+/// [`run_rollout_restart`] with these `capabilities`.
+fn run_rollout_restart_granted(
+    module: &str,
+    config: &str,
+    change: &str,
+    capabilities: &str,
+) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let manifest = format!(
         "apiVersion: wasmwatch.io/v1alpha1
@@ -375,7 +385,7 @@ plugins:
     module: {{module:{module}}}
     sha256: {{sha256:{module}}}
     config: {config}
-    capabilities: {{restart: [shop]}}
+    capabilities: {capabilities}
 "
     );
     let m = write(dir.path(), "m.yaml", &pin(&manifest));
@@ -448,6 +458,111 @@ fn plugin_run_gives_the_same_restarts_from_the_rust_and_the_js_rollout_restart()
             .collect();
         assert_eq!(hashes, ["configmap/orders:deleted"; 2], "{module}");
     }
+}
+
+/// Webhook mode (Reloader's `--webhook-url`) and alert mode
+/// (`ALERT_ON_RELOAD`) of rollout-restart on the fixtures: the exact
+/// actions, the same from the Rust and the JavaScript plugin.
+#[test]
+fn plugin_run_shows_the_webhook_and_alert_modes_exact_requests() {
+    const HOOK: &str = "https://hooks.example.com/services/T0/B0/x";
+    let grant = "{restart: [shop], http: [\"https://hooks.example.com/\"]}";
+    // The content digest, from the restart mode's hash.
+    let restarts = run_rollout_restart("rollout-restart", "{}", "modified");
+    let digest = restarts["actions"][0]["action"]["contentHash"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("configmap/orders:")
+        .unwrap()
+        .to_string();
+    let post = |content_type: &str, body: &str| {
+        serde_json::json!({"action": {"type": "http", "method": "POST", "url": HOOK,
+            "headers": [{"name": "content-type", "value": content_type}], "body": body},
+            "verdict": "allowed"})
+    };
+    let message = |kind: &str, name: &str| {
+        format!(
+            "cluster eu-1 : Reloader detected changes in *orders* of type *CONFIGMAP* in namespace *shop*. Hence reloaded *{name}* of type *{kind}* in namespace *shop*"
+        )
+    };
+    let slack = |kind: &str, name: &str| {
+        post(
+            "application/json",
+            &format!(
+                r#"{{"attachments":[{{"author_name":"Reloader","color":"good","text":"{}"}}]}}"#,
+                message(kind, name)
+            ),
+        )
+    };
+    let cases = [
+        (
+            format!("{{mode: webhook, webhook: {{url: \"{HOOK}\"}}}}"),
+            vec![post(
+                "application/json",
+                &format!(
+                    r#"{{"kind":"ConfigMap","namespace":"shop","name":"orders","uid":"6f1c2d3e-0000-4000-8000-000000000001","resourceVersion":"4711","change":"modified","digest":"{digest}","changedKeys":["application.yaml"],"workloads":[{{"kind":"Deployment","namespace":"shop","name":"orders"}},{{"kind":"StatefulSet","namespace":"shop","name":"billing"}}]}}"#
+                ),
+            )],
+        ),
+        (
+            format!("{{mode: webhook, webhook: {{url: \"{HOOK}\", format: reloader}}}}"),
+            vec![post(
+                "application/json",
+                r#"{"webhook":"update successful"}"#,
+            )],
+        ),
+        (
+            format!(
+                "{{mode: alert, alert: {{url: \"{HOOK}\", sink: slack, additionalInfo: cluster eu-1}}}}"
+            ),
+            vec![
+                restarts["actions"][0].clone(),
+                restarts["actions"][1].clone(),
+                slack("Deployment", "orders"),
+                slack("StatefulSet", "billing"),
+            ],
+        ),
+        (
+            format!(
+                "{{mode: alert, alert: {{url: \"{HOOK}\", sink: raw, additionalInfo: cluster eu-1}}}}"
+            ),
+            vec![
+                restarts["actions"][0].clone(),
+                restarts["actions"][1].clone(),
+                post(
+                    "text/plain",
+                    &message("Deployment", "orders").replace('*', ""),
+                ),
+                post(
+                    "text/plain",
+                    &message("StatefulSet", "billing").replace('*', ""),
+                ),
+            ],
+        ),
+    ];
+    for (config, want) in &cases {
+        let rust = run_rollout_restart_granted("rollout-restart", config, "modified", grant);
+        assert_eq!(
+            rust,
+            serde_json::json!({"plugin": "rollout-restart", "actions": want}),
+            "{config}"
+        );
+        let js = run_rollout_restart_granted("js/rollout-restart", config, "modified", grant);
+        assert_eq!(js, rust, "{config}: the JavaScript plugin differs");
+    }
+    // Without the http grant, the calls are refused and the restarts of
+    // alert mode still allowed.
+    let alert = &cases[2].0;
+    let refused =
+        run_rollout_restart_granted("rollout-restart", alert, "modified", "{restart: [shop]}");
+    let verdicts: Vec<&str> = refused["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(verdicts, ["allowed", "allowed", "refused", "refused"]);
+    assert_eq!(refused["actions"][2]["capability"], "http");
 }
 
 #[test]

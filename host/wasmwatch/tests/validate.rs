@@ -166,7 +166,11 @@ fn the_bundled_plugins_declare_what_they_need() {
     assert_eq!(
         needs("rollout-restart"),
         Needs {
-            restart: vec!["{namespace}".into()],
+            restart: vec!["{config.mode|restart=restart,alert}{namespace}".into()],
+            http: vec![
+                "{config.mode=webhook}{config.webhook.url}".into(),
+                "{config.mode=alert}{config.alert.url}".into()
+            ],
             ..Needs::default()
         }
     );
@@ -196,6 +200,110 @@ plugins:
         ),
         "{}",
         text(&out.stderr)
+    );
+}
+
+/// rollout-restart's needs follow its mode: restarts in restart and alert
+/// mode, a call to the configured URL in webhook and alert mode; a bad
+/// mode config is an error naming the field.
+#[test]
+fn rollout_restart_needs_follow_its_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let entry = |config: &str, capabilities: &str| {
+        pin(&format!(
+            "{HEAD}watch: {{namespaces: [shop]}}
+plugins:
+  - name: rollout-restart
+    module: {{module:rollout-restart}}
+    sha256: {{sha256:rollout-restart}}
+    config: {config}
+    capabilities: {capabilities}
+"
+        ))
+    };
+    let hook = "http://hooks.shop.svc:8080/reload";
+    let webhook = format!("{{mode: webhook, webhook: {{url: \"{hook}\"}}}}");
+    let alert = format!("{{mode: alert, alert: {{url: \"{hook}\", sink: slack}}}}");
+    let http_warning = format!(
+        "warning: plugins[0].capabilities.http: no grant matches {hook}, which the plugin calls: those calls would be refused"
+    );
+    let restart_warning =
+        "warning: plugins[0].capabilities.restart: not granted, but the plugin restarts workloads";
+    for (name, config, capabilities, warnings) in [
+        ("restart", "{}".to_string(), "{restart: [shop]}", vec![]),
+        (
+            "restart-ungranted",
+            "{mode: restart}".to_string(),
+            "{}",
+            vec![restart_warning.to_string()],
+        ),
+        // Webhook mode restarts nothing: no restart grant needed.
+        (
+            "webhook",
+            webhook.clone(),
+            "{http: [\"http://hooks.shop.svc:8080/\"]}",
+            vec![],
+        ),
+        (
+            "webhook-ungranted",
+            webhook.clone(),
+            "{restart: [shop]}",
+            vec![http_warning.clone()],
+        ),
+        (
+            "alert",
+            alert.clone(),
+            "{restart: [shop], http: [\"http://hooks.shop.svc:8080/\"]}",
+            vec![],
+        ),
+        (
+            "alert-ungranted",
+            alert.clone(),
+            "{}",
+            vec![restart_warning.to_string(), http_warning.clone()],
+        ),
+    ] {
+        let out = validate(
+            dir.path(),
+            &format!("{name}.yaml"),
+            &entry(&config, capabilities),
+            false,
+        );
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{name}: {stderr}");
+        let got: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("warning: "))
+            .collect();
+        assert_eq!(got.len(), warnings.len(), "{name}: {stderr}");
+        for want in &warnings {
+            assert!(
+                got.iter().any(|w| w.starts_with(want.as_str())),
+                "{name}: want {want:?} in:\n{stderr}"
+            );
+        }
+    }
+    let bad = entry(
+        "{mode: webhook, webhook: {url: \"hooks.shop.svc/reload\"}}",
+        "{http: [\"http://hooks.shop.svc:8080/\"]}",
+    );
+    let out = validate(dir.path(), "bad-url.yaml", &bad, false);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "error: plugins[0].config: plugin `rollout-restart`: rejected its config: rollout-restart config: webhook.url: \"hooks.shop.svc/reload\" is not an http or https URL"
+        ),
+        "{stderr}"
+    );
+    let bad = entry(
+        "{mode: alert, alert: {url: \"http://hooks.shop.svc:8080/\", sink: pagerduty}}",
+        "{restart: [shop], http: [\"http://hooks.shop.svc:8080/\"]}",
+    );
+    let stderr = text(&validate(dir.path(), "bad-sink.yaml", &bad, false).stderr);
+    assert!(
+        stderr.contains("rollout-restart config: alert.sink: unknown sink \"pagerduty\""),
+        "{stderr}"
     );
 }
 

@@ -15,8 +15,25 @@
 // Each action: reason `ConfigMap shop/orders changed` (`created`,
 // `deleted`), content hash `configmap/<name>:<digest>` (`...:deleted`).
 // Config: {"reloadOnCreate": false, "reloadOnDelete": false, "autoReloadAll": false}.
+//
+// `mode` picks what happens to the selected workloads: `restart` (default);
+// `webhook`: no restart, one POST per change to `webhook.url` (when a
+// workload would restart, or always with `webhook.always`), body per
+// `webhook.format` (`json`, default, or Reloader's constant `reloader`);
+// `alert`: the restarts plus one POST per restarted workload to `alert.url`
+// in `alert.sink`'s format, with Reloader's message.
 
-import { action, host, kindName, log, lookup, objectId, parseConfig, workloadKindName } from '../sdk/index.js';
+import {
+  PluginError,
+  action,
+  host,
+  kindName,
+  log,
+  lookup,
+  objectId,
+  parseConfig,
+  workloadKindName,
+} from '../sdk/index.js';
 
 const PLUGIN = 'rollout-restart';
 /** @satisfies {Record<string, import('../sdk/index.js').FieldSpec>} */
@@ -24,6 +41,30 @@ const CONFIG = {
   reloadOnCreate: { type: 'boolean', default: false },
   reloadOnDelete: { type: 'boolean', default: false },
   autoReloadAll: { type: 'boolean', default: false },
+  mode: { type: 'string', nullable: true },
+  webhook: { type: 'object', nullable: true },
+  alert: { type: 'object', nullable: true },
+};
+/** @satisfies {Record<string, import('../sdk/index.js').FieldSpec>} */
+const WEBHOOK = {
+  url: { type: 'string', nullable: true },
+  format: { type: 'string', nullable: true },
+  always: { type: 'boolean', default: false },
+};
+/** @satisfies {Record<string, import('../sdk/index.js').FieldSpec>} */
+const ALERT = {
+  url: { type: 'string', nullable: true },
+  sink: { type: 'string', nullable: true },
+  additionalInfo: { type: 'string', nullable: true },
+};
+// `alert.sink` values; `webhook` is Reloader's docs' name for `raw`.
+const SINKS = {
+  slack: 'slack',
+  teams: 'teams',
+  'teams-workflow': 'teams-workflow',
+  gchat: 'gchat',
+  raw: 'raw',
+  webhook: 'raw',
 };
 
 /**
@@ -119,9 +160,195 @@ function decide(config, event, workload) {
   return undefined;
 }
 
+/**
+ * `value` is an absolute http or https URL without blanks; the error names
+ * `field`.
+ * @param {string} field
+ * @param {string} value
+ * @returns {string | undefined} the problem
+ */
+function urlProblem(field, value) {
+  const q = JSON.stringify(value);
+  if (/[\s\u0000-\u001f\u007f-\u009f]/.test(value)) return `${field}: ${q} contains blanks or control characters`;
+  let rest;
+  if (value.startsWith('http://')) rest = value.slice('http://'.length);
+  else if (value.startsWith('https://')) rest = value.slice('https://'.length);
+  else return `${field}: ${q} is not an http or https URL (it must start with http:// or https://)`;
+  const authority = rest.split(/[/?#]/)[0];
+  const host = authority.slice(authority.lastIndexOf('@') + 1);
+  if (host === '') return `${field}: ${q} has no host`;
+  return undefined;
+}
+
+/**
+ * @typedef {{name: 'restart'}
+ *   | {name: 'webhook', url: string, format: 'json' | 'reloader', always: boolean}
+ *   | {name: 'alert', url: string, sink: string, additionalInfo: string | undefined}} Mode
+ */
+
+/**
+ * The config, checked: as the Rust plugin's `settings`, with the same
+ * errors.
+ * @param {string} json
+ */
+function settings(json) {
+  const config = parseConfig(PLUGIN, json, CONFIG);
+  /** @param {string} msg */
+  const bad = (msg) => new PluginError(`${PLUGIN} config: ${msg}`);
+  /** @type {(value: unknown, spec: typeof WEBHOOK | typeof ALERT) => any} */
+  const section = (value, spec) =>
+    value === undefined ? undefined : parseConfig(PLUGIN, JSON.stringify(value), spec);
+  const webhook = section(config.webhook, WEBHOOK);
+  const alert = section(config.alert, ALERT);
+  const name = config.mode ?? 'restart';
+  /** @type {Mode} */
+  let mode;
+  switch (name) {
+    case 'restart':
+      mode = { name: 'restart' };
+      break;
+    case 'webhook': {
+      const url = webhook?.url;
+      if (url === undefined) throw bad('webhook.url is required with mode: webhook');
+      const problem = urlProblem('webhook.url', url);
+      if (problem !== undefined) throw bad(problem);
+      const format = webhook?.format ?? 'json';
+      if (format !== 'json' && format !== 'reloader') {
+        throw bad(`webhook.format: unknown format ${JSON.stringify(format)}, expected "json" or "reloader"`);
+      }
+      mode = { name: 'webhook', url, format, always: webhook?.always ?? false };
+      break;
+    }
+    case 'alert': {
+      const url = alert?.url;
+      if (url === undefined) throw bad('alert.url is required with mode: alert');
+      const problem = urlProblem('alert.url', url);
+      if (problem !== undefined) throw bad(problem);
+      const given = alert?.sink ?? 'raw';
+      const sink = Object.prototype.hasOwnProperty.call(SINKS, given)
+        ? SINKS[/** @type {keyof typeof SINKS} */ (given)]
+        : undefined;
+      if (sink === undefined) {
+        throw bad(
+          `alert.sink: unknown sink ${JSON.stringify(given)}, expected "slack", "teams", "teams-workflow", "gchat" or "raw"`,
+        );
+      }
+      const info = alert?.additionalInfo?.trim();
+      mode = { name: 'alert', url, sink, additionalInfo: info === '' ? undefined : info };
+      break;
+    }
+    default:
+      throw bad(`mode: unknown mode ${JSON.stringify(name)}, expected "restart", "webhook" or "alert"`);
+  }
+  // A section the mode does not read is a mistake (a webhook URL set
+  // without `mode: webhook` would restart instead): say so.
+  for (const [section, set] of /** @type {const} */ ([
+    ['webhook', webhook !== undefined],
+    ['alert', alert !== undefined],
+  ])) {
+    if (set && name !== section) {
+      throw bad(`${section} is set but mode is ${JSON.stringify(name)}: set mode: ${section}, or remove ${section}`);
+    }
+  }
+  return { config, mode };
+}
+
+// Reloader's `--webhook-url` body, byte for byte.
+const RELOADER_WEBHOOK_BODY = '{"webhook":"update successful"}';
+
+/**
+ * `format: json`: the change and the workloads it selects.
+ * @param {import('../sdk/index.js').ChangeEvent} event
+ * @param {import('../sdk/index.js').WorkloadRef[]} workloads
+ */
+function notification(event, workloads) {
+  return JSON.stringify({
+    kind: kindName(event),
+    namespace: event.namespace,
+    name: event.name,
+    uid: event.uid,
+    resourceVersion: event.resourceVersion,
+    change: event.change,
+    digest: event.digest,
+    changedKeys: event.changedKeys,
+    workloads: workloads.map((w) => ({ kind: workloadKindName(w.kind), namespace: w.namespace, name: w.name })),
+  });
+}
+
+/**
+ * A JSON string literal as Go's `encoding/json` writes it (Reloader's alert
+ * bodies): `<`, `>`, `&`, U+2028 and U+2029 escaped too.
+ * @param {string} s
+ */
+function goString(s) {
+  return JSON.stringify(s)
+    .replaceAll('<', '\\u003c')
+    .replaceAll('>', '\\u003e')
+    .replaceAll('&', '\\u0026')
+    .replaceAll('\u2028', '\\u2028')
+    .replaceAll('\u2029', '\\u2029');
+}
+
+/**
+ * Reloader's alert message, with the optional `additionalInfo` prefix.
+ * @param {import('../sdk/index.js').ChangeEvent} event
+ * @param {import('../sdk/index.js').WorkloadRef} w
+ * @param {string | undefined} info
+ */
+function alertMessage(event, w, info) {
+  const type = event.kind === 'config-map' ? 'CONFIGMAP' : 'SECRET';
+  const message =
+    `Reloader detected changes in *${event.name}* of type *${type}* in namespace *${event.namespace}*. ` +
+    `Hence reloaded *${w.name}* of type *${workloadKindName(w.kind)}* in namespace *${w.namespace}*`;
+  return info === undefined ? message : `${info} : ${message}`;
+}
+
+/**
+ * The alert about `message` for `sink`, as Reloader sends it.
+ * @param {string} url
+ * @param {string} sink
+ * @param {string} message
+ */
+function alertAction(url, sink, message) {
+  const text = goString(message);
+  let json;
+  switch (sink) {
+    case 'slack':
+      json = `{"attachments":[{"author_name":"Reloader","color":"good","text":${text}}]}`;
+      break;
+    case 'teams':
+    case 'gchat':
+      json = `{"text":${text}}`;
+      break;
+    case 'teams-workflow':
+      json =
+        '{"type":"message","attachments":[{"contentType":"application/vnd.microsoft.card.adaptive",' +
+        '"content":{"$schema":"http://adaptivecards.io/schemas/adaptive-card.json","type":"AdaptiveCard",' +
+        `"version":"1.2","body":[{"type":"TextBlock","text":${text},"wrap":true}]}}]}`;
+      break;
+    default:
+      return action.http('post', url, {
+        headers: [{ name: 'content-type', value: 'text/plain' }],
+        body: message.replaceAll('*', ''),
+      });
+  }
+  return postJson(url, json);
+}
+
+/**
+ * @param {string} url
+ * @param {string} json
+ */
+function postJson(url, json) {
+  return action.http('post', url, {
+    headers: [{ name: 'content-type', value: 'application/json' }],
+    body: json,
+  });
+}
+
 /** @param {string} json */
 export function checkConfig(json) {
-  parseConfig(PLUGIN, json, CONFIG);
+  settings(json);
 }
 
 /**
@@ -129,7 +356,7 @@ export function checkConfig(json) {
  * @returns {import('../sdk/index.js').Action[]}
  */
 export function handle(event) {
-  const config = parseConfig(PLUGIN, host.config(), CONFIG);
+  const { config, mode } = settings(host.config());
   let what;
   switch (event.change) {
     case 'added':
@@ -147,16 +374,29 @@ export function handle(event) {
     log('debug', `${kindName(event)} ${objectId(event)} is ignored`);
     return [];
   }
-  const reason = `${kindName(event)} ${objectId(event)} ${what}`;
-  const version = event.change === 'deleted' ? 'deleted' : event.digest;
-  const hash = `${kindName(event).toLowerCase()}/${event.name}:${version}`;
-  const actions = [];
+  const doing = mode.name === 'webhook' ? 'would restart' : 'restarting';
+  /** @type {import('../sdk/index.js').WorkloadRef[]} */
+  const selected = [];
   for (const w of host.workloadsReferencing(event.kind, event.namespace, event.name)) {
     const why = decide(config, event, w);
     if (why === undefined) continue;
     const { kind, namespace, name } = w.workload;
-    log('debug', `restarting ${workloadKindName(kind)} ${namespace}/${name} (${why})`);
-    actions.push(action.restart(w.workload, reason, hash));
+    log('debug', `${doing} ${workloadKindName(kind)} ${namespace}/${name} (${why})`);
+    selected.push(w.workload);
+  }
+  if (mode.name === 'webhook') {
+    if (selected.length === 0 && !mode.always) return [];
+    const body = mode.format === 'json' ? notification(event, selected) : RELOADER_WEBHOOK_BODY;
+    return [postJson(mode.url, body)];
+  }
+  const reason = `${kindName(event)} ${objectId(event)} ${what}`;
+  const version = event.change === 'deleted' ? 'deleted' : event.digest;
+  const hash = `${kindName(event).toLowerCase()}/${event.name}:${version}`;
+  const actions = selected.map((w) => action.restart(w, reason, hash));
+  if (mode.name === 'alert') {
+    for (const w of selected) {
+      actions.push(alertAction(mode.url, mode.sink, alertMessage(event, w, mode.additionalInfo)));
+    }
   }
   return actions;
 }

@@ -54,12 +54,30 @@
 //! Config (JSON), all optional, defaults as Reloader's flags:
 //! `{"reloadOnCreate": false, "reloadOnDelete": false, "autoReloadAll": false}`.
 //! Modifications and resyncs always count.
+//!
+//! `mode` picks what happens to the workloads the rules select:
+//!
+//! - `restart` (default): a `restart` action for each.
+//! - `webhook` (Reloader's `--webhook-url`): nothing restarts; one `http`
+//!   POST per change to `webhook.url` (only when a workload would have
+//!   restarted, or for every change with `webhook.always`), its body per
+//!   `webhook.format`: `json` (default) describes the change and the
+//!   workloads, `reloader` is Reloader's constant
+//!   `{"webhook":"update successful"}`. `ignore` is honoured (Reloader's
+//!   webhook mode does not).
+//! - `alert` (Reloader's `ALERT_ON_RELOAD`): the restarts, and one `http`
+//!   POST per restarted workload to `alert.url`, in `alert.sink`'s format
+//!   (`slack`, `teams`, `teams-workflow`, `gchat`, `raw`), with Reloader's
+//!   message, prefixed by `alert.additionalInfo`. The plugin decides before
+//!   the host restarts, so an alert says a restart was decided, not done.
 
 use regex_lite::Regex;
 use wasmwatch_plugin_sdk::{
-    Action, ChangeEvent, ChangeType, EventExt, Guest, KeyValue, LogLevel, ObjectKind, WorkloadInfo,
-    WorkloadKind, action, host, log, lookup, parse_config,
+    Action, ChangeEvent, ChangeType, EventExt, Guest, HttpMethod, KeyValue, LogLevel, ObjectKind,
+    WorkloadInfo, WorkloadKind, WorkloadRef, action, host, log, lookup, parse_config,
 };
+
+const PLUGIN: &str = "rollout-restart";
 
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -70,6 +88,177 @@ struct Config {
     reload_on_delete: bool,
     #[serde(default)]
     auto_reload_all: bool,
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    webhook: Option<WebhookConfig>,
+    #[serde(default)]
+    alert: Option<AlertConfig>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct WebhookConfig {
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    format: Option<String>,
+    #[serde(default)]
+    always: bool,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct AlertConfig {
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    sink: Option<String>,
+    #[serde(default)]
+    additional_info: Option<String>,
+}
+
+/// What happens to the selected workloads.
+#[derive(Debug, PartialEq)]
+enum Mode {
+    Restart,
+    Webhook {
+        url: String,
+        format: Format,
+        always: bool,
+    },
+    Alert {
+        url: String,
+        sink: Sink,
+        additional_info: Option<String>,
+    },
+}
+
+/// The body of a webhook-mode notification.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Format {
+    Json,
+    Reloader,
+}
+
+/// Where an alert goes, and so its body.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Sink {
+    Slack,
+    Teams,
+    TeamsWorkflow,
+    GChat,
+    Raw,
+}
+
+/// The config, checked.
+struct Settings {
+    config: Config,
+    mode: Mode,
+}
+
+/// `value` is an absolute http or https URL without blanks; the error
+/// names `field`.
+fn check_url(field: &str, value: &str) -> Result<(), String> {
+    let rest = value
+        .strip_prefix("http://")
+        .or_else(|| value.strip_prefix("https://"));
+    let host = rest.map(|r| r.split(['/', '?', '#']).next().unwrap_or(""));
+    if value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{field}: {value:?} contains blanks or control characters"
+        ));
+    }
+    match host {
+        None => Err(format!(
+            "{field}: {value:?} is not an http or https URL (it must start with http:// or https://)"
+        )),
+        Some(h) if h.rsplit('@').next().unwrap_or("").is_empty() => {
+            Err(format!("{field}: {value:?} has no host"))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+fn mode(config: &Config) -> Result<Mode, String> {
+    let name = config.mode.as_deref().unwrap_or("restart");
+    let mode = match name {
+        "restart" => Mode::Restart,
+        "webhook" => {
+            let w = config.webhook.as_ref();
+            let Some(url) = w.and_then(|w| w.url.clone()) else {
+                return Err("webhook.url is required with mode: webhook".into());
+            };
+            check_url("webhook.url", &url)?;
+            let format = match w.and_then(|w| w.format.as_deref()).unwrap_or("json") {
+                "json" => Format::Json,
+                "reloader" => Format::Reloader,
+                other => {
+                    return Err(format!(
+                        "webhook.format: unknown format {other:?}, expected \"json\" or \"reloader\""
+                    ));
+                }
+            };
+            Mode::Webhook {
+                url,
+                format,
+                always: w.is_some_and(|w| w.always),
+            }
+        }
+        "alert" => {
+            let a = config.alert.as_ref();
+            let Some(url) = a.and_then(|a| a.url.clone()) else {
+                return Err("alert.url is required with mode: alert".into());
+            };
+            check_url("alert.url", &url)?;
+            let sink = match a.and_then(|a| a.sink.as_deref()).unwrap_or("raw") {
+                "slack" => Sink::Slack,
+                "teams" => Sink::Teams,
+                "teams-workflow" => Sink::TeamsWorkflow,
+                "gchat" => Sink::GChat,
+                "raw" | "webhook" => Sink::Raw,
+                other => {
+                    return Err(format!(
+                        "alert.sink: unknown sink {other:?}, expected \"slack\", \"teams\", \"teams-workflow\", \"gchat\" or \"raw\""
+                    ));
+                }
+            };
+            let additional_info = a
+                .and_then(|a| a.additional_info.as_deref())
+                .map(str::trim)
+                .filter(|i| !i.is_empty())
+                .map(str::to_string);
+            Mode::Alert {
+                url,
+                sink,
+                additional_info,
+            }
+        }
+        other => {
+            return Err(format!(
+                "mode: unknown mode {other:?}, expected \"restart\", \"webhook\" or \"alert\""
+            ));
+        }
+    };
+    // A section the mode does not read is a mistake (a webhook URL set
+    // without `mode: webhook` would restart instead): say so.
+    for (section, set, wants) in [
+        ("webhook", config.webhook.is_some(), "webhook"),
+        ("alert", config.alert.is_some(), "alert"),
+    ] {
+        if set && name != wants {
+            return Err(format!(
+                "{section} is set but mode is {name:?}: set mode: {wants}, or remove {section}"
+            ));
+        }
+    }
+    Ok(mode)
+}
+
+fn settings(json: &str) -> Result<Settings, String> {
+    let config: Config = parse_config(PLUGIN, json)?;
+    let mode = mode(&config).map_err(|e| format!("{PLUGIN} config: {e}"))?;
+    Ok(Settings { config, mode })
 }
 
 #[derive(Clone, Copy)]
@@ -184,18 +373,138 @@ fn workload_kind(kind: WorkloadKind) -> &'static str {
     }
 }
 
-// It restarts workloads in the namespace of each event it gets.
-wasmwatch_plugin_sdk::declare_needs!(r#"{"restart": ["{namespace}"]}"#);
+/// `change` as the WIT names it.
+fn change_name(change: ChangeType) -> &'static str {
+    match change {
+        ChangeType::Added => "added",
+        ChangeType::Modified => "modified",
+        ChangeType::Deleted => "deleted",
+        ChangeType::Resynced => "resynced",
+    }
+}
+
+/// Reloader's `--webhook-url` body, byte for byte.
+const RELOADER_WEBHOOK_BODY: &str = r#"{"webhook":"update successful"}"#;
+
+/// `format: json`: the change and the workloads it selects.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Notification<'a> {
+    kind: &'a str,
+    namespace: &'a str,
+    name: &'a str,
+    uid: &'a str,
+    resource_version: &'a str,
+    change: &'a str,
+    digest: &'a str,
+    changed_keys: &'a [String],
+    workloads: Vec<Workload<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct Workload<'a> {
+    kind: &'a str,
+    namespace: &'a str,
+    name: &'a str,
+}
+
+fn notification(event: &ChangeEvent, workloads: &[WorkloadRef]) -> String {
+    let body = Notification {
+        kind: event.kind_name(),
+        namespace: &event.namespace,
+        name: &event.name,
+        uid: &event.uid,
+        resource_version: &event.resource_version,
+        change: change_name(event.change),
+        digest: &event.digest,
+        changed_keys: &event.changed_keys,
+        workloads: workloads
+            .iter()
+            .map(|w| Workload {
+                kind: workload_kind(w.kind),
+                namespace: &w.namespace,
+                name: &w.name,
+            })
+            .collect(),
+    };
+    serde_json::to_string(&body).expect("a notification serialises")
+}
+
+/// A JSON string literal as Go's `encoding/json` writes it (Reloader's
+/// alert bodies): serde_json's escaping plus `<`, `>`, `&`, U+2028 and
+/// U+2029 as `\u` escapes.
+fn go_string(s: &str) -> String {
+    serde_json::to_string(s)
+        .expect("a string serialises")
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026")
+        .replace('\u{2028}', "\\u2028")
+        .replace('\u{2029}', "\\u2029")
+}
+
+/// Reloader's alert message (R:internal/pkg/handler/upgrade.go), with the
+/// optional `additionalInfo` prefix.
+fn alert_message(event: &ChangeEvent, w: &WorkloadRef, info: Option<&str>) -> String {
+    let object_type = match event.kind {
+        ObjectKind::ConfigMap => "CONFIGMAP",
+        ObjectKind::Secret => "SECRET",
+    };
+    let message = format!(
+        "Reloader detected changes in *{}* of type *{object_type}* in namespace *{}*. Hence reloaded *{}* of type *{}* in namespace *{}*",
+        event.name,
+        event.namespace,
+        w.name,
+        workload_kind(w.kind),
+        w.namespace
+    );
+    match info {
+        Some(info) => format!("{info} : {message}"),
+        None => message,
+    }
+}
+
+/// The alert about `message` for `sink`, as Reloader's
+/// internal/pkg/alerts/alert.go sends it (`teams-workflow` is ours).
+fn alert(url: &str, sink: Sink, message: &str) -> Action {
+    let text = go_string(message);
+    let json = match sink {
+        Sink::Slack => {
+            format!(
+                r#"{{"attachments":[{{"author_name":"Reloader","color":"good","text":{text}}}]}}"#
+            )
+        }
+        Sink::Teams | Sink::GChat => format!(r#"{{"text":{text}}}"#),
+        Sink::TeamsWorkflow => format!(
+            r#"{{"type":"message","attachments":[{{"contentType":"application/vnd.microsoft.card.adaptive","content":{{"$schema":"http://adaptivecards.io/schemas/adaptive-card.json","type":"AdaptiveCard","version":"1.2","body":[{{"type":"TextBlock","text":{text},"wrap":true}}]}}}}]}}"#
+        ),
+        Sink::Raw => {
+            return action::http(
+                HttpMethod::Post,
+                url,
+                &[("content-type", "text/plain")],
+                Some(message.replace('*', "").into_bytes()),
+            );
+        }
+    };
+    action::http_json(HttpMethod::Post, url, json)
+}
+
+// Restart and alert modes restart workloads in the namespace of each event
+// they get; webhook mode and alert mode call the URL of their config.
+wasmwatch_plugin_sdk::declare_needs!(
+    r#"{"restart": ["{config.mode|restart=restart,alert}{namespace}"], "http": ["{config.mode=webhook}{config.webhook.url}", "{config.mode=alert}{config.alert.url}"]}"#
+);
 
 struct RolloutRestart;
 
 impl Guest for RolloutRestart {
     fn check_config(json: String) -> Result<(), String> {
-        parse_config::<Config>("rollout-restart", &json).map(|_| ())
+        settings(&json).map(|_| ())
     }
 
     fn handle(event: ChangeEvent) -> Result<Vec<Action>, String> {
-        let config: Config = parse_config("rollout-restart", &host::config())?;
+        let Settings { config, mode } = settings(&host::config())?;
         let what = match event.change {
             ChangeType::Added if !config.reload_on_create => return Ok(vec![]),
             ChangeType::Deleted if !config.reload_on_delete => return Ok(vec![]),
@@ -210,37 +519,285 @@ impl Guest for RolloutRestart {
             );
             return Ok(vec![]);
         }
-        let reason = format!("{} {} {what}", event.kind_name(), event.object_id());
-        let version = match event.change {
-            ChangeType::Deleted => "deleted",
-            _ => event.digest.as_str(),
+        let doing = match mode {
+            Mode::Webhook { .. } => "would restart",
+            _ => "restarting",
         };
-        let hash = format!(
-            "{}/{}:{version}",
-            event.kind_name().to_ascii_lowercase(),
-            event.name
-        );
-        let workloads = host::workloads_referencing(event.kind, &event.namespace, &event.name);
-        Ok(workloads
-            .into_iter()
-            .filter(|w| match decide(&config, &event, w) {
-                Some(why) => {
+        let selected: Vec<WorkloadRef> =
+            host::workloads_referencing(event.kind, &event.namespace, &event.name)
+                .into_iter()
+                .filter_map(|w| {
+                    let why = decide(&config, &event, &w)?;
                     log(
                         LogLevel::Debug,
                         &format!(
-                            "restarting {} {}/{} ({why})",
+                            "{doing} {} {}/{} ({why})",
                             workload_kind(w.workload.kind),
                             w.workload.namespace,
                             w.workload.name
                         ),
                     );
-                    true
+                    Some(w.workload)
+                })
+                .collect();
+        match mode {
+            Mode::Webhook {
+                url,
+                format,
+                always,
+            } => {
+                if selected.is_empty() && !always {
+                    return Ok(vec![]);
                 }
-                None => false,
-            })
-            .map(|w| action::restart(w.workload, reason.clone(), hash.clone()))
-            .collect())
+                let body = match format {
+                    Format::Json => notification(&event, &selected),
+                    Format::Reloader => RELOADER_WEBHOOK_BODY.to_string(),
+                };
+                Ok(vec![action::http_json(HttpMethod::Post, &url, body)])
+            }
+            Mode::Restart | Mode::Alert { .. } => {
+                let reason = format!("{} {} {what}", event.kind_name(), event.object_id());
+                let version = match event.change {
+                    ChangeType::Deleted => "deleted",
+                    _ => event.digest.as_str(),
+                };
+                let hash = format!(
+                    "{}/{}:{version}",
+                    event.kind_name().to_ascii_lowercase(),
+                    event.name
+                );
+                let alerts: Vec<Action> = match &mode {
+                    Mode::Alert {
+                        url,
+                        sink,
+                        additional_info,
+                    } => selected
+                        .iter()
+                        .map(|w| {
+                            alert(
+                                url,
+                                *sink,
+                                &alert_message(&event, w, additional_info.as_deref()),
+                            )
+                        })
+                        .collect(),
+                    _ => vec![],
+                };
+                Ok(selected
+                    .into_iter()
+                    .map(|w| action::restart(w, reason.clone(), hash.clone()))
+                    .chain(alerts)
+                    .collect())
+            }
+        }
     }
 }
 
 wasmwatch_plugin_sdk::export!(RolloutRestart with_types_in wasmwatch_plugin_sdk);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmwatch_plugin_sdk::HttpCall;
+
+    fn mode_of(json: &str) -> Result<Mode, String> {
+        settings(json).map(|s| s.mode)
+    }
+
+    fn event() -> ChangeEvent {
+        ChangeEvent {
+            kind: ObjectKind::ConfigMap,
+            change: ChangeType::Modified,
+            namespace: "shop".into(),
+            name: "orders".into(),
+            uid: "u-1".into(),
+            resource_version: "42".into(),
+            labels: vec![],
+            annotations: vec![],
+            data: vec![],
+            values_included: true,
+            changed_keys: vec!["a".into(), "b".into()],
+            digest: "d1".into(),
+            replay: false,
+        }
+    }
+
+    fn deployment(name: &str) -> WorkloadRef {
+        WorkloadRef {
+            kind: WorkloadKind::Deployment,
+            namespace: "shop".into(),
+            name: name.into(),
+        }
+    }
+
+    /// (content-type, body) of an `http` POST.
+    fn post(action: Action) -> (String, String) {
+        match action {
+            Action::Http(HttpCall {
+                method: HttpMethod::Post,
+                headers,
+                body: Some(body),
+                ..
+            }) => {
+                assert_eq!(headers.len(), 1);
+                assert_eq!(headers[0].name, "content-type");
+                (headers[0].value.clone(), String::from_utf8(body).unwrap())
+            }
+            _ => panic!("not a POST with a body"),
+        }
+    }
+
+    #[test]
+    fn modes_and_their_defaults() {
+        assert_eq!(mode_of(""), Ok(Mode::Restart));
+        assert_eq!(mode_of(r#"{"mode":"restart"}"#), Ok(Mode::Restart));
+        assert_eq!(
+            mode_of(r#"{"mode":"webhook","webhook":{"url":"http://h/x"}}"#),
+            Ok(Mode::Webhook {
+                url: "http://h/x".into(),
+                format: Format::Json,
+                always: false
+            })
+        );
+        assert_eq!(
+            mode_of(
+                r#"{"mode":"webhook","webhook":{"url":"https://h","format":"reloader","always":true}}"#
+            ),
+            Ok(Mode::Webhook {
+                url: "https://h".into(),
+                format: Format::Reloader,
+                always: true
+            })
+        );
+        assert_eq!(
+            mode_of(r#"{"mode":"alert","alert":{"url":"http://h","additionalInfo":"  prod  "}}"#),
+            Ok(Mode::Alert {
+                url: "http://h".into(),
+                sink: Sink::Raw,
+                additional_info: Some("prod".into())
+            })
+        );
+        for (sink, want) in [
+            ("slack", Sink::Slack),
+            ("teams", Sink::Teams),
+            ("teams-workflow", Sink::TeamsWorkflow),
+            ("gchat", Sink::GChat),
+            ("raw", Sink::Raw),
+            ("webhook", Sink::Raw),
+        ] {
+            let json = format!(
+                r#"{{"mode":"alert","alert":{{"url":"http://h","sink":"{sink}","additionalInfo":" "}}}}"#
+            );
+            assert_eq!(
+                mode_of(&json),
+                Ok(Mode::Alert {
+                    url: "http://h".into(),
+                    sink: want,
+                    additional_info: None
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn config_errors_name_the_field() {
+        let err = |json: &str| mode_of(json).err().unwrap();
+        assert_eq!(
+            err(r#"{"mode":"notify"}"#),
+            r#"rollout-restart config: mode: unknown mode "notify", expected "restart", "webhook" or "alert""#
+        );
+        assert_eq!(
+            err(r#"{"mode":"webhook"}"#),
+            "rollout-restart config: webhook.url is required with mode: webhook"
+        );
+        assert_eq!(
+            err(r#"{"mode":"webhook","webhook":{"url":"ftp://h/x"}}"#),
+            r#"rollout-restart config: webhook.url: "ftp://h/x" is not an http or https URL (it must start with http:// or https://)"#
+        );
+        assert_eq!(
+            err(r#"{"mode":"webhook","webhook":{"url":"http:///x"}}"#),
+            r#"rollout-restart config: webhook.url: "http:///x" has no host"#
+        );
+        assert_eq!(
+            err(r#"{"mode":"webhook","webhook":{"url":"http://h/ x"}}"#),
+            r#"rollout-restart config: webhook.url: "http://h/ x" contains blanks or control characters"#
+        );
+        assert_eq!(
+            err(r#"{"mode":"webhook","webhook":{"url":"http://h","format":"xml"}}"#),
+            r#"rollout-restart config: webhook.format: unknown format "xml", expected "json" or "reloader""#
+        );
+        assert_eq!(
+            err(r#"{"mode":"alert","alert":{"url":"http://h","sink":"discord"}}"#),
+            r#"rollout-restart config: alert.sink: unknown sink "discord", expected "slack", "teams", "teams-workflow", "gchat" or "raw""#
+        );
+        assert_eq!(
+            err(r#"{"mode":"alert"}"#),
+            "rollout-restart config: alert.url is required with mode: alert"
+        );
+        assert_eq!(
+            err(r#"{"webhook":{"url":"http://h"}}"#),
+            r#"rollout-restart config: webhook is set but mode is "restart": set mode: webhook, or remove webhook"#
+        );
+        assert_eq!(
+            err(r#"{"mode":"webhook","webhook":{"url":"http://h"},"alert":{"url":"http://h"}}"#),
+            r#"rollout-restart config: alert is set but mode is "webhook": set mode: alert, or remove alert"#
+        );
+        assert!(
+            err(r#"{"mode":"webhook","webhook":{"url":"http://h","fromat":"json"}}"#)
+                .starts_with("rollout-restart config: unknown field `fromat`, expected one of `url`, `format`, `always`")
+        );
+    }
+
+    #[test]
+    fn the_json_notification_describes_the_change_and_the_workloads() {
+        assert_eq!(
+            notification(&event(), &[deployment("orders"), deployment("api")]),
+            r#"{"kind":"ConfigMap","namespace":"shop","name":"orders","uid":"u-1","resourceVersion":"42","change":"modified","digest":"d1","changedKeys":["a","b"],"workloads":[{"kind":"Deployment","namespace":"shop","name":"orders"},{"kind":"Deployment","namespace":"shop","name":"api"}]}"#
+        );
+    }
+
+    #[test]
+    fn alert_bodies_are_reloaders() {
+        let msg = alert_message(&event(), &deployment("api"), None);
+        assert_eq!(
+            msg,
+            "Reloader detected changes in *orders* of type *CONFIGMAP* in namespace *shop*. Hence reloaded *api* of type *Deployment* in namespace *shop*"
+        );
+        let with_info = alert_message(&event(), &deployment("api"), Some("prod <eu> & co"));
+        assert!(with_info.starts_with("prod <eu> & co : Reloader detected"));
+        let body = |sink| post(alert("http://h", sink, &with_info));
+        let text = "prod \\u003ceu\\u003e \\u0026 co : Reloader detected changes in *orders* of type *CONFIGMAP* in namespace *shop*. Hence reloaded *api* of type *Deployment* in namespace *shop*";
+        assert_eq!(
+            body(Sink::Slack),
+            (
+                "application/json".into(),
+                format!(
+                    r#"{{"attachments":[{{"author_name":"Reloader","color":"good","text":"{text}"}}]}}"#
+                )
+            )
+        );
+        assert_eq!(
+            body(Sink::Teams),
+            ("application/json".into(), format!(r#"{{"text":"{text}"}}"#))
+        );
+        assert_eq!(body(Sink::GChat), body(Sink::Teams));
+        assert!(body(Sink::TeamsWorkflow).1.contains(&format!(
+            r#""body":[{{"type":"TextBlock","text":"{text}","wrap":true}}]"#
+        )));
+        assert_eq!(
+            body(Sink::Raw),
+            (
+                "text/plain".into(),
+                "prod <eu> & co : Reloader detected changes in orders of type CONFIGMAP in namespace shop. Hence reloaded api of type Deployment in namespace shop".into()
+            )
+        );
+    }
+
+    #[test]
+    fn go_escapes_what_serde_json_does_not() {
+        assert_eq!(
+            go_string("a\"b\\c\n\u{1}<>&\u{2028}\u{2029}é"),
+            r#""a\"b\\c\n\u0001\u003c\u003e\u0026\u2028\u2029é""#
+        );
+    }
+}

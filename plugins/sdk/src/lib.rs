@@ -67,8 +67,10 @@ pub mod spring;
 /// Keys: `refresh` and `restart` (namespaces; `{namespace}` is each one
 /// the plugin's events come from), `bus` (`connection/destination`), `http`
 /// (URLs), `events` and `secretValues` (booleans). `{config.KEY}` and
-/// `{config.KEY|DEFAULT}` read the plugin's config. The format is in
-/// plugins/README.md ("Declaring what a plugin needs").
+/// `{config.KEY|DEFAULT}` read the plugin's config (`KEY` may be a dotted
+/// path, `webhook.url`); a guard `{config.KEY=A,B}` keeps the need only
+/// when the value is `A` or `B`. The format is in plugins/README.md
+/// ("Declaring what a plugin needs").
 #[macro_export]
 macro_rules! declare_needs {
     ($json:literal) => {
