@@ -117,22 +117,46 @@ pub struct ObjectSnapshot {
 }
 
 fn string_map(v: Option<&Value>, field: &str) -> Result<BTreeMap<String, String>, ObjectError> {
-    let Some(v) = v.filter(|v| !v.is_null()) else {
-        return Ok(BTreeMap::new());
+    string_map_owned(v.cloned(), field)
+}
+
+/// [`string_map`] taking the value: its strings are moved, not copied (a
+/// watched object's data is read once, issue 24).
+fn string_map_owned(
+    v: Option<Value>,
+    field: &str,
+) -> Result<BTreeMap<String, String>, ObjectError> {
+    let obj = match v {
+        None | Some(Value::Null) => return Ok(BTreeMap::new()),
+        Some(Value::Object(obj)) => obj,
+        Some(_) => {
+            return Err(ObjectError::WrongType {
+                field: field.to_string(),
+                expected: "a map of strings",
+            });
+        }
     };
-    let obj = v.as_object().ok_or_else(|| ObjectError::WrongType {
-        field: field.to_string(),
-        expected: "a map of strings",
-    })?;
-    obj.iter()
+    obj.into_iter()
         .map(|(k, v)| match v {
-            Value::String(s) => Ok((k.clone(), s.clone())),
+            Value::String(s) => Ok((k, s)),
             _ => Err(ObjectError::WrongType {
                 field: format!("{field}.{k}"),
                 expected: "a string",
             }),
         })
         .collect()
+}
+
+/// The metadata wasmwatch reads of an object.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Metadata {
+    pub name: String,
+    /// Empty: `default`.
+    pub namespace: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
 }
 
 impl ObjectSnapshot {
@@ -155,20 +179,47 @@ impl ObjectSnapshot {
                 .unwrap_or("")
                 .to_string()
         };
-        let name = text("name");
-        if name.is_empty() {
+        let metadata = Metadata {
+            name: text("name"),
+            namespace: text("namespace"),
+            uid: text("uid"),
+            resource_version: text("resourceVersion"),
+            labels: string_map(meta.get("labels"), "metadata.labels")?,
+            annotations: string_map(meta.get("annotations"), "metadata.annotations")?,
+        };
+        let mut body = serde_json::Map::new();
+        for field in ["data", "binaryData", "stringData"] {
+            if let Some(v) = obj.get(field) {
+                body.insert(field.to_string(), v.clone());
+            }
+        }
+        ObjectSnapshot::from_parts(kind, metadata, Value::Object(body))
+    }
+
+    /// Reads an object of `kind` from its metadata and the rest of its
+    /// body (`data`, `binaryData`, `stringData`), moving their strings: the
+    /// watch loop's path, from kube's `DynamicObject`, without a copy of
+    /// the whole object as JSON (issue 24).
+    pub fn from_parts(
+        kind: ObjectKind,
+        meta: Metadata,
+        mut body: Value,
+    ) -> Result<Self, ObjectError> {
+        if meta.name.is_empty() {
             return Err(ObjectError::Missing("metadata.name"));
         }
-        let namespace = match text("namespace") {
+        let namespace = match meta.namespace {
             ns if ns.is_empty() => "default".to_string(),
             ns => ns,
         };
-        let mut data = BTreeMap::new();
         let (text_field, b64_field) = match kind {
             ObjectKind::ConfigMap => ("data", "binaryData"),
             ObjectKind::Secret => ("stringData", "data"),
         };
-        for (k, v) in string_map(obj.get(b64_field), b64_field)? {
+        let mut take = |field: &str| body.as_object_mut().and_then(|o| o.remove(field));
+        let (b64, text) = (take(b64_field), take(text_field));
+        let mut data = BTreeMap::new();
+        for (k, v) in string_map_owned(b64, b64_field)? {
             let bytes = BASE64
                 .decode(v.trim())
                 .map_err(|_| ObjectError::BadBase64 {
@@ -180,17 +231,17 @@ impl ObjectSnapshot {
             };
             data.insert(k, value);
         }
-        for (k, v) in string_map(obj.get(text_field), text_field)? {
+        for (k, v) in string_map_owned(text, text_field)? {
             data.insert(k, DataValue::Text(v));
         }
         Ok(ObjectSnapshot {
             kind,
             namespace,
-            name,
-            uid: text("uid"),
-            resource_version: text("resourceVersion"),
-            labels: string_map(meta.get("labels"), "metadata.labels")?,
-            annotations: string_map(meta.get("annotations"), "metadata.annotations")?,
+            name: meta.name,
+            uid: meta.uid,
+            resource_version: meta.resource_version,
+            labels: meta.labels,
+            annotations: meta.annotations,
             data,
         })
     }

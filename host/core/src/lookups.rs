@@ -25,6 +25,37 @@ pub struct WorkloadInfo {
     pub references: Vec<ObjectRef>,
 }
 
+/// The workload annotations that set a pause period, first found wins:
+/// ours, then Reloader's (`deployment.reloader.stakater.com/pause-period`,
+/// which Reloader honours on Deployments only; we honour it, and the same
+/// name for the other kinds, on every kind).
+pub const PAUSE_PERIOD_ANNOTATIONS: [&str; 4] = [
+    "wasmwatch.io/pause-period",
+    "deployment.reloader.stakater.com/pause-period",
+    "statefulset.reloader.stakater.com/pause-period",
+    "daemonset.reloader.stakater.com/pause-period",
+];
+
+impl WorkloadInfo {
+    /// The workload's pause period (a Go duration in one of
+    /// [`PAUSE_PERIOD_ANNOTATIONS`] on its metadata): after a restart, the
+    /// next one waits until it has passed, what changes meanwhile merging
+    /// into it. `None` without the annotation; an error names the
+    /// annotation and the value.
+    pub fn pause_period(&self) -> Option<Result<std::time::Duration, String>> {
+        PAUSE_PERIOD_ANNOTATIONS.iter().find_map(|key| {
+            let value = self.annotations.get(*key)?;
+            Some(crate::units::parse_go_duration(value).map_err(|e| {
+                let w = &self.workload;
+                format!(
+                    "{:?} {}/{}: annotation {key}: {e}",
+                    w.kind, w.namespace, w.name
+                )
+            }))
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ObjectRef {

@@ -41,6 +41,9 @@ pub struct Manifest {
     /// How fast the host acts, over all targets and per target.
     #[serde(default)]
     pub rate_limits: RateLimits,
+    /// Optional metric families on the admin port's `/metrics`.
+    #[serde(default)]
+    pub metrics: MetricsSpec,
     /// The plugins, each with the events it gets and what it may do.
     pub plugins: Vec<PluginEntry>,
     /// The folder module paths are relative to (the manifest file's folder).
@@ -500,6 +503,20 @@ impl Default for Delivery {
             cooldown: zero(),
         }
     }
+}
+
+/// Optional metric families on the admin port's `/metrics` (the others are
+/// always there).
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MetricsSpec {
+    /// Also count restarts per namespace, as Stakater Reloader does with
+    /// `METRICS_COUNT_BY_NAMESPACE=enabled` (Helm `enableMetricsByNamespace`):
+    /// the family `reloader_reload_executed_total_by_namespace{namespace,success}`,
+    /// one series per namespace with a restart (default false: a series per
+    /// namespace can be many).
+    #[serde(default)]
+    pub reloader_by_namespace: bool,
 }
 
 /// Token buckets the host's actions pass before every attempt.

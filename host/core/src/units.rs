@@ -151,6 +151,52 @@ impl schemars::JsonSchema for ByteSize {
     }
 }
 
+/// A duration in Go's `time.ParseDuration` syntax, as Kubernetes tools
+/// write them in annotations (Reloader's `pause-period`): a sequence of
+/// decimal numbers with units `ns`, `us` (or `µs`), `ms`, `s`, `m`, `h`,
+/// like `300ms`, `1.5h` or `2h45m`; `0` alone. Negative durations are
+/// refused (a pause cannot be negative). Hand-written: the crates at hand
+/// (humantime) take a different grammar (`2h 45min`, no decimals), and
+/// the grammar is a dozen lines.
+pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
+    let bad = |why: &str| format!("invalid duration {s:?}: {why}");
+    let t = s.trim();
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if t.is_empty() {
+        return Err(bad("empty"));
+    }
+    if t.starts_with('-') {
+        return Err(bad("negative"));
+    }
+    let mut rest = t.strip_prefix('+').unwrap_or(t);
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let n = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| bad("missing unit (ns, us, ms, s, m or h)"))?;
+        let (num, tail) = rest.split_at(n);
+        let value: f64 = num.parse().map_err(|_| bad("expected a number"))?;
+        let u = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(u);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad(&format!("unknown unit {unit:?}"))),
+        };
+        total += value * scale;
+        rest = next;
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| bad("too large"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +242,25 @@ mod tests {
                 .contains("unknown unit")
         );
         assert_eq!(ByteSize(32 << 20).to_string(), "32Mi");
+    }
+
+    #[test]
+    fn go_durations_parse_as_go_does() {
+        let ok = |s: &str| parse_go_duration(s).unwrap();
+        assert_eq!(ok("300ms"), Duration::from_millis(300));
+        assert_eq!(ok("1.5h"), Duration::from_secs(5400));
+        assert_eq!(ok("2h45m"), Duration::from_secs(9900));
+        assert_eq!(ok("1m30s"), Duration::from_secs(90));
+        assert_eq!(ok("10us"), Duration::from_micros(10));
+        assert_eq!(ok("0"), Duration::ZERO);
+        assert_eq!(ok(" 5m "), Duration::from_secs(300));
+        for bad in ["", "5", "5x", "-5m", "m", "1h30", "1.2.3s"] {
+            assert!(parse_go_duration(bad).is_err(), "{bad:?}");
+        }
+        assert!(
+            parse_go_duration("5d")
+                .unwrap_err()
+                .contains("unknown unit \"d\"")
+        );
     }
 }

@@ -7,7 +7,7 @@
 //! | `refreshService` | `Refreshed` (`… of Service ns/svc: 3 pods answered`) | `RefreshFailed` |
 //! | `http` (a webhook) | `WebhookCalled` (`POST https://… answered 200`) | `WebhookFailed` |
 //! | `publish` | `RefreshPublished` | `RefreshFailed` |
-//! | `restart` | `Restarted` on the object, `Reloaded` on the workload (only when the template was patched) | `RefreshFailed` |
+//! | `restart` | `Restarted` on the object, `Reloaded` on the workload in Stakater Reloader's words (only when the template was patched; one per object whose content the patch recorded) | `RefreshFailed`; and `ReloadFail` (Warning, Reloader's words) on the workload for every failed attempt, retried or not |
 //! | `event` | the Event itself (written by the action, not aggregated) | `RefreshFailed` |
 //!
 //! Every Event of the table but the plugins' own goes through
@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wasmwatch_core::Action;
-use wasmwatch_core::action::EventType;
+use wasmwatch_core::action::{EventType, WorkloadRef};
 
 use crate::pipeline::{BoxFuture, Execute, Executed};
 use crate::{ExecError, Origin};
@@ -31,18 +31,34 @@ pub struct Executors {
     pub buses: wasmwatch_bus::Buses,
     pub kube: Arc<crate::workload::KubeExecutor>,
     /// The host's own Events (Refreshed, WebhookCalled, RefreshPublished,
-    /// Restarted, Reloaded, RefreshFailed, WebhookFailed), off the delivery
-    /// path and aggregated.
+    /// Restarted, Reloaded, ReloadFail, RefreshFailed, WebhookFailed), off
+    /// the delivery path and aggregated.
     pub events: crate::recorder::EventRecorder,
+    /// Told of each restart attempt as Stakater Reloader counts
+    /// `reloader_reload_executed_total`: see [`OnReload`].
+    pub on_reload: Option<OnReload>,
 }
+
+/// Called once per restart attempt (one workload, however many objects it
+/// is for) with the workload and `true` when the attempt patched its pod
+/// template, `false` when it failed (every failed attempt: each retried
+/// one and the last). An attempt that found the template already at every
+/// content is not counted, as Reloader does not count `NotUpdated`. It
+/// must not wait (it runs on the delivery path): a counter.
+pub type OnReload = Box<dyn Fn(&WorkloadRef, bool) + Send + Sync>;
 
 impl Executors {
     /// Restarts of one workload, each for the change of one object: one
-    /// patch recording every content; `Reloaded` on the workload and
-    /// `Restarted` on each object when the template was patched.
+    /// patch recording every content. When it patched the template: per
+    /// object whose content it recorded, `Reloaded` on the workload (in
+    /// Stakater Reloader's words, [`reloaded_message`]) and `Restarted` on
+    /// the object. An attempt that failed: `ReloadFail` on the workload
+    /// ([`reload_fail_message`]), each attempt, retried or not. Each
+    /// attempt that patched or failed is told to `on_reload`.
     async fn restart(&self, restarts: &[(Origin, Action)]) -> Result<Executed, ExecError> {
         let mut contents = Vec::new();
         let mut reasons: Vec<&str> = Vec::new();
+        let mut origins = Vec::new();
         let mut workload = None;
         for (origin, action) in restarts {
             let Action::Restart {
@@ -57,6 +73,7 @@ impl Executors {
             let unkeyed =
                 crate::workload::unkeyed_content_hash(content_hash, origin.unkeyed_digest.as_ref());
             contents.push((content_hash.as_str(), unkeyed));
+            origins.push(origin);
             if !reasons.contains(&reason.as_str()) {
                 reasons.push(reason);
             }
@@ -67,34 +84,87 @@ impl Executors {
         let hashes: Vec<(&str, Option<&str>)> =
             contents.iter().map(|(h, u)| (*h, u.as_deref())).collect();
         let reason = reasons.join("; ");
-        let outcome = self
-            .kube
-            .restart_for_all(workload, &hashes, &reason)
-            .await?;
-        if outcome == crate::workload::RestartOutcome::Restarted {
-            // Recorded (and aggregated) off the delivery path, like the
-            // other host Events.
-            let plugins: Vec<&str> = restarts.iter().map(|(o, _)| o.plugin.as_str()).collect();
+        let written = match self.kube.restart_for_each(workload, &hashes, &reason).await {
+            Ok(written) => written,
+            Err(error) => {
+                if let Some(on_reload) = &self.on_reload {
+                    on_reload(workload, false);
+                }
+                self.events.record_workload(
+                    workload,
+                    EventType::Warning,
+                    "ReloadFail",
+                    reload_fail_message(workload, &error),
+                );
+                return Err(error);
+            }
+        };
+        if !written.contains(&true) {
+            return Ok(Executed::default());
+        }
+        if let Some(on_reload) = &self.on_reload {
+            on_reload(workload, true);
+        }
+        // Recorded (and aggregated) off the delivery path, like the other
+        // host Events.
+        for (origin, _) in origins.iter().zip(&written).filter(|(_, w)| **w) {
             self.events.record_workload(
                 workload,
                 EventType::Normal,
                 "Reloaded",
-                format!("{reason} (plugin {})", plugins[plugins.len() - 1]),
+                reloaded_message(origin, workload),
             );
-            for (origin, _) in restarts {
-                self.events.record(
-                    origin,
-                    EventType::Normal,
-                    "Restarted",
-                    format!(
-                        "rollout restart of {:?} {}/{} (plugin {})",
-                        workload.kind, workload.namespace, workload.name, origin.plugin
-                    ),
-                );
-            }
+            self.events.record(
+                origin,
+                EventType::Normal,
+                "Restarted",
+                format!(
+                    "rollout restart of {} {}/{} (plugin {})",
+                    crate::workload::kind_name(workload.kind),
+                    workload.namespace,
+                    workload.name,
+                    origin.plugin
+                ),
+            );
         }
         Ok(Executed::default())
     }
+}
+
+/// Stakater Reloader's message of the `Reloaded` Event on a workload it
+/// updated for a change of `origin`'s object (its `handler/upgrade.go`):
+/// `Changes detected in 'orders-config' of type 'CONFIGMAP' in namespace
+/// 'shop', Updated 'orders' of type 'Deployment' in namespace 'shop'`.
+pub fn reloaded_message(origin: &Origin, workload: &WorkloadRef) -> String {
+    format!(
+        "Changes detected in '{}' of type '{}' in namespace '{}', Updated '{}' of type '{}' in namespace '{}'",
+        origin.name,
+        origin.kind.as_str().to_uppercase(),
+        origin.namespace,
+        workload.name,
+        crate::workload::kind_name(workload.kind),
+        workload.namespace
+    )
+}
+
+/// Stakater Reloader's message of the `ReloadFail` Warning Event on a
+/// workload whose update failed: `Update for 'orders' of type 'Deployment'
+/// in namespace 'shop' failed with error <error>`, the error without the
+/// `restart of Deployment shop/orders: ` it starts with (the message names
+/// the workload already).
+pub fn reload_fail_message(workload: &WorkloadRef, error: &ExecError) -> String {
+    let kind = crate::workload::kind_name(workload.kind);
+    let error = error.to_string();
+    let prefix = format!(
+        "restart of {kind} {}/{}: ",
+        workload.namespace, workload.name
+    );
+    format!(
+        "Update for '{}' of type '{kind}' in namespace '{}' failed with error {}",
+        workload.name,
+        workload.namespace,
+        error.strip_prefix(&prefix).unwrap_or(&error)
+    )
 }
 
 impl Execute for Executors {
@@ -267,7 +337,12 @@ pub fn describe_action(action: &Action) -> String {
             format!("{method:?}").to_uppercase()
         ),
         Action::Http { method, url, .. } => {
-            format!("{} {url}", format!("{method:?}").to_uppercase())
+            // Webhook URLs carry their secret: Events and logs show it redacted.
+            format!(
+                "{} {}",
+                format!("{method:?}").to_uppercase(),
+                crate::http::redact_url(url)
+            )
         }
         Action::Publish {
             connection,
@@ -279,5 +354,74 @@ pub fn describe_action(action: &Action) -> String {
             workload.kind, workload.namespace, workload.name
         ),
         Action::Event { reason, .. } => format!("Event {reason}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmwatch_core::ObjectKind;
+    use wasmwatch_core::action::WorkloadKind;
+
+    fn origin(kind: ObjectKind, name: &str) -> Origin {
+        Origin {
+            kind,
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: "u".into(),
+            resource_version: "7".into(),
+            plugin: "rollout-restart".into(),
+            unkeyed_digest: None,
+        }
+    }
+
+    fn workload(kind: WorkloadKind, name: &str) -> WorkloadRef {
+        WorkloadRef {
+            kind,
+            namespace: "shop".into(),
+            name: name.into(),
+        }
+    }
+
+    /// Byte for byte what Reloader v1.4.21 writes (handler/upgrade.go).
+    #[test]
+    fn reloaded_is_in_reloaders_words() {
+        assert_eq!(
+            reloaded_message(
+                &origin(ObjectKind::ConfigMap, "orders-config"),
+                &workload(WorkloadKind::Deployment, "orders")
+            ),
+            "Changes detected in 'orders-config' of type 'CONFIGMAP' in namespace 'shop', \
+             Updated 'orders' of type 'Deployment' in namespace 'shop'"
+        );
+        assert_eq!(
+            reloaded_message(
+                &origin(ObjectKind::Secret, "token"),
+                &workload(WorkloadKind::StatefulSet, "ledger")
+            ),
+            "Changes detected in 'token' of type 'SECRET' in namespace 'shop', \
+             Updated 'ledger' of type 'StatefulSet' in namespace 'shop'"
+        );
+    }
+
+    #[test]
+    fn reload_fail_is_in_reloaders_words_without_repeating_the_workload() {
+        let w = workload(WorkloadKind::DaemonSet, "agent");
+        let conflict = ExecError::Retryable(
+            "restart of DaemonSet shop/agent: conflict (409) when patching the pod template: \
+             the object has been modified"
+                .into(),
+        );
+        assert_eq!(
+            reload_fail_message(&w, &conflict),
+            "Update for 'agent' of type 'DaemonSet' in namespace 'shop' failed with error \
+             conflict (409) when patching the pod template: the object has been modified"
+        );
+        // An error about something else keeps all its words.
+        let other = ExecError::Permanent("no answer".into());
+        assert_eq!(
+            reload_fail_message(&w, &other),
+            "Update for 'agent' of type 'DaemonSet' in namespace 'shop' failed with error no answer"
+        );
     }
 }

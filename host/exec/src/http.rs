@@ -255,7 +255,7 @@ impl HttpExecutor {
         body: Option<&[u8]>,
     ) -> Result<u16, ExecError> {
         let method = http_method(method);
-        let what = format!("{method} {url}");
+        let what = format!("{method} {}", redact_url(url));
         let request = build_request(&method, url, headers, body)
             .map_err(|cause| ExecError::Permanent(format!("{what}: {cause}")))?;
         let response = match tokio::time::timeout(self.timeout, client.request(request)).await {
@@ -478,6 +478,39 @@ impl ServerCertVerifier for AcceptAnyCertificate {
     }
 }
 
+/// `url` as logs, reports and Events show it: webhook URLs carry their
+/// secret in the path (Slack's `/services/T…/B…/<token>`, Teams',
+/// Discord's) or the query, and Events are readable by whoever may list
+/// them in the namespace. Kept: scheme, host, port, and path segments that
+/// look like names (`services`, `actuator`, `refresh`); replaced by `…`:
+/// user info, the query, and every path segment of 8 or more characters
+/// holding a digit (ids, tokens, UUIDs). Not a URL: shown as `…`.
+pub fn redact_url(url: &str) -> String {
+    let Ok(uri) = url.parse::<Uri>() else {
+        return "…".to_string();
+    };
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return "…".to_string();
+    };
+    let host = match authority.as_str().rsplit_once('@') {
+        Some((_, host)) => format!("…@{host}"),
+        None => authority.as_str().to_string(),
+    };
+    let path: Vec<&str> = uri
+        .path()
+        .split('/')
+        .map(|seg| {
+            if seg.len() >= 8 && seg.chars().any(|c| c.is_ascii_digit()) {
+                "…"
+            } else {
+                seg
+            }
+        })
+        .collect();
+    let query = if uri.query().is_some() { "?…" } else { "" };
+    format!("{scheme}://{host}{}{query}", path.join("/"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -540,5 +573,30 @@ mod tests {
             value: "v".into(),
         }];
         assert!(build_request(&Method::GET, "http://a/x", &bad, None).is_err());
+    }
+
+    #[test]
+    fn webhook_secrets_are_not_shown() {
+        assert_eq!(
+            redact_url(
+                "https://hooks.slack.com/services/T0A1B2C3D/B0A1B2C3D/abcdEFGHijklMNOP12345678"
+            ),
+            "https://hooks.slack.com/services/…/…/…"
+        );
+        assert_eq!(
+            redact_url(
+                "https://example.webhook.office.com/webhookb2/3f1c0b9e-1d2c-4e5f-8a9b-0c1d2e3f4a5b@9a8b7c6d-5e4f-3a2b-1c0d-9e8f7a6b5c4d/IncomingWebhook/0123456789abcdef0123456789abcdef/5b4a3f2e-1d0c-9b8a-7f6e-5d4c3b2a1f0e"
+            ),
+            "https://example.webhook.office.com/webhookb2/…/IncomingWebhook/…/…"
+        );
+        assert_eq!(
+            redact_url("http://user:pw@10.0.0.7:8080/actuator/refresh?token=s3cret"),
+            "http://…@10.0.0.7:8080/actuator/refresh?…"
+        );
+        assert_eq!(
+            redact_url("http://10.0.0.7:8080/actuator/refresh"),
+            "http://10.0.0.7:8080/actuator/refresh"
+        );
+        assert_eq!(redact_url("not a url"), "…");
     }
 }

@@ -21,7 +21,9 @@
 //!   least `policy.cooldown` from that job's start; what is submitted
 //!   meanwhile merges into it, the last content winning, and
 //!   [`Execute::throttled`] is told once per held job (a Warning Event).
-//!   A flapping Secret rolls its workloads at most once per cooldown.
+//!   A flapping Secret rolls its workloads at most once per cooldown. A
+//!   workload's pause period ([`PauseOf`]: Reloader's `pause-period`
+//!   annotation) lengthens its restarts' cooldown the same way.
 //! - **Debounce**: a job waits `policy.debounce` from its *first* submission
 //!   (a fixed window, so a flapping object still gets refreshed every window
 //!   rather than never). Events (`Action::Event`) never wait or coalesce.
@@ -187,6 +189,11 @@ impl Default for PipelineConfig {
         }
     }
 }
+
+/// A target's own cooldown, beside the plugin's `policy.cooldown` (the
+/// longer applies): a restart's workload's pause period, read from the
+/// lookups' cache when the job starts.
+pub type PauseOf = Arc<dyn Fn(&Action) -> Option<Duration> + Send + Sync>;
 
 /// Called with every job's report (logs, metrics, the local run's output).
 pub type OnReport = Arc<dyn Fn(&Report) + Send + Sync>;
@@ -509,6 +516,7 @@ struct Shared {
     global: Mutex<Bucket>,
     per_target: Mutex<HashMap<TargetKey, Bucket>>,
     config: PipelineConfig,
+    pause_of: Option<PauseOf>,
 }
 
 impl Shared {
@@ -564,6 +572,18 @@ impl<T: Send + 'static> Pipeline<T> {
         on_report: Option<OnReport>,
         done: mpsc::UnboundedSender<T>,
     ) -> Pipeline<T> {
+        Pipeline::start_with_pauses(executor, config, None, may_act, on_report, done)
+    }
+
+    /// [`Pipeline::start`], with targets' own cooldowns ([`PauseOf`]).
+    pub fn start_with_pauses(
+        executor: Arc<dyn Execute>,
+        config: PipelineConfig,
+        pause_of: Option<PauseOf>,
+        may_act: Arc<dyn Fn() -> bool + Send + Sync>,
+        on_report: Option<OnReport>,
+        done: mpsc::UnboundedSender<T>,
+    ) -> Pipeline<T> {
         let (tx, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(Stats::default());
         let shared = Arc::new(Shared {
@@ -574,6 +594,7 @@ impl<T: Send + 'static> Pipeline<T> {
             global: Mutex::new(Bucket::new(config.global)),
             per_target: Mutex::new(HashMap::new()),
             config,
+            pause_of,
         });
         let task = tokio::spawn(run(shared, rx, tx.clone(), done));
         Pipeline { tx, stats, task }
@@ -603,8 +624,9 @@ async fn run<T: Send + 'static>(
     done: mpsc::UnboundedSender<T>,
 ) {
     let mut slots: BTreeMap<TargetKey, Slot<T>> = BTreeMap::new();
-    // Until when each target's cooldown lasts (from its last job's start).
-    let mut cooldowns: HashMap<TargetKey, Instant> = HashMap::new();
+    // Until when each target's cooldown lasts (from its last job's start),
+    // and the cooldown that set it.
+    let mut cooldowns: HashMap<TargetKey, (Instant, Duration)> = HashMap::new();
     // (due, sequence, key): the next pending window to close.
     let mut timers: BinaryHeap<Reverse<(Instant, u64, TargetKey)>> = BinaryHeap::new();
     let mut seq = 0u64;
@@ -655,7 +677,7 @@ async fn run<T: Send + 'static>(
                             } else {
                                 now
                             };
-                            if let Some(until) = cooldowns.get(&key).copied()
+                            if let Some((until, cooldown)) = cooldowns.get(&key).copied()
                                 && until > due
                                 && key.cools_down()
                             {
@@ -663,7 +685,7 @@ async fn run<T: Send + 'static>(
                                     &s.origin,
                                     &action,
                                     until - now,
-                                    s.policy.cooldown,
+                                    cooldown,
                                 );
                                 due = until;
                             }
@@ -717,11 +739,17 @@ async fn run<T: Send + 'static>(
                     }
                     let pending = slot.pending.pop_front().expect("checked");
                     slot.running = true;
-                    if key.cools_down() && !pending.policy.cooldown.is_zero() {
+                    let cooldown = match &shared.pause_of {
+                        Some(pause_of) if key.cools_down() => pause_of(&pending.action)
+                            .unwrap_or_default()
+                            .max(pending.policy.cooldown),
+                        _ => pending.policy.cooldown,
+                    };
+                    if key.cools_down() && !cooldown.is_zero() {
                         if cooldowns.len() >= 4096 {
-                            cooldowns.retain(|_, until| *until > now);
+                            cooldowns.retain(|_, (until, _)| *until > now);
                         }
-                        cooldowns.insert(key.clone(), now + pending.policy.cooldown);
+                        cooldowns.insert(key.clone(), (now + cooldown, cooldown));
                     }
                     let shared = shared.clone();
                     let tx = tx.clone();

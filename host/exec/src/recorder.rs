@@ -1,7 +1,8 @@
 //! The host's own Events about its work (`Refreshed`, `WebhookCalled`,
-//! `RefreshPublished`, `Restarted`, `Reloaded`, `RefreshFailed`,
-//! `WebhookFailed`; which, in [`crate::executors`]), recorded off the
-//! delivery path and aggregated the way client-go's event correlator does.
+//! `RefreshPublished`, `Restarted`, `Reloaded`, `ReloadFail`,
+//! `RefreshFailed`, `WebhookFailed`; which, in [`crate::executors`]),
+//! recorded off the delivery path and aggregated the way client-go's event
+//! correlator does.
 //!
 //! Such an Event is a record for `kubectl describe`, not part of handling a
 //! change: a refresh is done when its pods answered, whether or not the

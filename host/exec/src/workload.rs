@@ -202,6 +202,24 @@ impl KubeExecutor {
         contents: &[(&str, Option<&str>)],
         reason: &str,
     ) -> Result<RestartOutcome, ExecError> {
+        let written = self.restart_for_each(workload, contents, reason).await?;
+        Ok(if written.contains(&true) {
+            RestartOutcome::Restarted
+        } else {
+            RestartOutcome::AlreadyAtContent
+        })
+    }
+
+    /// [`KubeExecutor::restart_for_all`], saying per content (in the order
+    /// of `contents`) whether the patch recorded it (`true`) or the
+    /// template already did (`false`): the workload was restarted when any
+    /// is true, and the Events about it name only those objects.
+    pub async fn restart_for_each(
+        &self,
+        workload: &WorkloadRef,
+        contents: &[(&str, Option<&str>)],
+        reason: &str,
+    ) -> Result<Vec<bool>, ExecError> {
         let what = format!("restart of {}", describe(workload));
         if workload.namespace.is_empty() || workload.name.is_empty() {
             return Err(ExecError::Permanent(format!(
@@ -223,7 +241,8 @@ impl KubeExecutor {
         let recorded_annotations = current.data.pointer("/spec/template/metadata/annotations");
         let mut annotations = serde_json::Map::new();
         let mut previous = Vec::new();
-        for (content_hash, unkeyed) in contents {
+        let mut written = vec![false; contents.len()];
+        for ((content_hash, unkeyed), written) in contents.iter().zip(&mut written) {
             let key = hash_annotation_key(content_hash);
             let recorded = recorded_annotations
                 .and_then(|a| a.get(&key))
@@ -241,9 +260,10 @@ impl KubeExecutor {
             }
             previous.push(recorded.unwrap_or("").to_string());
             annotations.insert(key, json!(content_hash));
+            *written = true;
         }
         if annotations.is_empty() {
-            return Ok(RestartOutcome::AlreadyAtContent);
+            return Ok(written);
         }
         let keys: Vec<String> = annotations.keys().cloned().collect();
         let now = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
@@ -276,7 +296,7 @@ impl KubeExecutor {
             previous = %previous.join(","),
             "restart: pod template patched"
         );
-        Ok(RestartOutcome::Restarted)
+        Ok(written)
     }
 
     /// A Kubernetes Event on the changed object.
@@ -819,7 +839,8 @@ fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
 
-fn kind_name(kind: WorkloadKind) -> &'static str {
+/// The Kubernetes kind of a workload (`Deployment`).
+pub fn kind_name(kind: WorkloadKind) -> &'static str {
     match kind {
         WorkloadKind::Deployment => "Deployment",
         WorkloadKind::StatefulSet => "StatefulSet",

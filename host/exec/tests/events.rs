@@ -569,6 +569,7 @@ async fn restart_events_are_aggregated_through_the_recorder() {
         events: EventRecorder::start(kube, DEFAULT_CAPACITY, DEFAULT_CONCURRENCY, || {
             panic!("nothing is dropped")
         }),
+        on_reload: None,
     };
     let web = WorkloadRef {
         kind: WorkloadKind::Deployment,
@@ -602,7 +603,10 @@ async fn restart_events_are_aggregated_through_the_recorder() {
     assert_eq!(reloaded.involved_object.uid, created.metadata.uid);
     assert_eq!(
         reloaded.message.as_deref(),
-        Some("ConfigMap shop/orders changed (plugin rollout-restart)")
+        Some(
+            "Changes detected in 'orders' of type 'CONFIGMAP' in namespace 'shop', \
+             Updated 'web' of type 'Deployment' in namespace 'shop'"
+        )
     );
     let restarted = events
         .iter()
@@ -613,6 +617,190 @@ async fn restart_events_are_aggregated_through_the_recorder() {
     assert_eq!(
         restarted.message.as_deref(),
         Some("rollout restart of Deployment shop/web (plugin rollout-restart)")
+    );
+}
+
+/// Stakater Reloader's Events and count from the restart executor: a
+/// restart for three objects, one of which the template already records,
+/// rolls once (`on_reload` told `true` once) and writes `Reloaded` in
+/// Reloader's words for each of the other two, `Restarted` on each of
+/// them; the same contents again write and count nothing. A failed
+/// attempt (a 409, retryable; a deleted workload, for good) is counted
+/// `false` and writes `ReloadFail` on the workload, each attempt.
+#[tokio::test]
+async fn restarts_write_reloaders_events_and_count_attempts() {
+    let (server, client) = start().await;
+    let mut origins = Vec::new();
+    for name in ["a", "b", "c"] {
+        origins.push(Origin {
+            plugin: "rollout-restart".into(),
+            ..config_map(&client, name).await
+        });
+    }
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}, "annotations": {
+                    wasmwatch_exec::workload::hash_annotation_key("configmap/c:1"): "configmap/c:1",
+                }},
+                "spec": {"containers": [{"name": "app", "image": "example/app:1"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let deployments = Api::<Deployment>::namespaced(client.clone(), NS);
+    let created = deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    let kube = executor(&client);
+    let counted = Arc::new(std::sync::Mutex::new(Vec::<(String, bool)>::new()));
+    let executors = Executors {
+        http: wasmwatch_exec::http::HttpExecutor::new(
+            Arc::new(wasmwatch_core::lookups::StaticLookups::default()),
+            Duration::from_secs(5),
+        ),
+        buses: wasmwatch_bus::Buses::new(&[]).unwrap(),
+        kube: kube.clone(),
+        events: EventRecorder::start(kube, DEFAULT_CAPACITY, DEFAULT_CONCURRENCY, || {
+            panic!("nothing is dropped")
+        }),
+        on_reload: Some(Box::new({
+            let counted = counted.clone();
+            move |w: &WorkloadRef, success: bool| {
+                counted.lock().unwrap().push((w.name.clone(), success));
+            }
+        })),
+    };
+    let take = || std::mem::take(&mut *counted.lock().unwrap());
+    let workload = |name: &str| WorkloadRef {
+        kind: WorkloadKind::Deployment,
+        namespace: NS.into(),
+        name: name.into(),
+    };
+    let restarts = |name: &str, version: &str| -> Vec<(Origin, Action)> {
+        origins
+            .iter()
+            .map(|o| {
+                let action = Action::Restart {
+                    workload: workload(name),
+                    reason: format!("ConfigMap shop/{} changed", o.name),
+                    content_hash: format!("configmap/{}:{version}", o.name),
+                };
+                (o.clone(), action)
+            })
+            .collect()
+    };
+
+    // Three objects, one already recorded: one rollout, two Reloaded.
+    executors
+        .execute_restarts(&restarts("web", "1"))
+        .await
+        .unwrap();
+    assert_eq!(take(), [("web".to_string(), true)]);
+    assert_eq!(
+        deployments.get("web").await.unwrap().metadata.generation,
+        Some(2)
+    );
+    // The same contents again: nothing written, nothing counted.
+    executors
+        .execute_restarts(&restarts("web", "1"))
+        .await
+        .unwrap();
+    assert_eq!(take(), []);
+
+    // A conflict: a failed attempt, then the retry patches.
+    server
+        .faults()
+        .conflict_next_write("deployments", NS, "web");
+    let error = executors
+        .execute_restarts(&restarts("web", "2"))
+        .await
+        .unwrap_err();
+    assert!(error.is_retryable(), "{error}");
+    assert_eq!(take(), [("web".to_string(), false)]);
+    executors
+        .execute_restarts(&restarts("web", "2"))
+        .await
+        .unwrap();
+    assert_eq!(take(), [("web".to_string(), true)]);
+
+    // A workload that is gone: a failure for good, counted the same.
+    let error = executors
+        .execute(&origins[0], &restarts("gone", "1")[0].1)
+        .await
+        .unwrap_err();
+    assert!(!error.is_retryable(), "{error}");
+    assert_eq!(take(), [("gone".to_string(), false)]);
+
+    assert!(executors.events.flush(Duration::from_secs(10)).await);
+    let events = events(&client).await;
+    let on = |kind: &str, name: &str, reason: &str| -> Vec<&Event> {
+        events
+            .iter()
+            .filter(|e| {
+                e.involved_object.kind.as_deref() == Some(kind)
+                    && e.involved_object.name.as_deref() == Some(name)
+                    && e.reason.as_deref() == Some(reason)
+            })
+            .collect()
+    };
+    let mut reloaded: Vec<(String, i64)> = on("Deployment", "web", "Reloaded")
+        .iter()
+        .map(|e| (e.message.clone().unwrap(), count(e)))
+        .collect();
+    reloaded.sort();
+    let message = |object: &str| {
+        format!(
+            "Changes detected in '{object}' of type 'CONFIGMAP' in namespace 'shop', \
+             Updated 'web' of type 'Deployment' in namespace 'shop'"
+        )
+    };
+    // a and b twice (versions 1 and 2), c once (version 2 only).
+    assert_eq!(
+        reloaded,
+        [(message("a"), 2), (message("b"), 2), (message("c"), 1)],
+        "{events:#?}"
+    );
+    for e in on("Deployment", "web", "Reloaded") {
+        assert_eq!(e.type_.as_deref(), Some("Normal"));
+        assert_eq!(e.involved_object.uid, created.metadata.uid);
+    }
+    let restarted: Vec<i64> = ["a", "b", "c"]
+        .iter()
+        .map(|o| {
+            on("ConfigMap", o, "Restarted")
+                .iter()
+                .map(|e| count(e))
+                .sum()
+        })
+        .collect();
+    assert_eq!(restarted, [2, 2, 1], "{events:#?}");
+
+    let fail = on("Deployment", "web", "ReloadFail");
+    assert_eq!(fail.len(), 1, "{events:#?}");
+    assert_eq!(fail[0].type_.as_deref(), Some("Warning"));
+    assert_eq!(count(fail[0]), 1);
+    let text = fail[0].message.clone().unwrap();
+    assert!(
+        text.starts_with(
+            "Update for 'web' of type 'Deployment' in namespace 'shop' failed with error \
+             conflict (409) when patching the pod template: "
+        ),
+        "{text}"
+    );
+    let gone = on("Deployment", "gone", "ReloadFail");
+    assert_eq!(gone.len(), 1, "{events:#?}");
+    let text = gone[0].message.clone().unwrap();
+    assert!(
+        text.starts_with(
+            "Update for 'gone' of type 'Deployment' in namespace 'shop' failed with error \
+             not found (404) when reading the workload"
+        ),
+        "{text}"
     );
 }
 

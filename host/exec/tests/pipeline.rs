@@ -10,8 +10,8 @@ use tokio::time::Instant;
 use wasmwatch_core::action::{EventType, HttpMethod, WorkloadKind, WorkloadRef};
 use wasmwatch_core::{Action, ObjectKind};
 use wasmwatch_exec::pipeline::{
-    BoxFuture, Execute, Executed, Outcome, Pipeline, PipelineConfig, Policy, RateLimit, Report,
-    Submission,
+    BoxFuture, Execute, Executed, Outcome, PauseOf, Pipeline, PipelineConfig, Policy, RateLimit,
+    Report, Submission,
 };
 use wasmwatch_exec::{ExecError, Origin};
 
@@ -142,15 +142,20 @@ struct Harness {
 }
 
 fn harness(config: PipelineConfig) -> Harness {
+    harness_with(config, None)
+}
+
+fn harness_with(config: PipelineConfig, pauses: Option<PauseOf>) -> Harness {
     let rec = Arc::new(Recorder::default());
     let (tx, done) = mpsc::unbounded_channel();
     let reports = Arc::new(Mutex::new(Vec::new()));
     let r = reports.clone();
     let leading = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let l = leading.clone();
-    let pipeline = Pipeline::start(
+    let pipeline = Pipeline::start_with_pauses(
         rec.clone(),
         config,
+        pauses,
         Arc::new(move || l.load(std::sync::atomic::Ordering::SeqCst)),
         Some(Arc::new(move |rep: &Report| {
             r.lock().unwrap().push(rep.clone())
@@ -655,4 +660,48 @@ async fn waiting_contents_of_one_object_all_land_in_order_and_other_objects_are_
         starts[1] - starts[0] < Duration::from_millis(50),
         "{starts:?}"
     );
+}
+
+/// Reloader's pause period, per workload: its restarts wait for the pause
+/// after one (the longer of it and the plugin's cooldown), other workloads
+/// act at once.
+#[tokio::test(start_paused = true)]
+async fn a_workloads_pause_period_holds_its_next_restart() {
+    let pauses: PauseOf = Arc::new(|a: &Action| match a {
+        Action::Restart { workload, .. } if workload.name == "paused" => {
+            Some(Duration::from_secs(5))
+        }
+        _ => None,
+    });
+    let mut h = harness_with(unlimited(), Some(pauses));
+    let t0 = Instant::now();
+    let submit = |h: &Harness, ticket: u32, workload: &str, hash: &str| {
+        h.pipeline.submit(Submission {
+            ticket,
+            origin: origin("a"),
+            actions: vec![restart_of(workload, hash)],
+            policy: policy(0, 0),
+        })
+    };
+    submit(&h, 1, "paused", "configmap/a:1");
+    submit(&h, 2, "free", "configmap/a:1");
+    assert_eq!(
+        done_within(&mut h, Duration::from_millis(100)).await,
+        vec![1, 2]
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    submit(&h, 3, "paused", "configmap/a:2");
+    submit(&h, 4, "free", "configmap/a:2");
+    assert_eq!(
+        done_within(&mut h, Duration::from_millis(100)).await,
+        vec![4],
+        "only the paused workload waits"
+    );
+    assert_eq!(done_within(&mut h, Duration::from_secs(4)).await, vec![3]);
+    let calls = h.rec.calls.lock().unwrap();
+    let (at, action, _) = calls.last().unwrap();
+    assert_eq!(hash_of(action), "configmap/a:2");
+    assert!(*at - t0 >= Duration::from_secs(5), "{:?}", *at - t0);
+    let throttled = h.rec.throttled.lock().unwrap();
+    assert_eq!(throttled.len(), 1, "{throttled:?}");
 }

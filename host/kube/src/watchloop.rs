@@ -23,6 +23,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
 use tokio::sync::mpsc;
 use wasmwatch_core::digest::DigestKey;
+use wasmwatch_core::event::Metadata;
 use wasmwatch_core::index::{ObjectIndex, Resync, Seen};
 use wasmwatch_core::{ChangeEvent, ObjectKind, ObjectSnapshot, Scope};
 
@@ -308,15 +309,25 @@ impl WatchLoop {
         &self.state
     }
 
+    /// The object as plugins see it, and its resourceVersion. Read from
+    /// kube's parse of the body, moving its strings (it was copied into a
+    /// JSON value and read from that, two copies of every value).
     fn snapshot(&self, obj: DynamicObject) -> Option<(ObjectSnapshot, String)> {
-        let mut value = serde_json::to_value(&obj).ok()?;
-        // Watch and list items may come without kind; we know it.
-        value["kind"] = self.target.kind.as_str().into();
-        let rv = obj.metadata.resource_version.clone().unwrap_or_default();
-        match ObjectSnapshot::from_json(&value) {
+        let m = obj.metadata;
+        let rv = m.resource_version.unwrap_or_default();
+        let name = m.name.unwrap_or_default();
+        let meta = Metadata {
+            name: name.clone(),
+            namespace: m.namespace.unwrap_or_default(),
+            uid: m.uid.unwrap_or_default(),
+            resource_version: rv.clone(),
+            labels: m.labels.unwrap_or_default(),
+            annotations: m.annotations.unwrap_or_default(),
+        };
+        match ObjectSnapshot::from_parts(self.target.kind, meta, obj.data) {
             Ok(s) => Some((s, rv)),
             Err(e) => {
-                tracing::warn!(kind = self.target.kind.as_str(), name = ?obj.metadata.name, "skipping unreadable object: {e}");
+                tracing::warn!(kind = self.target.kind.as_str(), %name, "skipping unreadable object: {e}");
                 None
             }
         }

@@ -7,7 +7,16 @@
 //! samples, so the series read `wasmwatch_..._total` (the `# HELP` and
 //! `# TYPE` lines name the family without it). [`ProcessCollector`] adds
 //! the usual `process_*` metrics, read from /proc/self on each scrape.
+//!
+//! Beside them, Stakater Reloader's `reloader_reload_executed_total`
+//! (`success="true"|"false"`, both series from the start), so a Reloader
+//! dashboard reads wasmwatch's restarts, and with the manifest's
+//! `metrics.reloaderByNamespace` its
+//! `reloader_reload_executed_total_by_namespace{namespace,success}`: see
+//! [`Metrics::reloaded`].
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
@@ -19,6 +28,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry};
+use wasmwatch_core::manifest::MetricsSpec;
 
 /// The content type of [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -85,6 +95,50 @@ impl Labelled<Histogram> {
     }
 }
 
+/// Reloader's `reloader_reload_executed_total_by_namespace`: counters per
+/// (namespace, success) whose samples are named exactly as the family, as
+/// Reloader's Go client writes them in the Prometheus text format. In
+/// OpenMetrics a counter's samples are `<family>_total`, so as a counter
+/// this family would come out as `..._by_namespace_total`, a series no
+/// Reloader dashboard reads: it is encoded with type `unknown`, whose
+/// samples carry the family's name (Prometheus stores the series the same,
+/// and `rate()` works on it).
+#[derive(Debug, Clone, Default)]
+pub struct ReloadsByNamespace {
+    /// (namespace, success) → count.
+    counts: Arc<Mutex<BTreeMap<(String, bool), u64>>>,
+}
+
+impl ReloadsByNamespace {
+    fn inc(&self, namespace: &str, success: bool) {
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((namespace.to_string(), success))
+            .or_default() += 1;
+    }
+}
+
+impl EncodeMetric for ReloadsByNamespace {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        for ((namespace, success), n) in counts.iter() {
+            // Go's order: label names sorted.
+            let labels = [
+                ("namespace", namespace.as_str()),
+                ("success", if *success { "true" } else { "false" }),
+            ];
+            encoder.encode_family(&labels)?.encode_gauge(n)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Unknown
+    }
+}
+
 /// Registers `metric` (which shares its value with the returned clone).
 fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
     // The registry ends every help text with a full stop.
@@ -131,15 +185,51 @@ pub struct Metrics {
     pub leader_transitions: Labelled<Counter>,
     pub watch_restarts: Labelled<Counter>,
     pub resyncs: Labelled<Counter>,
+    /// Reloader's `reloader_reload_executed_total{success}`.
+    pub reloader_reloads: Labelled<Counter>,
+    /// Reloader's `reloader_reload_executed_total_by_namespace`, when the
+    /// manifest's `metrics.reloaderByNamespace` asks for it.
+    pub reloader_reloads_by_namespace: Option<ReloadsByNamespace>,
     registry: Registry,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
+        Metrics::new(&MetricsSpec::default())
+    }
+}
+
+impl Metrics {
+    /// Every family, and the optional ones `spec` (the manifest's
+    /// `metrics`) asks for.
+    pub fn new(spec: &MetricsSpec) -> Self {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(ProcessCollector::new()));
         let r = &mut registry;
+        // Registered as `reloader_reload_executed`: the encoder names the
+        // samples `reloader_reload_executed_total`, Reloader's series.
+        // Both series exist from the start, at 0, as Reloader pre-sets them.
+        let reloader_reloads = counters(
+            r,
+            "reloader_reload_executed",
+            "Restarts that patched a workload's pod template (success=\"true\") or failed \
+             (success=\"false\", every failed attempt), counted as Stakater Reloader counts reloads.",
+            &["success"],
+        );
+        reloader_reloads.add(&["true"], 0);
+        reloader_reloads.add(&["false"], 0);
+        let reloader_reloads_by_namespace = spec.reloader_by_namespace.then(|| {
+            register(
+                r,
+                "reloader_reload_executed_total_by_namespace",
+                "Restarts that patched a workload's pod template or failed, per namespace, \
+                 counted as Stakater Reloader counts reloads.",
+                ReloadsByNamespace::default(),
+            )
+        });
         Metrics {
+            reloader_reloads,
+            reloader_reloads_by_namespace,
             events_received: counters(
                 r,
                 "wasmwatch_events_received",
@@ -242,9 +332,18 @@ impl Default for Metrics {
             registry: std::mem::take(r),
         }
     }
-}
 
-impl Metrics {
+    /// One restart attempt of a workload in `namespace`: `true` when it
+    /// patched the pod template, `false` when it failed (the executors'
+    /// `on_reload`).
+    pub fn reloaded(&self, namespace: &str, success: bool) {
+        self.reloader_reloads
+            .inc(&[if success { "true" } else { "false" }]);
+        if let Some(by_namespace) = &self.reloader_reloads_by_namespace {
+            by_namespace.inc(namespace, success);
+        }
+    }
+
     /// The OpenMetrics text of every family, ending in `# EOF`.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -454,6 +553,67 @@ mod tests {
             "{started} vs {now}"
         );
         // A complete OpenMetrics exposition ends with the EOF marker.
+        assert!(text.ends_with("\n# EOF\n"), "{text}");
+    }
+
+    /// Reloader's series, as its Go client writes them in the Prometheus
+    /// text format: `reloader_reload_executed_total{success}` both at 0
+    /// from the start; the by-namespace family only when asked for, its
+    /// samples named as the family (not `..._by_namespace_total`).
+    #[test]
+    fn reloader_series_read_as_reloaders() {
+        let m = Metrics::default();
+        let text = m.render();
+        // (Series come in no particular order; Prometheus needs none.)
+        for line in [
+            "# TYPE reloader_reload_executed counter",
+            "reloader_reload_executed_total{success=\"true\"} 0",
+            "reloader_reload_executed_total{success=\"false\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line}: {text}");
+        }
+        assert!(!text.contains("by_namespace"), "{text}");
+        m.reloaded("shop", true);
+        m.reloaded("shop", false);
+        let text = m.render();
+        assert!(
+            text.contains("\nreloader_reload_executed_total{success=\"true\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nreloader_reload_executed_total{success=\"false\"} 1\n"),
+            "{text}"
+        );
+
+        let m = Metrics::new(&MetricsSpec {
+            reloader_by_namespace: true,
+        });
+        // The family, no series before the first restart (Reloader has
+        // none either).
+        assert!(
+            m.render()
+                .contains("# TYPE reloader_reload_executed_total_by_namespace unknown\n# HELP "),
+            "{}",
+            m.render()
+        );
+        m.reloaded("shop", true);
+        m.reloaded("shop", false);
+        m.reloaded("shop", false);
+        m.reloaded("web", true);
+        let text = m.render();
+        for line in [
+            "reloader_reload_executed_total{success=\"true\"} 2",
+            "reloader_reload_executed_total{success=\"false\"} 2",
+            "reloader_reload_executed_total_by_namespace{namespace=\"shop\",success=\"false\"} 2",
+            "reloader_reload_executed_total_by_namespace{namespace=\"shop\",success=\"true\"} 1",
+            "reloader_reload_executed_total_by_namespace{namespace=\"web\",success=\"true\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line}: {text}");
+        }
+        assert!(
+            !text.contains("reloader_reload_executed_total_by_namespace_total"),
+            "{text}"
+        );
         assert!(text.ends_with("\n# EOF\n"), "{text}");
     }
 

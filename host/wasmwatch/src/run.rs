@@ -32,7 +32,7 @@ use wasmwatch_core::digest::DigestKey;
 use wasmwatch_core::{Action, ChangeEvent, Lookups, Manifest, ObjectKind};
 use wasmwatch_exec::executors::{Executors, describe_action};
 use wasmwatch_exec::pipeline::{
-    Execute, Outcome, Pipeline, PipelineConfig, Policy, Report, Submission,
+    Execute, Outcome, PauseOf, Pipeline, PipelineConfig, Policy, Report, Submission,
 };
 use wasmwatch_exec::{ExecError, Origin};
 use wasmwatch_kube::checkpoint::{
@@ -99,6 +99,8 @@ struct Service {
     /// Keys Secret digests (see `wasmwatch_core::digest`); `None` when no
     /// Secrets are watched.
     digest_key: Option<DigestKey>,
+    /// Workloads' pause periods, from the lookups' cache.
+    pause_of: PauseOf,
 }
 
 /// Runs the service until `shutdown`.
@@ -135,7 +137,7 @@ pub async fn run(
         });
     }
     let buses = wasmwatch_bus::Buses::new(&manifest.buses)?;
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::new(&manifest.metrics));
     let kube = Arc::new(wasmwatch_exec::workload::KubeExecutor::new(
         client.clone(),
         "wasmwatch",
@@ -160,6 +162,10 @@ pub async fn run(
         buses,
         kube,
         events,
+        on_reload: Some({
+            let metrics = metrics.clone();
+            Box::new(move |workload, success| metrics.reloaded(&workload.namespace, success))
+        }),
     });
 
     let mut ha = manifest.ha.clone();
@@ -237,6 +243,7 @@ pub async fn run(
         lease_namespace,
         metrics,
         digest_key,
+        pause_of: pause_of(lookups.clone()),
     });
     match elector_parts {
         None => {
@@ -319,6 +326,36 @@ async fn digest_key(
             }
         }
     }
+}
+
+/// The longest pause period honoured (a longer one holds the checkpoint
+/// back as long: a held restart's change is not done).
+const MAX_PAUSE: Duration = Duration::from_secs(3600);
+
+/// A restart's pause period: its workload's `pause-period` annotation, from
+/// the lookups' cache (no API call). A bad value is logged and ignored.
+fn pause_of(lookups: Arc<KubeLookups>) -> PauseOf {
+    Arc::new(move |action: &Action| {
+        let Action::Restart { workload, .. } = action else {
+            return None;
+        };
+        match lookups.workload(workload)?.pause_period()? {
+            Ok(d) if d > MAX_PAUSE => {
+                tracing::warn!(
+                    "{:?} {}/{}: pause period {d:?} is longer than {MAX_PAUSE:?}: using {MAX_PAUSE:?}",
+                    workload.kind,
+                    workload.namespace,
+                    workload.name
+                );
+                Some(MAX_PAUSE)
+            }
+            Ok(d) => Some(d),
+            Err(e) => {
+                tracing::warn!("{e}: no pause");
+                None
+            }
+        }
+    })
 }
 
 /// The runtime's settings for `plugins` plugins (`run` and `--dry-run`).
@@ -606,9 +643,10 @@ impl Service {
                 }
             }) as Arc<dyn Fn(&Report) + Send + Sync>
         };
-        let pipeline = Pipeline::start(
+        let pipeline = Pipeline::start_with_pauses(
             self.executors.clone() as Arc<dyn Execute>,
             PipelineConfig::from(&self.manifest.rate_limits),
+            Some(self.pause_of.clone()),
             may_act.clone(),
             Some(on_report),
             done_tx.clone(),

@@ -48,12 +48,25 @@ async fn orders(client: &kube::Client) -> (i64, BTreeMap<String, String>) {
 }
 
 async fn orders_using(client: &kube::Client, env_from: serde_json::Value) {
+    orders_annotated(
+        client,
+        serde_json::json!({"reloader.stakater.com/auto": "true"}),
+        env_from,
+    )
+    .await
+}
+
+async fn orders_annotated(
+    client: &kube::Client,
+    annotations: serde_json::Value,
+    env_from: serde_json::Value,
+) {
     workload(
         client,
         "shop",
         "Deployment",
         "orders",
-        serde_json::json!({"reloader.stakater.com/auto": "true"}),
+        annotations,
         serde_json::json!({}),
         serde_json::json!({"containers": [{"name": "app", "image": "example/app:1",
             "envFrom": env_from}]}),
@@ -212,6 +225,84 @@ async fn a_flapping_secret_rolls_the_workload_at_most_once_per_cooldown() {
     assert!(
         message.contains("Deployment shop/orders") && message.contains("cooldown"),
         "{message}"
+    );
+    drop(replica);
+}
+
+/// Reloader's `deployment.reloader.stakater.com/pause-period`: the first
+/// change rolls at once, the changes within the period wait and roll once
+/// at its end with the last content (Reloader pauses the Deployment with
+/// `spec.paused`; we hold the restart, for every kind).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_period_annotation_holds_and_merges_restarts() {
+    let e = test_env(
+        &manifest(
+            "ConfigMap",
+            "{debounce: 0s, retries: 3, backoffInitial: 100ms, backoffMax: 1s}",
+        ),
+        "shop",
+    )
+    .await;
+    let c = &e.client;
+    orders_annotated(
+        c,
+        serde_json::json!({"reloader.stakater.com/auto": "true",
+            "deployment.reloader.stakater.com/pause-period": "3s"}),
+        serde_json::json!([{"configMapRef": {"name": "a"}}]),
+    )
+    .await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "shop");
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "a"}, "data": {"v": "1"}
+    }))
+    .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let replica = start(&e).await;
+    let (generation, _) = orders(c).await;
+    let key = "config-hash.wasmwatch.io/configmap.a";
+    let hash = |v: &str| format!("configmap/a:{}", data_digest(&data(v), None));
+    let set = |v: &'static str| {
+        let cms = cms.clone();
+        async move {
+            let patch = serde_json::json!({"data": {"v": v}});
+            cms.patch("a", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
+    set("2").await;
+    let first = Instant::now();
+    eventually(
+        Duration::from_secs(5),
+        "the first restart, at once",
+        || async { orders(c).await.1.get(key) == Some(&hash("2")) },
+    )
+    .await;
+    for v in ["3", "4"] {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        set(v).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        orders(c).await,
+        (generation + 1, orders(c).await.1.clone()),
+        "held during the pause"
+    );
+    assert_eq!(orders(c).await.1.get(key), Some(&hash("2")));
+    eventually(Duration::from_secs(5), "the held restart", || async {
+        orders(c).await.1.get(key) == Some(&hash("4"))
+    })
+    .await;
+    assert!(
+        first.elapsed() >= Duration::from_millis(2800),
+        "{:?}",
+        first.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        orders(c).await.0,
+        generation + 2,
+        "two rollouts for three changes"
     );
     drop(replica);
 }

@@ -201,6 +201,18 @@ fn digest<K: serde::Serialize>(object: &K) -> String {
         .digest()
 }
 
+/// The keyed digest the host computes for a Secret: HMAC-SHA-256 under the
+/// key wasmwatch keeps in Secret `default/wasmwatch-digest-key`.
+async fn secret_digest(client: &kube::Client, secret: &Secret) -> String {
+    let keys: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let key = keys.get("wasmwatch-digest-key").await.unwrap();
+    let key = wasmwatch_core::digest::DigestKey::new(&key.data.unwrap()["key"].0).unwrap();
+    let value = serde_json::to_value(secret).unwrap();
+    wasmwatch_core::ObjectSnapshot::from_json(&value)
+        .unwrap()
+        .digest_with(Some(&key))
+}
+
 /// Reads the replica's new reports into `seen` until `done(seen)` holds.
 async fn wait_reports(
     replica: &Replica,
@@ -1206,7 +1218,7 @@ plugins:
     let ann = wait_generation::<DaemonSet>(c, "agent", 2).await;
     assert_eq!(
         ann[format!("{HASH_PREFIX}secret.agent-secret")],
-        format!("secret/agent-secret:{}", digest(&s2)),
+        format!("secret/agent-secret:{}", secret_digest(c, &s2).await),
         "{ann}"
     );
 
