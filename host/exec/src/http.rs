@@ -483,8 +483,9 @@ impl ServerCertVerifier for AcceptAnyCertificate {
 /// Discord's) or the query, and Events are readable by whoever may list
 /// them in the namespace. Kept: scheme, host, port, and path segments that
 /// look like names (`services`, `actuator`, `refresh`); replaced by `…`:
-/// user info, the query, and every path segment of 8 or more characters
-/// holding a digit (ids, tokens, UUIDs). Not a URL: shown as `…`.
+/// user info, the query, and every path segment of 20 or more characters,
+/// or of 8 or more with two digits (ids, tokens, UUIDs). Not a URL: shown
+/// as `…`.
 pub fn redact_url(url: &str) -> String {
     let Ok(uri) = url.parse::<Uri>() else {
         return "…".to_string();
@@ -500,7 +501,8 @@ pub fn redact_url(url: &str) -> String {
         .path()
         .split('/')
         .map(|seg| {
-            if seg.len() >= 8 && seg.chars().any(|c| c.is_ascii_digit()) {
+            let digits = seg.chars().filter(char::is_ascii_digit).count();
+            if seg.len() >= 20 || (seg.len() >= 8 && digits >= 2) {
                 "…"
             } else {
                 seg
