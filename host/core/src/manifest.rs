@@ -62,9 +62,23 @@ pub struct WatchSpec {
     /// stream per kind).
     #[serde(default = "all_namespaces")]
     pub namespaces: Vec<String>,
-    /// Only objects with these labels are watched (a Kubernetes label selector).
+    /// Only objects with these labels are watched (a Kubernetes label
+    /// selector; Stakater Reloader's legacy `k:v`, `k:*` are accepted too).
     #[serde(default)]
     pub label_selector: Option<LabelSelector>,
+    /// Namespaces whose objects are never delivered to any plugin
+    /// (Reloader's `--namespaces-to-ignore`). Filtered by the API server
+    /// (`metadata.namespace!=...` on every watch and lookup cache).
+    #[serde(default)]
+    pub ignore_namespaces: Vec<String>,
+    /// Only objects in namespaces whose labels match are delivered
+    /// (Reloader's `--namespace-selector`, its legacy `k:v`, `k:*`, `k=*`
+    /// accepted). The host watches Namespaces (RBAC: list and watch
+    /// `namespaces`): a namespace that gains the labels is in scope from
+    /// then on, one that loses them is out, without a restart. Objects
+    /// already there are not delivered until they change.
+    #[serde(default)]
+    pub namespace_selector: Option<LabelSelector>,
     /// Whether a change of only labels or annotations counts as a
     /// modification (by default only data changes do, as in the Spring watcher).
     #[serde(default)]
@@ -82,6 +96,8 @@ impl Default for WatchSpec {
             kinds: all_kinds(),
             namespaces: all_namespaces(),
             label_selector: None,
+            ignore_namespaces: Vec::new(),
+            namespace_selector: None,
             metadata_changes: false,
             digest_key_secret: default_digest_key_secret(),
         }
@@ -103,6 +119,21 @@ impl WatchSpec {
                 .map(|n| crate::Scope::Namespace(n.clone()))
                 .collect()
         }
+    }
+
+    /// The field selector that leaves out `ignoreNamespaces` on the API
+    /// server (`metadata.namespace!=a,metadata.namespace!=b`), `None` when
+    /// none is ignored. Every resource supports `metadata.namespace` in
+    /// field selectors.
+    pub fn field_selector(&self) -> Option<String> {
+        let unique: BTreeSet<&str> = self.ignore_namespaces.iter().map(String::as_str).collect();
+        (!unique.is_empty()).then(|| {
+            unique
+                .iter()
+                .map(|n| format!("metadata.namespace!={n}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
     }
 }
 
@@ -741,8 +772,46 @@ impl Manifest {
             );
         }
         let watch_all = self.watch.namespaces.iter().any(|n| n == "*");
+        let ignored = |n: &String| self.watch.ignore_namespaces.contains(n);
+        for (i, n) in self.watch.ignore_namespaces.iter().enumerate() {
+            if self.watch.namespaces.contains(n) {
+                warn(
+                    format!("watch.ignoreNamespaces[{i}]"),
+                    format!(
+                        "{n:?} is also in watch.namespaces: it is watched, but none of its objects is ever delivered"
+                    ),
+                );
+            }
+        }
+        if !watch_all && self.watch.namespaces.iter().all(ignored) {
+            warn(
+                "watch.ignoreNamespaces".into(),
+                "ignores every namespace of watch.namespaces: nothing is ever delivered".into(),
+            );
+        }
+        if let Some(sel) = &self.watch.namespace_selector
+            && let Some(why) = LabelSelector::never_matches(&[sel])
+        {
+            warn(
+                "watch.namespaceSelector".into(),
+                format!(
+                    "{:?} never matches: {why}; no namespace is ever in scope",
+                    sel.as_str()
+                ),
+            );
+        }
         for (i, p) in self.plugins.iter().enumerate() {
             let at = format!("plugins[{i}].events");
+            for (j, n) in p.events.namespaces.iter().enumerate() {
+                if ignored(n) {
+                    warn(
+                        format!("{at}.namespaces[{j}]"),
+                        format!(
+                            "{n:?} is in watch.ignoreNamespaces: the plugin never gets events from it"
+                        ),
+                    );
+                }
+            }
             if p.events.kinds.is_empty() {
                 warn(
                     format!("{at}.kinds"),
@@ -855,6 +924,14 @@ impl Manifest {
             bad("watch.kinds".into(), "must name at least one kind".into());
         }
         check_namespaces(&self.watch.namespaces, "watch.namespaces", &mut bad);
+        for (i, n) in self.watch.ignore_namespaces.iter().enumerate() {
+            if !is_dns_label(n) {
+                bad(
+                    format!("watch.ignoreNamespaces[{i}]"),
+                    format!("{n:?} is not a valid namespace name"),
+                );
+            }
+        }
         if !is_dns_subdomain(&self.watch.digest_key_secret) {
             bad(
                 "watch.digestKeySecret".into(),

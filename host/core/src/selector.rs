@@ -234,19 +234,57 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
     Ok(Requirement::Exists(key(p)?))
 }
 
+/// Stakater Reloader's legacy forms of a requirement, as its
+/// `--namespace-selector` and `--resource-label-selector` convert them
+/// (`GetNamespaceLabelSelector`): `k:v` is `k=v`, and `k:*` and `k=*` are
+/// `k` (the label exists, any value). Neither `:` nor `*` can appear in a
+/// valid selector's keys or values, so no valid selector changes meaning.
+/// The selector with its requirements converted, `None` when none was.
+fn reloader_legacy(s: &str) -> Option<String> {
+    let parts = split_top(s).ok()?;
+    let mut changed = false;
+    let converted: Vec<String> = parts
+        .iter()
+        .map(|part| {
+            let p = part.trim();
+            let legacy = if p.contains('(') {
+                None
+            } else if let Some((k, v)) = p.split_once(':') {
+                Some(match v.trim() {
+                    "*" => k.trim().to_string(),
+                    v => format!("{}={v}", k.trim()),
+                })
+            } else {
+                p.split_once('=')
+                    .filter(|(k, v)| v.trim() == "*" && !k.ends_with('!') && !k.contains('='))
+                    .map(|(k, _)| k.trim().to_string())
+            };
+            match legacy {
+                Some(l) => {
+                    changed = true;
+                    l
+                }
+                None => part.to_string(),
+            }
+        })
+        .collect();
+    changed.then(|| converted.join(","))
+}
+
 impl FromStr for LabelSelector {
     type Err = String;
+    /// The string form, and Reloader's legacy forms (`k:v`, `k:*`, `k=*`;
+    /// see [`reloader_legacy`]), which [`LabelSelector::as_str`] then
+    /// gives converted, as the API server must get them.
     fn from_str(s: &str) -> Result<Self, String> {
         if s.trim().is_empty() {
             return Ok(LabelSelector::default());
         }
-        let reqs = split_top(s)
+        let raw = reloader_legacy(s).unwrap_or_else(|| s.to_string());
+        let reqs = split_top(&raw)
             .and_then(|parts| parts.into_iter().map(parse_requirement).collect())
             .map_err(|e| format!("invalid label selector {s:?}: {e}"))?;
-        Ok(LabelSelector {
-            raw: s.to_string(),
-            reqs,
-        })
+        Ok(LabelSelector { raw, reqs })
     }
 }
 
@@ -363,6 +401,41 @@ mod tests {
             &[""],
         ] {
             assert_eq!(never(fine), None, "{fine:?}");
+        }
+    }
+
+    /// Reloader's `--namespace-selector` / `--resource-label-selector`
+    /// values as its `GetNamespaceLabelSelector` converts them.
+    #[test]
+    fn reloaders_legacy_forms_are_converted() {
+        for (given, want) in [
+            ("reloader:enabled", "reloader=enabled"),
+            ("reloader:*", "reloader"),
+            ("reloader=*", "reloader"),
+            ("team:shop, env:*", "team=shop,env"),
+            (
+                "example.com/team:shop,tier=front",
+                "example.com/team=shop,tier=front",
+            ),
+            ("app in (a,b),team:shop", "app in (a,b),team=shop"),
+            // Valid selectors are left as they are.
+            ("team=shop, env", "team=shop, env"),
+            ("app in (a,b)", "app in (a,b)"),
+        ] {
+            let s: LabelSelector = given.parse().unwrap();
+            assert_eq!(s.as_str(), want, "{given}");
+            assert_eq!(s, want.parse().unwrap(), "{given}");
+        }
+        let l = labels(&[("reloader", "enabled")]);
+        assert!("reloader:*".parse::<LabelSelector>().unwrap().matches(&l));
+        assert!(!"reloader:off".parse::<LabelSelector>().unwrap().matches(&l));
+        // Still refused: what no form makes valid.
+        for bad in ["a!=*", "a:b:c", "a=b:c", "a==*"] {
+            let e = bad.parse::<LabelSelector>().unwrap_err();
+            assert!(
+                e.starts_with(&format!("invalid label selector {bad:?}")),
+                "{e}"
+            );
         }
     }
 

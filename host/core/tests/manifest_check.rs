@@ -184,3 +184,86 @@ plugins:
     assert!(shortfalls(&m, 3, &refresh).is_empty());
     assert!(shortfalls(&m, 3, &bus).is_empty());
 }
+
+/// `watch.ignoreNamespaces` and `watch.namespaceSelector` (Reloader's
+/// `--namespaces-to-ignore` and `--namespace-selector`): names checked,
+/// the overlaps and contradictions warned about, the API server's field
+/// selector and Reloader's legacy selector forms.
+#[test]
+fn ignored_namespaces_and_the_namespace_selector() {
+    let yaml = |watch: &str, events: &str| {
+        format!(
+            "apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nwatch: {watch}\nplugins:\n  - name: a\n    module: a.wasm\n    sha256: {}\n    events: {events}\n",
+            sha()
+        )
+    };
+    let checked = Manifest::check(
+        &yaml(
+            "{ignoreNamespaces: [kube-system, Bad_Name, \"*\"], namespaceSelector: \"team in (a\"}",
+            "{}",
+        ),
+        Path::new("."),
+    );
+    assert_eq!(
+        shown(&checked.errors),
+        [
+            "watch.namespaceSelector: invalid label selector \"team in (a\": unbalanced parentheses",
+            "watch.ignoreNamespaces[1]: \"Bad_Name\" is not a valid namespace name",
+            "watch.ignoreNamespaces[2]: \"*\" is not a valid namespace name",
+        ]
+    );
+
+    let m = Manifest::parse(
+        &yaml(
+            "{namespaces: [shop, billing], ignoreNamespaces: [billing, kube-system, billing], namespaceSelector: \"env=prod,env=dev\"}",
+            "{namespaces: [kube-system, shop]}",
+        ),
+        Path::new("."),
+    )
+    .expect("valid");
+    assert_eq!(
+        shown(&m.warnings()),
+        [
+            "watch.ignoreNamespaces[0]: \"billing\" is also in watch.namespaces: it is watched, but none of its objects is ever delivered",
+            "watch.ignoreNamespaces[2]: \"billing\" is also in watch.namespaces: it is watched, but none of its objects is ever delivered",
+            "watch.namespaceSelector: \"env=prod,env=dev\" never matches: label \"env\" cannot satisfy \"env=prod\" and \"env=dev\" at once; no namespace is ever in scope",
+            "plugins[0].events.namespaces[0]: \"kube-system\" is in watch.ignoreNamespaces: the plugin never gets events from it",
+            "plugins[0].events.namespaces[0]: \"kube-system\" is not in watch.namespaces (shop, billing): the plugin never gets events from it",
+        ]
+    );
+    assert_eq!(
+        m.watch.field_selector().as_deref(),
+        Some("metadata.namespace!=billing,metadata.namespace!=kube-system")
+    );
+
+    let m = Manifest::parse(
+        &yaml("{namespaces: [shop], ignoreNamespaces: [shop]}", "{}"),
+        Path::new("."),
+    )
+    .unwrap();
+    assert_eq!(
+        shown(&m.warnings()),
+        [
+            "watch.ignoreNamespaces[0]: \"shop\" is also in watch.namespaces: it is watched, but none of its objects is ever delivered",
+            "watch.ignoreNamespaces: ignores every namespace of watch.namespaces: nothing is ever delivered",
+        ]
+    );
+
+    // Reloader's legacy forms, converted as Reloader converts them.
+    let m = Manifest::parse(
+        &yaml(
+            "{namespaceSelector: \"reloader:enabled, team:*\", labelSelector: \"reloader=*\"}",
+            "{}",
+        ),
+        Path::new("."),
+    )
+    .unwrap();
+    let sel = m.watch.namespace_selector.as_ref().unwrap();
+    assert_eq!(sel.as_str(), "reloader=enabled,team");
+    assert_eq!(
+        m.watch.label_selector.as_ref().unwrap().as_str(),
+        "reloader"
+    );
+    assert!(m.warnings().is_empty(), "{:?}", m.warnings());
+    assert_eq!(m.watch.field_selector(), None);
+}

@@ -12,12 +12,16 @@
 //!   template references.
 //! - [`digest_key`]: the key of Secret digests, kept in a Secret in
 //!   wasmwatch's namespace.
+//! - [`namespaces`]: which namespaces' objects are delivered
+//!   (`watch.ignoreNamespaces`, `watch.namespaceSelector`), kept up to date
+//!   by a watch of Namespaces.
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
 pub mod digest_key;
 pub mod elector;
 pub mod lookups;
+pub mod namespaces;
 pub mod references;
 pub mod term;
 pub mod watchloop;

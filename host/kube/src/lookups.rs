@@ -15,6 +15,12 @@
 //! and dropped. The annotation `kubectl.kubernetes.io/last-applied-configuration`
 //! (a copy of the whole object, often the largest thing in it) is not kept.
 //!
+//! [`KubeLookups::start_with`] passes a field selector to every watch: the
+//! manifest's `watch.ignoreNamespaces` as `metadata.namespace!=...`, so the
+//! API server leaves those namespaces' objects out. `watch.namespaceSelector`
+//! does not narrow the caches: a namespace that comes into scope has its
+//! workloads and Services cached already.
+//!
 //! A relist (after an error or a 410) applies the listed objects as they come
 //! and, when the list is complete, removes the objects of that stream that
 //! were not listed: between the two, a deleted object may still be answered.
@@ -71,6 +77,17 @@ impl KubeLookups {
     /// Starts the watches: cluster-wide when `namespaces` is `None`, else one
     /// per kind and namespace. Must be called inside a tokio runtime.
     pub fn start(client: Client, namespaces: Option<Vec<String>>) -> Arc<KubeLookups> {
+        KubeLookups::start_with(client, namespaces, None)
+    }
+
+    /// [`KubeLookups::start`], every watch with this field selector
+    /// (`metadata.namespace!=a,...`: the namespaces the manifest ignores,
+    /// whose objects are then neither fetched nor kept).
+    pub fn start_with(
+        client: Client,
+        namespaces: Option<Vec<String>>,
+        field_selector: Option<String>,
+    ) -> Arc<KubeLookups> {
         let scopes: Vec<Option<String>> = match namespaces {
             None => vec![None],
             Some(list) => {
@@ -86,6 +103,7 @@ impl KubeLookups {
             let ctx = StreamCtx {
                 client: &client,
                 scope,
+                fields: field_selector.as_deref(),
                 cache: &cache,
                 pending: &pending_tx,
             };
@@ -167,6 +185,7 @@ impl Lookups for KubeLookups {
 struct StreamCtx<'a> {
     client: &'a Client,
     scope: &'a Option<String>,
+    fields: Option<&'a str>,
     cache: &'a Arc<RwLock<Cache>>,
     pending: &'a Arc<watch::Sender<usize>>,
 }
@@ -182,9 +201,14 @@ impl StreamCtx<'_> {
             kind = K::KIND,
             namespace = self.scope.as_deref().unwrap_or("*")
         );
+        let mut config = watcher::Config::default();
+        if let Some(fields) = self.fields {
+            config = config.fields(fields);
+        }
         tokio::spawn(
             run_stream(
                 api,
+                config,
                 self.scope.clone(),
                 self.cache.clone(),
                 self.pending.clone(),
@@ -198,11 +222,12 @@ impl StreamCtx<'_> {
 /// retried with the watcher's default backoff).
 async fn run_stream<K: Cached>(
     api: Api<K>,
+    config: watcher::Config,
     scope: Option<String>,
     cache: Arc<RwLock<Cache>>,
     pending: Arc<watch::Sender<usize>>,
 ) {
-    let mut stream = pin!(watcher(api, watcher::Config::default()).default_backoff());
+    let mut stream = pin!(watcher(api, config).default_backoff());
     let mut state = StreamState::new(scope);
     while let Some(item) = stream.next().await {
         let event = match item {

@@ -33,6 +33,9 @@ pub struct WatchTarget {
     pub kind: ObjectKind,
     pub scope: Scope,
     pub label_selector: Option<String>,
+    /// A field selector for the list and the watch
+    /// (`metadata.namespace!=a,...`: the manifest's `watch.ignoreNamespaces`).
+    pub field_selector: Option<String>,
     /// Count label/annotation-only changes as modifications.
     pub metadata_changes: bool,
     /// Keys the digests of this kind's objects (Secrets; see
@@ -255,6 +258,9 @@ impl WatchLoop {
         if let Some(sel) = &self.target.label_selector {
             lp = lp.labels(sel);
         }
+        if let Some(sel) = &self.target.field_selector {
+            lp = lp.fields(sel);
+        }
         let list = self.api.list_metadata(&lp).await?;
         Ok(list.metadata.resource_version.unwrap_or_default())
     }
@@ -344,6 +350,9 @@ impl WatchLoop {
         let mut lp = ListParams::default().limit(LIST_PAGE);
         if let Some(sel) = &self.target.label_selector {
             lp = lp.labels(sel);
+        }
+        if let Some(sel) = &self.target.field_selector {
+            lp = lp.fields(sel);
         }
         if let Some(t) = token {
             lp = lp.continue_token(&t);
@@ -466,6 +475,9 @@ impl WatchLoop {
                 wp.bookmarks = true;
                 if let Some(sel) = &self.target.label_selector {
                     wp = wp.labels(sel);
+                }
+                if let Some(sel) = &self.target.field_selector {
+                    wp = wp.fields(sel);
                 }
                 let stream = match self.api.watch(&wp, &from).await {
                     Ok(stream) => stream,

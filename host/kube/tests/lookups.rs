@@ -598,6 +598,40 @@ async fn only_the_given_namespaces_are_watched() {
     drop(server);
 }
 
+/// `watch.ignoreNamespaces`: the API server leaves those namespaces'
+/// objects out of every cache's list and watch (a field selector).
+#[tokio::test]
+async fn ignored_namespaces_are_left_out_by_the_api_server() {
+    let (server, client) = server().await;
+    for ns in ["a", "legacy"] {
+        namespace(&client, ns).await;
+        create::<Deployment>(&client, ns, workload("w", json!({}), json!({}), env_pod())).await;
+        create::<Service>(&client, ns, service("s", json!({"x": "y"}), json!({}))).await;
+    }
+    let lookups = KubeLookups::start_with(
+        client.clone(),
+        None,
+        Some("metadata.namespace!=legacy,metadata.namespace!=other".into()),
+    );
+    ready(&lookups).await;
+    assert_eq!(
+        referencing(&lookups, CM, "a", "env-cm"),
+        [(DEP, "w".into())]
+    );
+    assert!(referencing(&lookups, CM, "legacy", "env-cm").is_empty());
+    assert!(lookups.service("legacy", "s").is_none());
+    for ns in ["a", "legacy"] {
+        create::<Deployment>(&client, ns, workload("w2", json!({}), json!({}), env_pod())).await;
+    }
+    eventually("a's new Deployment", || {
+        referencing(&lookups, CM, "a", "env-cm").len() == 2
+    })
+    .await;
+    assert!(lookups.workload(&wref(DEP, "legacy", "w2")).is_none());
+    assert_eq!(lookups.stats().namespaces, 1);
+    drop(server);
+}
+
 #[tokio::test]
 async fn the_caches_heal_after_failures_and_expired_history() {
     let (server, client) = server().await;

@@ -12,6 +12,7 @@ fn target(ns: Option<&str>) -> WatchTarget {
         kind: ObjectKind::ConfigMap,
         scope: ns.map_or(Scope::All, |ns| Scope::Namespace(ns.to_string())),
         label_selector: None,
+        field_selector: None,
         metadata_changes: false,
         digest_key: None,
     }

@@ -538,6 +538,8 @@ over_both_rollout_restarts!(
     rollout_restart_alert_mode_restarts_and_alerts_once_per_workload,
     rollout_restart_alert_sinks_are_reloaders_formats,
     rollout_restart_mode_config_errors_name_the_field,
+    rollout_restart_custom_annotation_names_replace_reloaders,
+    rollout_restart_custom_annotation_names_are_checked,
 );
 
 /// rollout-restart `module` (a testkit component name) with these workloads.
@@ -715,6 +717,7 @@ fn rollout_restart_kind_specific_auto_fires_only_for_its_kind(module: &str) {
         "{}",
     );
     assert_eq!(restarted(&plugin, &modified(&ORDERS)), ["cm-only", "ww-cm"]);
+    // configmaps.exclude names ConfigMaps only.
     assert_eq!(
         restarted(&plugin, &modified(&secret("orders"))),
         ["secret-only", "ww-secret"]
@@ -1288,4 +1291,170 @@ fn rollout_restart_mode_config_errors_name_the_field(module: &str) {
             "{module} {config}:\n{err}\nwant\n{want}"
         );
     }
+}
+
+// ------------------------------------- rollout-restart custom annotations
+
+/// Reloader's custom annotation flags (`--auto-annotation`, ...) as config
+/// `annotations`: each key is read instead of Reloader's, ours stay read,
+/// the exclude keys (no flag in Reloader) stay.
+fn rollout_restart_custom_annotation_names_replace_reloaders(module: &str) {
+    let refs = [(CM, "orders"), (SECRET, "orders")];
+    let plugin = rollout(
+        module,
+        vec![
+            deploy("custom-auto", &[("acme.io/auto", "true")], &refs),
+            deploy(
+                "reloader-auto",
+                &[("reloader.stakater.com/auto", "true")],
+                &refs,
+            ),
+            deploy("ours-auto", &[("wasmwatch.io/auto", "true")], &refs),
+            deploy("custom-typed", &[("acme.io/auto-cm", "true")], &refs),
+            deploy("custom-named", &[("acme.io/reload-cm", "ord.*")], &refs),
+            deploy(
+                "reloader-named",
+                &[("configmap.reloader.stakater.com/reload", "orders")],
+                &refs,
+            ),
+            deploy("custom-search", &[("acme.io/search", "true")], &refs),
+            deploy(
+                "excluded",
+                &[
+                    ("acme.io/auto", "true"),
+                    ("configmaps.exclude.reloader.stakater.com/reload", "orders"),
+                ],
+                &refs,
+            ),
+            // The pod template is read when the workload holds none of
+            // the (renamed) keys.
+            workload(
+                WorkloadKind::Deployment,
+                "template-custom",
+                &[("reloader.stakater.com/auto", "false")],
+                &[("acme.io/auto", "true")],
+                &refs,
+            ),
+            // Not renamed: Reloader's default key.
+            deploy(
+                "secret-auto",
+                &[("secret.reloader.stakater.com/auto", "true")],
+                &refs,
+            ),
+        ],
+        "{annotations: {auto: acme.io/auto, configmapAuto: acme.io/auto-cm, configmapReload: acme.io/reload-cm, search: acme.io/search, match: acme.io/match, ignore: acme.io/ignore}}",
+    );
+    let changed = [
+        "custom-auto",
+        "ours-auto",
+        "custom-typed",
+        "custom-named",
+        "template-custom",
+    ];
+    assert_eq!(restarted(&plugin, &modified(&ORDERS)), changed);
+    let matching = Obj {
+        annotations: &[("acme.io/match", "true")],
+        ..ORDERS
+    };
+    assert_eq!(
+        restarted(&plugin, &modified(&matching)),
+        [
+            "custom-auto",
+            "ours-auto",
+            "custom-typed",
+            "custom-named",
+            "custom-search",
+            "template-custom",
+        ]
+    );
+    let reloader_match = Obj {
+        annotations: &[("reloader.stakater.com/match", "true")],
+        ..ORDERS
+    };
+    assert_eq!(restarted(&plugin, &modified(&reloader_match)), changed);
+    for (key, ignored) in [
+        ("acme.io/ignore", true),
+        ("wasmwatch.io/ignore", true),
+        ("reloader.stakater.com/ignore", false),
+    ] {
+        let o = Obj {
+            annotations: &[(key, "true")],
+            ..ORDERS
+        };
+        let got = restarted(&plugin, &modified(&o));
+        assert_eq!(got.is_empty(), ignored, "{key}: {got:?}");
+    }
+    // configmaps.exclude names ConfigMaps only.
+    assert_eq!(
+        restarted(&plugin, &modified(&secret("orders"))),
+        [
+            "custom-auto",
+            "ours-auto",
+            "excluded",
+            "template-custom",
+            "secret-auto"
+        ]
+    );
+    // A key renamed to its own wasmwatch.io/ name: only ours is read
+    // (wasmwatch beside a Reloader that keeps Reloader's annotations).
+    let ours_only = rollout(
+        module,
+        vec![
+            deploy(
+                "reloader-auto",
+                &[("reloader.stakater.com/auto", "true")],
+                &refs,
+            ),
+            deploy("ours-auto", &[("wasmwatch.io/auto", "true")], &refs),
+        ],
+        "{annotations: {auto: wasmwatch.io/auto}}",
+    );
+    assert_eq!(restarted(&ours_only, &modified(&ORDERS)), ["ours-auto"]);
+}
+
+fn rollout_restart_custom_annotation_names_are_checked(module: &str) {
+    for (config, want) in [
+        (
+            "{annotations: {auto: \"acme.io/auto x\"}}",
+            r#"annotations.auto: "acme.io/auto x" is not a valid annotation key ([prefix/]name: a name of at most 63 letters, digits, '-', '_' or '.' that starts and ends with a letter or digit, after an optional lower-case DNS subdomain and '/')"#,
+        ),
+        (
+            "{annotations: {ignore: \"Acme.io/ignore\"}}",
+            r#"annotations.ignore: "Acme.io/ignore" is not a valid annotation key"#,
+        ),
+        (
+            "{annotations: {search: reloader.stakater.com/auto}}",
+            r#"annotations.search: "reloader.stakater.com/auto" is already the name of the auto annotation; each needs its own"#,
+        ),
+        (
+            "{annotations: {match: acme.io/x, ignore: acme.io/x}}",
+            r#"annotations.match: "acme.io/x" is already the name of the ignore annotation; each needs its own"#,
+        ),
+        (
+            "{annotations: {secretReload: wasmwatch.io/exclude-secrets}}",
+            r#"annotations.secretReload: "wasmwatch.io/exclude-secrets" is already the name of the exclude annotation; each needs its own"#,
+        ),
+        (
+            "{annotations: {reload: acme.io/reload}}",
+            "unknown field `reload`, expected one of `auto`, `configmapAuto`, `secretAuto`, `configmapReload`, `secretReload`, `search`, `match`, `ignore`",
+        ),
+        (
+            "{annotations: {auto: 5}}",
+            "invalid type: integer `5`, expected a string",
+        ),
+    ] {
+        let err = rollout_config_error(module, config);
+        let want = format!("plugin `restart`: rejected its config: rollout-restart config: {want}");
+        assert!(
+            err.starts_with(&want),
+            "{module} {config}:\n{err}\nwant\n{want}"
+        );
+    }
+    // Both kinds' named reloads under one key, and typed auto under
+    // Reloader's untyped key: each still means one thing.
+    rollout(
+        module,
+        vec![],
+        "{annotations: {configmapReload: acme.io/reload, secretReload: acme.io/reload, secretAuto: reloader.stakater.com/auto}}",
+    );
 }

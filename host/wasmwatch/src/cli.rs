@@ -414,6 +414,12 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                     "note: plugin {plugin:?} would not get this event (its manifest entry's `events` filter does not select it); running it anyway"
                 );
             }
+            if m.watch.ignore_namespaces.contains(&event.object.namespace) {
+                eprintln!(
+                    "note: namespace {:?} is in watch.ignoreNamespaces: `run` never delivers its changes; running the plugin anyway",
+                    event.object.namespace
+                );
+            }
             let decision = loaded.handle_blocking(&event)?;
             println!("{}", serde_json::to_string_pretty(&decision)?);
             Ok(ExitCode::SUCCESS)

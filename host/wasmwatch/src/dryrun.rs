@@ -41,7 +41,16 @@ pub async fn run(
         .await
         .context("cannot configure the Kubernetes client")?;
     // The caches `run` builds, for the same namespaces.
-    let lookups = KubeLookups::start(client.clone(), crate::run::watched_namespaces(&manifest));
+    let lookups = KubeLookups::start_with(
+        client.clone(),
+        crate::run::watched_namespaces(&manifest),
+        manifest.watch.field_selector(),
+    );
+    // The namespaces whose changes `run` delivers.
+    let in_scope = wasmwatch_kube::namespaces::NamespaceWatch::start(
+        client.clone(),
+        wasmwatch_core::scope::NamespaceScope::of(&manifest.watch),
+    );
     let runtime = Runtime::new(
         crate::run::runtime_config(cache_dir, manifest.plugins.len()),
         lookups.clone() as Arc<dyn Lookups>,
@@ -72,7 +81,7 @@ pub async fn run(
     };
     tokio::pin!(shutdown);
     tokio::select! {
-        _ = lookups.ready() => {}
+        _ = async { tokio::join!(lookups.ready(), in_scope.ready()) } => {}
         _ = &mut shutdown => return Ok(()),
     }
 
@@ -89,6 +98,7 @@ pub async fn run(
                     .label_selector
                     .as_ref()
                     .map(|s| s.as_str().to_string()),
+                field_selector: manifest.watch.field_selector(),
                 metadata_changes: manifest.watch.metadata_changes,
                 digest_key: match kind {
                     ObjectKind::Secret => digest_key.clone(),
@@ -133,7 +143,7 @@ pub async fn run(
         json!({"ready": true, "plugins": plugins.len(), "watches": watches})
     );
     for output in early {
-        show(&plugins, &lookups, output).await;
+        show(&plugins, &lookups, &in_scope, output).await;
     }
     loop {
         let output = tokio::select! {
@@ -141,7 +151,7 @@ pub async fn run(
             _ = &mut shutdown => break,
         };
         let Some((_, output)) = output else { break };
-        show(&plugins, &lookups, output).await;
+        show(&plugins, &lookups, &in_scope, output).await;
     }
     abort(&loops);
     Ok(())
@@ -153,8 +163,14 @@ fn abort(tasks: &[tokio::task::JoinHandle<()>]) {
     }
 }
 
-/// Prints what each selecting plugin decides about a change.
-async fn show(plugins: &[Arc<Plugin>], lookups: &KubeLookups, output: Output) {
+/// Prints what each selecting plugin decides about a change (none when
+/// its namespace is out of scope).
+async fn show(
+    plugins: &[Arc<Plugin>],
+    lookups: &KubeLookups,
+    in_scope: &wasmwatch_kube::namespaces::NamespaceWatch,
+    output: Output,
+) {
     let Output::Change {
         event,
         resource_version,
@@ -162,6 +178,9 @@ async fn show(plugins: &[Arc<Plugin>], lookups: &KubeLookups, output: Output) {
     else {
         return;
     };
+    if !in_scope.admits(&event.object.namespace) {
+        return;
+    }
     let object = format!("{}/{}", event.object.namespace, event.object.name);
     let unkeyed = event
         .unkeyed_digest

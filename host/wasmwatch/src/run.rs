@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! start: manifest → plugins (compiled, checked) → caches (workloads, Services)
+//!        → namespace scope (ignored, selected by a watch of Namespaces)
 //!        → admin port (/healthz, /readyz, /leader)
 //! HA on:  elector ──leading──▶ lead(term) ──not leading / fenced──▶ wait again
 //! HA off: lead() at once, no checkpoints (each start takes a baseline)
@@ -9,7 +10,8 @@
 //! lead(term):
 //!   claim the state Lease (checkpoints + object indexes of the last term)
 //!   one WatchLoop per kind × namespace, resuming from its checkpoint
-//!   Change ─▶ plugins whose filter selects it ─▶ pipeline (debounce, retry)
+//!   Change ─▶ (its namespace in scope: NamespaceWatch) ─▶ plugins whose
+//!          filter selects it ─▶ pipeline (debounce, retry)
 //!          ─▶ executors (fenced) ─▶ done ─▶ Progress ─▶ batched save
 //! ```
 //!
@@ -40,6 +42,7 @@ use wasmwatch_kube::checkpoint::{
 };
 use wasmwatch_kube::elector::{Elector, ElectorConfig, Fence, Leadership};
 use wasmwatch_kube::lookups::KubeLookups;
+use wasmwatch_kube::namespaces::NamespaceWatch;
 use wasmwatch_kube::term::{Effect, End, Input, Saved, Start, Term};
 use wasmwatch_kube::watchloop::{Output, WatchLoop, WatchTarget};
 use wasmwatch_runtime::{Plugin, Runtime, RuntimeConfig};
@@ -101,6 +104,9 @@ struct Service {
     digest_key: Option<DigestKey>,
     /// Workloads' pause periods, from the lookups' cache.
     pause_of: PauseOf,
+    /// Which namespaces' objects are delivered (`watch.ignoreNamespaces`,
+    /// `watch.namespaceSelector`).
+    namespaces: Arc<NamespaceWatch>,
 }
 
 /// Runs the service until `shutdown`.
@@ -122,8 +128,15 @@ pub async fn run(
             .await
             .context("cannot configure the Kubernetes client")?,
     };
-    let namespaces = watched_namespaces(&manifest);
-    let lookups = KubeLookups::start(client.clone(), namespaces.clone());
+    let lookups = KubeLookups::start_with(
+        client.clone(),
+        watched_namespaces(&manifest),
+        manifest.watch.field_selector(),
+    );
+    let in_scope = NamespaceWatch::start(
+        client.clone(),
+        wasmwatch_core::scope::NamespaceScope::of(&manifest.watch),
+    );
     let runtime = Runtime::new(
         runtime_config(options.cache_dir.clone(), manifest.plugins.len()),
         lookups.clone() as Arc<dyn Lookups>,
@@ -219,7 +232,13 @@ pub async fn run(
         key = digest_key(&client, &manifest, &lease_namespace) => key?,
         _ = &mut shutdown => return Ok(()),
     };
-    lookups.ready().await;
+    // The caches filled, and the namespaces in scope known: changes are
+    // routed by namespace from the first one on. (Without RBAC on
+    // namespaces the second never comes: not ready, and a SIGTERM ends it.)
+    tokio::select! {
+        _ = async { tokio::join!(lookups.ready(), in_scope.ready()) } => {}
+        _ = &mut shutdown => return Ok(()),
+    }
     ready_tx.send_replace(true);
     if options.announce {
         println!(
@@ -244,6 +263,7 @@ pub async fn run(
         metrics,
         digest_key,
         pause_of: pause_of(lookups.clone()),
+        namespaces: in_scope,
     });
     match elector_parts {
         None => {
@@ -528,7 +548,15 @@ impl Service {
         let covers = |kind: ObjectKind, scope: &wasmwatch_core::Scope| claimed.covers(kind, scope);
         let route = {
             let plugins: Vec<Arc<Plugin>> = self.plugins.iter().map(|l| l.plugin.clone()).collect();
+            let in_scope = self.namespaces.clone();
             Box::new(move |event: &ChangeEvent| {
+                // Ignored, or not selected now: handled, by no plugin. The
+                // watch loops still index the object, so its next change
+                // once its namespace is in scope is told against this one.
+                if !in_scope.admits(&event.object.namespace) {
+                    tracing::debug!(namespace = %event.object.namespace, "not delivered: namespace out of scope");
+                    return Vec::new();
+                }
                 plugins
                     .iter()
                     .enumerate()
@@ -562,6 +590,7 @@ impl Service {
                         .label_selector
                         .as_ref()
                         .map(|s| s.as_str().to_string()),
+                    field_selector: self.manifest.watch.field_selector(),
                     metadata_changes: self.manifest.watch.metadata_changes,
                     digest_key: match kind {
                         ObjectKind::Secret => self.digest_key.clone(),

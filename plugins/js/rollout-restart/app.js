@@ -15,6 +15,10 @@
 // Each action: reason `ConfigMap shop/orders changed` (`created`,
 // `deleted`), content hash `configmap/<name>:<digest>` (`...:deleted`).
 // Config: {"reloadOnCreate": false, "reloadOnDelete": false, "autoReloadAll": false}.
+// `annotations` ({auto, configmapAuto, secretAuto, configmapReload,
+// secretReload, search, match, ignore}) names keys read instead of
+// Reloader's, as Reloader's custom annotation flags do; the
+// `wasmwatch.io/` names stay read.
 //
 // `mode` picks what happens to the selected workloads: `restart` (default);
 // `webhook`: no restart, one POST per change to `webhook.url` (when a
@@ -44,6 +48,7 @@ const CONFIG = {
   mode: { type: 'string', nullable: true },
   webhook: { type: 'object', nullable: true },
   alert: { type: 'object', nullable: true },
+  annotations: { type: 'object', nullable: true },
 };
 /** @satisfies {Record<string, import('../sdk/index.js').FieldSpec>} */
 const WEBHOOK = {
@@ -57,6 +62,86 @@ const ALERT = {
   sink: { type: 'string', nullable: true },
   additionalInfo: { type: 'string', nullable: true },
 };
+// `annotations`: Reloader's custom annotation flags, each replacing its key.
+// [field, family, Reloader's default]; the order of the checks.
+/** @type {[string, string, string][]} */
+const NAMES = [
+  ['auto', 'auto', 'reloader.stakater.com/auto'],
+  ['configmapAuto', 'auto', 'configmap.reloader.stakater.com/auto'],
+  ['secretAuto', 'auto', 'secret.reloader.stakater.com/auto'],
+  ['configmapReload', 'reload', 'configmap.reloader.stakater.com/reload'],
+  ['secretReload', 'reload', 'secret.reloader.stakater.com/reload'],
+  ['search', 'search', 'reloader.stakater.com/search'],
+  ['match', 'match', 'reloader.stakater.com/match'],
+  ['ignore', 'ignore', 'reloader.stakater.com/ignore'],
+];
+/** @type {Record<string, import('../sdk/index.js').FieldSpec>} */
+const ANNOTATION_NAMES = Object.fromEntries(NAMES.map(([field]) => [field, { type: 'string', nullable: true }]));
+// The keys no field renames, with what they mean.
+/** @type {[string, string][]} */
+const FIXED_KEYS = [
+  ['auto', 'wasmwatch.io/auto'],
+  ['auto', 'wasmwatch.io/auto-configmaps'],
+  ['auto', 'wasmwatch.io/auto-secrets'],
+  ['reload', 'wasmwatch.io/reload-configmaps'],
+  ['reload', 'wasmwatch.io/reload-secrets'],
+  ['exclude', 'wasmwatch.io/exclude-configmaps'],
+  ['exclude', 'wasmwatch.io/exclude-secrets'],
+  ['exclude', 'configmaps.exclude.reloader.stakater.com/reload'],
+  ['exclude', 'secrets.exclude.reloader.stakater.com/reload'],
+  ['search', 'wasmwatch.io/search'],
+  ['match', 'wasmwatch.io/match'],
+  ['ignore', 'wasmwatch.io/ignore'],
+];
+
+/**
+ * `key` is a Kubernetes annotation key: `[prefix/]name`, the name at most
+ * 63 of `[A-Za-z0-9-_.]` starting and ending alphanumeric, the prefix a
+ * lower-case DNS subdomain of at most 253 characters.
+ * @param {string} key
+ */
+function annotationKeyOk(key) {
+  const slash = key.indexOf('/');
+  const prefix = slash < 0 ? undefined : key.slice(0, slash);
+  const name = slash < 0 ? key : key.slice(slash + 1);
+  const nameOk = name.length <= 63 && /^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$/.test(name);
+  const label = /^[a-z0-9]([a-z0-9-]*[a-z0-9])?$/;
+  return nameOk && (prefix === undefined || (prefix.length <= 253 && prefix.split('.').every((l) => label.test(l))));
+}
+
+/**
+ * The keys of `annotations` checked, with Reloader's defaults for the
+ * others: field name → key. As the Rust plugin's `names`, with the same
+ * errors.
+ * @param {Record<string, string | undefined> | undefined} given
+ * @returns {Record<string, string>}
+ */
+function annotationNames(given) {
+  for (const [field] of NAMES) {
+    const v = given?.[field];
+    if (v !== undefined && !annotationKeyOk(v)) {
+      throw new PluginError(
+        `${PLUGIN} config: annotations.${field}: ${JSON.stringify(v)} is not a valid annotation key ` +
+          "([prefix/]name: a name of at most 63 letters, digits, '-', '_' or '.' that starts and ends with a letter " +
+          "or digit, after an optional lower-case DNS subdomain and '/')",
+      );
+    }
+  }
+  const effective = NAMES.map(([field, family, def]) => [field, family, given?.[field] ?? def]);
+  // Every key read, with what it means: one key, one meaning.
+  const keys = [...effective.map(([, family, key]) => [family, key]), ...FIXED_KEYS];
+  for (const [field, family, key] of effective) {
+    if (given?.[field] === undefined) continue;
+    const other = keys.find(([f, k]) => k === key && f !== family);
+    if (other !== undefined) {
+      throw new PluginError(
+        `${PLUGIN} config: annotations.${field}: ${JSON.stringify(key)} is already the name of the ${other[0]} annotation; each needs its own`,
+      );
+    }
+  }
+  return Object.fromEntries(effective.map(([field, , key]) => [field, key]));
+}
+
 // `alert.sink` values; `webhook` is Reloader's docs' name for `raw`.
 const SINKS = {
   slack: 'slack',
@@ -73,48 +158,50 @@ const SINKS = {
  * @typedef {'ignore' | 'match' | 'search' | 'auto' | 'typedAuto' | 'reload' | 'exclude'} Ann
  */
 
-// The annotations' names per kind (`cm`: for a ConfigMap): ours first,
-// then Reloader's.
-/** @type {Record<Ann, (cm: boolean) => string[]>} */
+/**
+ * The annotations' names per kind (`cm`: for a ConfigMap): ours first,
+ * then Reloader's, or the key `annotations` gives in its place (`n`, from
+ * annotationNames).
+ * @type {Record<Ann, (n: Record<string, string>, cm: boolean) => string[]>}
+ */
 const ANNOTATIONS = {
-  ignore: () => ['wasmwatch.io/ignore', 'reloader.stakater.com/ignore'],
-  match: () => ['wasmwatch.io/match', 'reloader.stakater.com/match'],
-  search: () => ['wasmwatch.io/search', 'reloader.stakater.com/search'],
-  auto: () => ['wasmwatch.io/auto', 'reloader.stakater.com/auto'],
-  typedAuto: (cm) =>
-    cm
-      ? ['wasmwatch.io/auto-configmaps', 'configmap.reloader.stakater.com/auto']
-      : ['wasmwatch.io/auto-secrets', 'secret.reloader.stakater.com/auto'],
-  reload: (cm) =>
-    cm
-      ? ['wasmwatch.io/reload-configmaps', 'configmap.reloader.stakater.com/reload']
-      : ['wasmwatch.io/reload-secrets', 'secret.reloader.stakater.com/reload'],
-  exclude: (cm) =>
+  ignore: (n) => ['wasmwatch.io/ignore', n.ignore],
+  match: (n) => ['wasmwatch.io/match', n.match],
+  search: (n) => ['wasmwatch.io/search', n.search],
+  auto: (n) => ['wasmwatch.io/auto', n.auto],
+  typedAuto: (n, cm) =>
+    cm ? ['wasmwatch.io/auto-configmaps', n.configmapAuto] : ['wasmwatch.io/auto-secrets', n.secretAuto],
+  reload: (n, cm) =>
+    cm ? ['wasmwatch.io/reload-configmaps', n.configmapReload] : ['wasmwatch.io/reload-secrets', n.secretReload],
+  exclude: (_, cm) =>
     cm
       ? ['wasmwatch.io/exclude-configmaps', 'configmaps.exclude.reloader.stakater.com/reload']
       : ['wasmwatch.io/exclude-secrets', 'secrets.exclude.reloader.stakater.com/reload'],
 };
 
 /**
+ * @param {Record<string, string>} names
  * @param {KeyValue[]} list
  * @param {Ann} ann
  * @param {ObjectKind} kind
  */
-function get(list, ann, kind) {
-  for (const key of ANNOTATIONS[ann](kind === 'config-map')) {
+function get(names, list, ann, kind) {
+  for (const key of ANNOTATIONS[ann](names, kind === 'config-map')) {
     const v = lookup(list, key);
     if (v !== undefined) return v;
   }
   return undefined;
 }
 
-/** @type {(list: KeyValue[], ann: Ann, kind: ObjectKind) => boolean} */
-const isTrue = (list, ann, kind) => get(list, ann, kind) === 'true';
+/** @type {(names: Record<string, string>, list: KeyValue[], ann: Ann, kind: ObjectKind) => boolean} */
+const isTrue = (names, list, ann, kind) => get(names, list, ann, kind) === 'true';
 
 // Whether `list` holds any annotation that decides about `kind`.
-/** @type {(list: KeyValue[], kind: ObjectKind) => boolean} */
-const relevant = (list, kind) =>
-  /** @type {Ann[]} */ (['reload', 'search', 'auto', 'typedAuto']).some((a) => get(list, a, kind) !== undefined);
+/** @type {(names: Record<string, string>, list: KeyValue[], kind: ObjectKind) => boolean} */
+const relevant = (names, list, kind) =>
+  /** @type {Ann[]} */ (['reload', 'search', 'auto', 'typedAuto']).some(
+    (a) => get(names, list, a, kind) !== undefined,
+  );
 
 // `name` matches one comma-separated entry, each a whole-name regex.
 /**
@@ -140,22 +227,23 @@ function named(list, name) {
 /**
  * Why `workload` restarts for `event`, or undefined.
  * @param {{autoReloadAll: boolean}} config
+ * @param {Record<string, string>} names
  * @param {import('../sdk/index.js').ChangeEvent} event
  * @param {import('../sdk/index.js').WorkloadInfo} workload
  */
-function decide(config, event, workload) {
+function decide(config, names, event, workload) {
   const kind = event.kind;
   let ann = workload.annotations;
-  if (!relevant(workload.annotations, kind) && relevant(workload.templateAnnotations, kind)) {
+  if (!relevant(names, workload.annotations, kind) && relevant(names, workload.templateAnnotations, kind)) {
     ann = workload.templateAnnotations;
   }
-  const exclude = get(ann, 'exclude', kind);
+  const exclude = get(names, ann, 'exclude', kind);
   if (exclude !== undefined && exclude.split(',').some((e) => e.trim() === event.name)) return undefined;
-  const reload = get(ann, 'reload', kind);
+  const reload = get(names, ann, 'reload', kind);
   if (reload !== undefined && named(reload, event.name)) return 'named';
-  if (isTrue(ann, 'search', kind) && isTrue(event.annotations, 'match', kind)) return 'search/match';
-  if (isTrue(ann, 'auto', kind) || isTrue(ann, 'typedAuto', kind)) return 'auto';
-  const optedOut = get(ann, 'auto', kind) === 'false' || get(ann, 'typedAuto', kind) === 'false';
+  if (isTrue(names, ann, 'search', kind) && isTrue(names, event.annotations, 'match', kind)) return 'search/match';
+  if (isTrue(names, ann, 'auto', kind) || isTrue(names, ann, 'typedAuto', kind)) return 'auto';
+  const optedOut = get(names, ann, 'auto', kind) === 'false' || get(names, ann, 'typedAuto', kind) === 'false';
   if (config.autoReloadAll && !optedOut) return 'autoReloadAll';
   return undefined;
 }
@@ -195,7 +283,7 @@ function settings(json) {
   const config = parseConfig(PLUGIN, json, CONFIG);
   /** @param {string} msg */
   const bad = (msg) => new PluginError(`${PLUGIN} config: ${msg}`);
-  /** @type {(value: unknown, spec: typeof WEBHOOK | typeof ALERT) => any} */
+  /** @type {(value: unknown, spec: typeof WEBHOOK | typeof ALERT | typeof ANNOTATION_NAMES) => any} */
   const section = (value, spec) =>
     value === undefined ? undefined : parseConfig(PLUGIN, JSON.stringify(value), spec);
   const webhook = section(config.webhook, WEBHOOK);
@@ -250,7 +338,8 @@ function settings(json) {
       throw bad(`${section} is set but mode is ${JSON.stringify(name)}: set mode: ${section}, or remove ${section}`);
     }
   }
-  return { config, mode };
+  const names = annotationNames(section(config.annotations, ANNOTATION_NAMES));
+  return { config, mode, names };
 }
 
 // Reloader's `--webhook-url` body, byte for byte.
@@ -356,7 +445,7 @@ export function checkConfig(json) {
  * @returns {import('../sdk/index.js').Action[]}
  */
 export function handle(event) {
-  const { config, mode } = settings(host.config());
+  const { config, mode, names } = settings(host.config());
   let what;
   switch (event.change) {
     case 'added':
@@ -370,7 +459,7 @@ export function handle(event) {
     default:
       what = 'changed';
   }
-  if (isTrue(event.annotations, 'ignore', event.kind)) {
+  if (isTrue(names, event.annotations, 'ignore', event.kind)) {
     log('debug', `${kindName(event)} ${objectId(event)} is ignored`);
     return [];
   }
@@ -378,7 +467,7 @@ export function handle(event) {
   /** @type {import('../sdk/index.js').WorkloadRef[]} */
   const selected = [];
   for (const w of host.workloadsReferencing(event.kind, event.namespace, event.name)) {
-    const why = decide(config, event, w);
+    const why = decide(config, names, event, w);
     if (why === undefined) continue;
     const { kind, namespace, name } = w.workload;
     log('debug', `${doing} ${workloadKindName(kind)} ${namespace}/${name} (${why})`);

@@ -55,6 +55,16 @@
 //! `{"reloadOnCreate": false, "reloadOnDelete": false, "autoReloadAll": false}`.
 //! Modifications and resyncs always count.
 //!
+//! `annotations` renames Reloader's annotations as its flags do
+//! (`--auto-annotation`, `--configmap-auto-annotation`,
+//! `--secret-auto-annotation`, `--configmap-annotation`,
+//! `--secret-annotation`, `--auto-search-annotation`,
+//! `--search-match-annotation`, `--ignore-annotation`):
+//! `{"auto", "configmapAuto", "secretAuto", "configmapReload",
+//! "secretReload", "search", "match", "ignore"}`, each a key read instead
+//! of Reloader's; the `wasmwatch.io/` names stay read. A key must be a valid
+//! annotation key and mean one thing only.
+//!
 //! `mode` picks what happens to the workloads the rules select:
 //!
 //! - `restart` (default): a `restart` action for each.
@@ -94,6 +104,30 @@ struct Config {
     webhook: Option<WebhookConfig>,
     #[serde(default)]
     alert: Option<AlertConfig>,
+    #[serde(default)]
+    annotations: Option<AnnotationNames>,
+}
+
+/// Reloader's custom annotation flags: each replaces Reloader's key.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct AnnotationNames {
+    #[serde(default)]
+    auto: Option<String>,
+    #[serde(default)]
+    configmap_auto: Option<String>,
+    #[serde(default)]
+    secret_auto: Option<String>,
+    #[serde(default)]
+    configmap_reload: Option<String>,
+    #[serde(default)]
+    secret_reload: Option<String>,
+    #[serde(default)]
+    search: Option<String>,
+    #[serde(default, rename = "match")]
+    match_: Option<String>,
+    #[serde(default)]
+    ignore: Option<String>,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -155,6 +189,150 @@ enum Sink {
 struct Settings {
     config: Config,
     mode: Mode,
+    names: Names,
+}
+
+/// The annotation keys read in Reloader's place: its defaults, or those of
+/// `annotations`.
+#[derive(Debug, Clone, PartialEq)]
+struct Names {
+    auto: String,
+    configmap_auto: String,
+    secret_auto: String,
+    configmap_reload: String,
+    secret_reload: String,
+    search: String,
+    match_: String,
+    ignore: String,
+}
+
+/// `key` is a Kubernetes annotation key: `[prefix/]name`, the name at most
+/// 63 of `[A-Za-z0-9-_.]` starting and ending alphanumeric, the prefix a
+/// lower-case DNS subdomain of at most 253 characters.
+fn annotation_key_ok(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && edge(name.chars().next())
+        && edge(name.chars().last())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    let label = |l: &str| {
+        !l.is_empty()
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    };
+    name_ok && prefix.is_none_or(|p| p.len() <= 253 && p.split('.').all(label))
+}
+
+/// The keys of `annotations` checked, with Reloader's defaults for the
+/// others.
+fn names(given: Option<&AnnotationNames>) -> Result<Names, String> {
+    let none = AnnotationNames::default();
+    let a = given.unwrap_or(&none);
+    // (field, family, custom value, Reloader's default)
+    let fields = [
+        ("auto", "auto", &a.auto, "reloader.stakater.com/auto"),
+        (
+            "configmapAuto",
+            "auto",
+            &a.configmap_auto,
+            "configmap.reloader.stakater.com/auto",
+        ),
+        (
+            "secretAuto",
+            "auto",
+            &a.secret_auto,
+            "secret.reloader.stakater.com/auto",
+        ),
+        (
+            "configmapReload",
+            "reload",
+            &a.configmap_reload,
+            "configmap.reloader.stakater.com/reload",
+        ),
+        (
+            "secretReload",
+            "reload",
+            &a.secret_reload,
+            "secret.reloader.stakater.com/reload",
+        ),
+        (
+            "search",
+            "search",
+            &a.search,
+            "reloader.stakater.com/search",
+        ),
+        ("match", "match", &a.match_, "reloader.stakater.com/match"),
+        (
+            "ignore",
+            "ignore",
+            &a.ignore,
+            "reloader.stakater.com/ignore",
+        ),
+    ];
+    for (field, _, value, _) in &fields {
+        if let Some(v) = value
+            && !annotation_key_ok(v)
+        {
+            return Err(format!(
+                "annotations.{field}: {v:?} is not a valid annotation key ([prefix/]name: a name of at most 63 letters, digits, '-', '_' or '.' that starts and ends with a letter or digit, after an optional lower-case DNS subdomain and '/')"
+            ));
+        }
+    }
+    let effective: Vec<(&str, &str, &str)> = fields
+        .iter()
+        .map(|(field, family, value, default)| {
+            (*field, *family, value.as_deref().unwrap_or(default))
+        })
+        .collect();
+    // Every key read, with what it means: one key, one meaning.
+    let mut keys: Vec<(&str, &str)> = effective
+        .iter()
+        .map(|(_, family, key)| (*family, *key))
+        .collect();
+    keys.extend([
+        ("auto", "wasmwatch.io/auto"),
+        ("auto", "wasmwatch.io/auto-configmaps"),
+        ("auto", "wasmwatch.io/auto-secrets"),
+        ("reload", "wasmwatch.io/reload-configmaps"),
+        ("reload", "wasmwatch.io/reload-secrets"),
+        ("exclude", "wasmwatch.io/exclude-configmaps"),
+        ("exclude", "wasmwatch.io/exclude-secrets"),
+        ("exclude", "configmaps.exclude.reloader.stakater.com/reload"),
+        ("exclude", "secrets.exclude.reloader.stakater.com/reload"),
+        ("search", "wasmwatch.io/search"),
+        ("match", "wasmwatch.io/match"),
+        ("ignore", "wasmwatch.io/ignore"),
+    ]);
+    for ((field, family, value, _), (_, _, key)) in fields.iter().zip(&effective) {
+        if value.is_none() {
+            continue;
+        }
+        if let Some((other, _)) = keys.iter().find(|(f, k)| k == key && f != family) {
+            return Err(format!(
+                "annotations.{field}: {key:?} is already the name of the {other} annotation; each needs its own"
+            ));
+        }
+    }
+    let key = |i: usize| effective[i].2.to_string();
+    Ok(Names {
+        auto: key(0),
+        configmap_auto: key(1),
+        secret_auto: key(2),
+        configmap_reload: key(3),
+        secret_reload: key(4),
+        search: key(5),
+        match_: key(6),
+        ignore: key(7),
+    })
 }
 
 /// `value` is an absolute http or https URL without blanks; the error
@@ -258,7 +436,12 @@ fn mode(config: &Config) -> Result<Mode, String> {
 fn settings(json: &str) -> Result<Settings, String> {
     let config: Config = parse_config(PLUGIN, json)?;
     let mode = mode(&config).map_err(|e| format!("{PLUGIN} config: {e}"))?;
-    Ok(Settings { config, mode })
+    let names = names(config.annotations.as_ref()).map_err(|e| format!("{PLUGIN} config: {e}"))?;
+    Ok(Settings {
+        config,
+        mode,
+        names,
+    })
 }
 
 #[derive(Clone, Copy)]
@@ -272,54 +455,45 @@ enum Ann {
     Exclude,
 }
 
-/// The annotation's names: ours first, then Reloader's.
-fn names(ann: Ann, kind: ObjectKind) -> [&'static str; 2] {
-    let cm = matches!(kind, ObjectKind::ConfigMap);
-    match ann {
-        Ann::Ignore => ["wasmwatch.io/ignore", "reloader.stakater.com/ignore"],
-        Ann::Match => ["wasmwatch.io/match", "reloader.stakater.com/match"],
-        Ann::Search => ["wasmwatch.io/search", "reloader.stakater.com/search"],
-        Ann::Auto => ["wasmwatch.io/auto", "reloader.stakater.com/auto"],
-        Ann::TypedAuto if cm => [
-            "wasmwatch.io/auto-configmaps",
-            "configmap.reloader.stakater.com/auto",
-        ],
-        Ann::TypedAuto => [
-            "wasmwatch.io/auto-secrets",
-            "secret.reloader.stakater.com/auto",
-        ],
-        Ann::Reload if cm => [
-            "wasmwatch.io/reload-configmaps",
-            "configmap.reloader.stakater.com/reload",
-        ],
-        Ann::Reload => [
-            "wasmwatch.io/reload-secrets",
-            "secret.reloader.stakater.com/reload",
-        ],
-        Ann::Exclude if cm => [
-            "wasmwatch.io/exclude-configmaps",
-            "configmaps.exclude.reloader.stakater.com/reload",
-        ],
-        Ann::Exclude => [
-            "wasmwatch.io/exclude-secrets",
-            "secrets.exclude.reloader.stakater.com/reload",
-        ],
+impl Names {
+    /// The annotation's names: ours first, then Reloader's (or the one
+    /// `annotations` gives in its place).
+    fn of(&self, ann: Ann, kind: ObjectKind) -> [&str; 2] {
+        let cm = matches!(kind, ObjectKind::ConfigMap);
+        match ann {
+            Ann::Ignore => ["wasmwatch.io/ignore", &self.ignore],
+            Ann::Match => ["wasmwatch.io/match", &self.match_],
+            Ann::Search => ["wasmwatch.io/search", &self.search],
+            Ann::Auto => ["wasmwatch.io/auto", &self.auto],
+            Ann::TypedAuto if cm => ["wasmwatch.io/auto-configmaps", &self.configmap_auto],
+            Ann::TypedAuto => ["wasmwatch.io/auto-secrets", &self.secret_auto],
+            Ann::Reload if cm => ["wasmwatch.io/reload-configmaps", &self.configmap_reload],
+            Ann::Reload => ["wasmwatch.io/reload-secrets", &self.secret_reload],
+            Ann::Exclude if cm => [
+                "wasmwatch.io/exclude-configmaps",
+                "configmaps.exclude.reloader.stakater.com/reload",
+            ],
+            Ann::Exclude => [
+                "wasmwatch.io/exclude-secrets",
+                "secrets.exclude.reloader.stakater.com/reload",
+            ],
+        }
     }
-}
 
-fn get(list: &[KeyValue], ann: Ann, kind: ObjectKind) -> Option<&str> {
-    names(ann, kind).iter().find_map(|k| lookup(list, k))
-}
+    fn get<'a>(&self, list: &'a [KeyValue], ann: Ann, kind: ObjectKind) -> Option<&'a str> {
+        self.of(ann, kind).iter().find_map(|k| lookup(list, k))
+    }
 
-fn is_true(list: &[KeyValue], ann: Ann, kind: ObjectKind) -> bool {
-    get(list, ann, kind) == Some("true")
-}
+    fn is_true(&self, list: &[KeyValue], ann: Ann, kind: ObjectKind) -> bool {
+        self.get(list, ann, kind) == Some("true")
+    }
 
-/// Whether `list` holds any annotation that decides about `kind`.
-fn relevant(list: &[KeyValue], kind: ObjectKind) -> bool {
-    [Ann::Reload, Ann::Search, Ann::Auto, Ann::TypedAuto]
-        .into_iter()
-        .any(|a| get(list, a, kind).is_some())
+    /// Whether `list` holds any annotation that decides about `kind`.
+    fn relevant(&self, list: &[KeyValue], kind: ObjectKind) -> bool {
+        [Ann::Reload, Ann::Search, Ann::Auto, Ann::TypedAuto]
+            .into_iter()
+            .any(|a| self.get(list, a, kind).is_some())
+    }
 }
 
 /// `name` matches one comma-separated entry, each a whole-name regex.
@@ -334,31 +508,41 @@ fn named(list: &str, name: &str) -> bool {
 }
 
 /// Why `workload` restarts for `event`, or `None`.
-fn decide(config: &Config, event: &ChangeEvent, workload: &WorkloadInfo) -> Option<&'static str> {
+fn decide(
+    config: &Config,
+    names: &Names,
+    event: &ChangeEvent,
+    workload: &WorkloadInfo,
+) -> Option<&'static str> {
     let kind = event.kind;
-    let ann: &[KeyValue] = if relevant(&workload.annotations, kind) {
+    let ann: &[KeyValue] = if names.relevant(&workload.annotations, kind) {
         &workload.annotations
-    } else if relevant(&workload.template_annotations, kind) {
+    } else if names.relevant(&workload.template_annotations, kind) {
         &workload.template_annotations
     } else {
         &workload.annotations
     };
-    let excluded =
-        get(ann, Ann::Exclude, kind).is_some_and(|l| l.split(',').any(|e| e.trim() == event.name));
+    let excluded = names
+        .get(ann, Ann::Exclude, kind)
+        .is_some_and(|l| l.split(',').any(|e| e.trim() == event.name));
     if excluded {
         return None;
     }
-    if get(ann, Ann::Reload, kind).is_some_and(|l| named(l, &event.name)) {
+    if names
+        .get(ann, Ann::Reload, kind)
+        .is_some_and(|l| named(l, &event.name))
+    {
         return Some("named");
     }
-    if is_true(ann, Ann::Search, kind) && is_true(&event.annotations, Ann::Match, kind) {
+    if names.is_true(ann, Ann::Search, kind) && names.is_true(&event.annotations, Ann::Match, kind)
+    {
         return Some("search/match");
     }
-    if is_true(ann, Ann::Auto, kind) || is_true(ann, Ann::TypedAuto, kind) {
+    if names.is_true(ann, Ann::Auto, kind) || names.is_true(ann, Ann::TypedAuto, kind) {
         return Some("auto");
     }
-    let opted_out = get(ann, Ann::Auto, kind) == Some("false")
-        || get(ann, Ann::TypedAuto, kind) == Some("false");
+    let opted_out = names.get(ann, Ann::Auto, kind) == Some("false")
+        || names.get(ann, Ann::TypedAuto, kind) == Some("false");
     if config.auto_reload_all && !opted_out {
         return Some("autoReloadAll");
     }
@@ -504,7 +688,11 @@ impl Guest for RolloutRestart {
     }
 
     fn handle(event: ChangeEvent) -> Result<Vec<Action>, String> {
-        let Settings { config, mode } = settings(&host::config())?;
+        let Settings {
+            config,
+            mode,
+            names,
+        } = settings(&host::config())?;
         let what = match event.change {
             ChangeType::Added if !config.reload_on_create => return Ok(vec![]),
             ChangeType::Deleted if !config.reload_on_delete => return Ok(vec![]),
@@ -512,7 +700,7 @@ impl Guest for RolloutRestart {
             ChangeType::Deleted => "deleted",
             ChangeType::Modified | ChangeType::Resynced => "changed",
         };
-        if is_true(&event.annotations, Ann::Ignore, event.kind) {
+        if names.is_true(&event.annotations, Ann::Ignore, event.kind) {
             log(
                 LogLevel::Debug,
                 &format!("{} {} is ignored", event.kind_name(), event.object_id()),
@@ -527,7 +715,7 @@ impl Guest for RolloutRestart {
             host::workloads_referencing(event.kind, &event.namespace, &event.name)
                 .into_iter()
                 .filter_map(|w| {
-                    let why = decide(&config, &event, &w)?;
+                    let why = decide(&config, &names, &event, &w)?;
                     log(
                         LogLevel::Debug,
                         &format!(
@@ -789,6 +977,80 @@ mod tests {
             (
                 "text/plain".into(),
                 "prod <eu> & co : Reloader detected changes in orders of type CONFIGMAP in namespace shop. Hence reloaded api of type Deployment in namespace shop".into()
+            )
+        );
+    }
+
+    #[test]
+    fn custom_annotation_names_replace_reloaders_and_are_checked() {
+        let names_of = |json: &str| settings(json).map(|s| s.names);
+        let defaults = names_of("{}").unwrap();
+        assert_eq!(defaults.auto, "reloader.stakater.com/auto");
+        assert_eq!(defaults.ignore, "reloader.stakater.com/ignore");
+        let custom = names_of(
+            r#"{"annotations":{"auto":"acme.io/auto","configmapReload":"acme.io/reload","secretReload":"acme.io/reload","match":"m"}}"#,
+        )
+        .unwrap();
+        assert_eq!(custom.auto, "acme.io/auto");
+        assert_eq!(custom.configmap_reload, "acme.io/reload");
+        assert_eq!(custom.secret_reload, "acme.io/reload");
+        assert_eq!(custom.match_, "m");
+        assert_eq!(custom.search, "reloader.stakater.com/search");
+        assert_eq!(
+            custom.of(Ann::Auto, ObjectKind::Secret),
+            ["wasmwatch.io/auto", "acme.io/auto"]
+        );
+        // Its own wasmwatch.io/ name: ours only, Reloader's not read.
+        assert_eq!(
+            names_of(r#"{"annotations":{"auto":"wasmwatch.io/auto"}}"#)
+                .unwrap()
+                .auto,
+            "wasmwatch.io/auto"
+        );
+        // Reloader's default of one kind for the other's auto: both mean auto.
+        assert!(names_of(r#"{"annotations":{"secretAuto":"reloader.stakater.com/auto"}}"#).is_ok());
+        let err = |json: &str| names_of(json).err().unwrap();
+        for bad in [
+            "",
+            "a b",
+            "-a",
+            "a/",
+            "/a",
+            "A.io/x",
+            "a/b/c",
+            &"x".repeat(64),
+        ] {
+            let e = err(&format!(r#"{{"annotations":{{"search":"{bad}"}}}}"#));
+            assert!(
+                e.starts_with(&format!(
+                    "rollout-restart config: annotations.search: {bad:?} is not a valid annotation key"
+                )),
+                "{e}"
+            );
+        }
+        for good in ["a", "a.b_c-D", "example.com/X_1", "a.b-c.io/n"] {
+            assert!(annotation_key_ok(good), "{good}");
+        }
+        assert_eq!(
+            err(r#"{"annotations":{"search":"reloader.stakater.com/auto"}}"#),
+            r#"rollout-restart config: annotations.search: "reloader.stakater.com/auto" is already the name of the auto annotation; each needs its own"#
+        );
+        assert_eq!(
+            err(r#"{"annotations":{"ignore":"x/y","match":"x/y"}}"#),
+            r#"rollout-restart config: annotations.match: "x/y" is already the name of the ignore annotation; each needs its own"#
+        );
+        assert_eq!(
+            err(r#"{"annotations":{"configmapReload":"wasmwatch.io/exclude-configmaps"}}"#),
+            r#"rollout-restart config: annotations.configmapReload: "wasmwatch.io/exclude-configmaps" is already the name of the exclude annotation; each needs its own"#
+        );
+        // Once auto has its own key, Reloader's default is free.
+        assert!(
+            names_of(r#"{"annotations":{"auto":"a/auto","search":"reloader.stakater.com/auto"}}"#)
+                .is_ok()
+        );
+        assert!(
+            err(r#"{"annotations":{"reload":"x"}}"#).starts_with(
+                "rollout-restart config: unknown field `reload`, expected one of `auto`, `configmapAuto`"
             )
         );
     }
