@@ -25,6 +25,40 @@ pub enum WorkloadKind {
     DaemonSet,
 }
 
+/// How a restart makes the workload's controller roll its pods.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartStrategy {
+    /// One pod-template annotation per object, holding its content hash
+    /// (`config-hash.wasmwatch.io/<kind>.<name>`), and
+    /// `kubectl.kubernetes.io/restartedAt`.
+    #[default]
+    Annotations,
+    /// Reloader's default: an environment variable
+    /// `STAKATER_<NAME>_<CONFIGMAP|SECRET>` holding the content digest, in
+    /// the first container that uses the object (else the first one); no
+    /// annotation.
+    EnvVars,
+}
+
+/// The workload annotation that chooses the restart strategy for it
+/// (`annotations` or `env-vars`), over the plugin's `delivery.restartStrategy`.
+/// Not Reloader's `rollout-strategy`, which is Argo Rollouts' restart mode.
+pub const RESTART_STRATEGY_ANNOTATION: &str = "wasmwatch.io/reload-strategy";
+
+impl RestartStrategy {
+    /// `annotations` or `env-vars` (also Reloader's spelling of its flag).
+    pub fn parse(s: &str) -> Option<RestartStrategy> {
+        match s.trim() {
+            "annotations" => Some(RestartStrategy::Annotations),
+            "env-vars" => Some(RestartStrategy::EnvVars),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadRef {

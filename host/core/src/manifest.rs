@@ -522,6 +522,13 @@ pub struct Delivery {
     /// rolls its workloads at most once per cooldown. 0: none.
     #[serde(default = "zero")]
     pub cooldown: HumanDuration,
+    /// How this plugin's restarts roll a workload: `annotations` (one
+    /// pod-template annotation per object) or `env-vars` (Reloader's
+    /// default: a `STAKATER_<NAME>_<KIND>` variable in the container that
+    /// uses the object). A workload's `wasmwatch.io/reload-strategy`
+    /// annotation overrides it.
+    #[serde(default)]
+    pub restart_strategy: crate::action::RestartStrategy,
 }
 
 impl Default for Delivery {
@@ -532,6 +539,7 @@ impl Default for Delivery {
             backoff_initial: default_backoff_initial(),
             backoff_max: default_backoff_max(),
             cooldown: zero(),
+            restart_strategy: Default::default(),
         }
     }
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wasmwatch_core::Action;
-use wasmwatch_core::action::{EventType, WorkloadRef};
+use wasmwatch_core::action::{EventType, RestartStrategy, WorkloadRef};
 
 use crate::pipeline::{BoxFuture, Execute, Executed};
 use crate::{ExecError, Origin};
@@ -37,6 +37,9 @@ pub struct Executors {
     /// Told of each restart attempt as Stakater Reloader counts
     /// `reloader_reload_executed_total`: see [`OnReload`].
     pub on_reload: Option<OnReload>,
+    /// Per plugin (by name): how its restarts roll workloads (the
+    /// manifest's `delivery.restartStrategy`; absent: annotations).
+    pub restart_strategies: std::collections::HashMap<String, RestartStrategy>,
 }
 
 /// Called once per restart attempt (one workload, however many objects it
@@ -84,7 +87,16 @@ impl Executors {
         let hashes: Vec<(&str, Option<&str>)> =
             contents.iter().map(|(h, u)| (*h, u.as_deref())).collect();
         let reason = reasons.join("; ");
-        let written = match self.kube.restart_for_each(workload, &hashes, &reason).await {
+        let strategy = origins
+            .last()
+            .and_then(|o| self.restart_strategies.get(&o.plugin))
+            .copied()
+            .unwrap_or_default();
+        let written = match self
+            .kube
+            .restart_with(workload, &hashes, &reason, strategy)
+            .await
+        {
             Ok(written) => written,
             Err(error) => {
                 if let Some(on_reload) = &self.on_reload {

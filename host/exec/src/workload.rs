@@ -98,7 +98,9 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams}
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tracing::{debug, info};
-use wasmwatch_core::action::{EventType, WorkloadKind, WorkloadRef};
+use wasmwatch_core::action::{
+    EventType, RESTART_STRATEGY_ANNOTATION, RestartStrategy, WorkloadKind, WorkloadRef,
+};
 
 use crate::{ExecError, Origin, error_chain};
 
@@ -220,6 +222,22 @@ impl KubeExecutor {
         contents: &[(&str, Option<&str>)],
         reason: &str,
     ) -> Result<Vec<bool>, ExecError> {
+        self.restart_with(workload, contents, reason, RestartStrategy::Annotations)
+            .await
+    }
+
+    /// [`KubeExecutor::restart_for_each`] with `strategy` unless the
+    /// workload's [`RESTART_STRATEGY_ANNOTATION`] says otherwise. A content
+    /// counts as recorded when either strategy's record holds it (the
+    /// annotation, or the variable), so switching strategies restarts
+    /// nothing by itself.
+    pub async fn restart_with(
+        &self,
+        workload: &WorkloadRef,
+        contents: &[(&str, Option<&str>)],
+        reason: &str,
+        strategy: RestartStrategy,
+    ) -> Result<Vec<bool>, ExecError> {
         let what = format!("restart of {}", describe(workload));
         if workload.namespace.is_empty() || workload.name.is_empty() {
             return Err(ExecError::Permanent(format!(
@@ -238,7 +256,24 @@ impl KubeExecutor {
         if let Some(uid) = &current.metadata.uid {
             self.remember_uid(workload, uid);
         }
+        let strategy = match current
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RESTART_STRATEGY_ANNOTATION))
+        {
+            None => strategy,
+            Some(v) => RestartStrategy::parse(v).unwrap_or_else(|| {
+                tracing::warn!(
+                    "{what}: annotation {RESTART_STRATEGY_ANNOTATION}: {v:?} is neither \
+                     `annotations` nor `env-vars`; using {strategy:?}"
+                );
+                strategy
+            }),
+        };
+        let pod_spec = current.data.pointer("/spec/template/spec");
         let recorded_annotations = current.data.pointer("/spec/template/metadata/annotations");
+        let mut env: Vec<(String, String, String)> = Vec::new();
         let mut annotations = serde_json::Map::new();
         let mut previous = Vec::new();
         let mut written = vec![false; contents.len()];
@@ -247,7 +282,14 @@ impl KubeExecutor {
             let recorded = recorded_annotations
                 .and_then(|a| a.get(&key))
                 .and_then(Value::as_str);
-            if records_content(recorded, content_hash, *unkeyed) {
+            let variable = env_var_for(pod_spec, content_hash);
+            let in_env = variable.as_ref().is_some_and(|v| {
+                v.current.as_deref().is_some_and(|cur| {
+                    Some(cur) == digest_of(content_hash)
+                        || (unkeyed.is_some() && Some(cur) == unkeyed.and_then(digest_of))
+                })
+            });
+            if records_content(recorded, content_hash, *unkeyed) || in_env {
                 debug!(
                     kind = ?workload.kind,
                     namespace = %workload.namespace,
@@ -258,12 +300,27 @@ impl KubeExecutor {
                 );
                 continue;
             }
-            previous.push(recorded.unwrap_or("").to_string());
-            annotations.insert(key, json!(content_hash));
             *written = true;
+            match (strategy, variable) {
+                (RestartStrategy::EnvVars, Some(v)) => {
+                    previous.push(v.current.clone().unwrap_or_default());
+                    env.push((v.container, v.name, v.value));
+                }
+                // Hashes not of a ConfigMap or Secret have no variable.
+                _ => {
+                    previous.push(recorded.unwrap_or("").to_string());
+                    annotations.insert(key, json!(content_hash));
+                }
+            }
         }
-        if annotations.is_empty() {
+        if annotations.is_empty() && env.is_empty() {
             return Ok(written);
+        }
+        if !env.is_empty() {
+            return self
+                .patch_env(workload, &what, &current, env, annotations, reason)
+                .await
+                .map(|()| written);
         }
         let keys: Vec<String> = annotations.keys().cloned().collect();
         let now = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
@@ -297,6 +354,63 @@ impl KubeExecutor {
             "restart: pod template patched"
         );
         Ok(written)
+    }
+
+    /// The `env-vars` strategy's patch: a strategic merge (containers and
+    /// their `env` merge by name) setting each variable in its container,
+    /// plus any annotations for hashes without a variable; the version read
+    /// is a precondition, as for annotations.
+    async fn patch_env(
+        &self,
+        workload: &WorkloadRef,
+        what: &str,
+        current: &DynamicObject,
+        env: Vec<(String, String, String)>,
+        annotations: serde_json::Map<String, Value>,
+        reason: &str,
+    ) -> Result<(), ExecError> {
+        let mut containers: Vec<(String, Vec<Value>)> = Vec::new();
+        for (container, name, value) in &env {
+            let entry = json!({"name": name, "value": value});
+            match containers.iter_mut().find(|(c, _)| c == container) {
+                Some((_, vars)) => vars.push(entry),
+                None => containers.push((container.clone(), vec![entry])),
+            }
+        }
+        let containers: Vec<Value> = containers
+            .into_iter()
+            .map(|(name, env)| json!({"name": name, "env": env}))
+            .collect();
+        let mut template = json!({"spec": {"containers": containers}});
+        if !annotations.is_empty() {
+            template["metadata"] = json!({"annotations": annotations});
+        }
+        let mut metadata = json!({});
+        if let Some(rv) = &current.metadata.resource_version {
+            metadata["resourceVersion"] = json!(rv);
+        }
+        let patch = json!({"metadata": metadata, "spec": {"template": template}});
+        let params = PatchParams {
+            field_manager: Some(self.component.clone()),
+            ..Default::default()
+        };
+        let api = self.workload_api(workload);
+        self.request(
+            what,
+            "patching the pod template",
+            api.patch(&workload.name, &params, &Patch::Strategic(&patch)),
+        )
+        .await?;
+        let names: Vec<&str> = env.iter().map(|(_, n, _)| n.as_str()).collect();
+        info!(
+            kind = ?workload.kind,
+            namespace = %workload.namespace,
+            name = %workload.name,
+            variables = %names.join(","),
+            reason,
+            "restart: pod template patched (env-vars)"
+        );
+        Ok(())
     }
 
     /// A Kubernetes Event on the changed object.
@@ -721,6 +835,126 @@ fn classify_error(what: &str, doing: &str, e: &kube::Error) -> ExecError {
     }
 }
 
+/// The digest part of a content hash (`configmap/orders:<digest>`).
+fn digest_of(content_hash: &str) -> Option<&str> {
+    content_hash.rsplit_once(':').map(|(_, d)| d)
+}
+
+/// Reloader's variable name for an object (its `ConvertToEnvVarName`):
+/// `STAKATER_` + the name upper-cased, `[A-Z0-9]` kept, every run of other
+/// characters after a kept one as one `_`, + `_CONFIGMAP` or `_SECRET`.
+/// `db-creds.v2` → `STAKATER_DB_CREDS_V2_SECRET`.
+pub fn reloader_env_name(kind: &str, name: &str) -> String {
+    let mut out = String::from("STAKATER_");
+    let mut last_valid = false;
+    for c in name.bytes().map(|b| b.to_ascii_uppercase()) {
+        if c.is_ascii_uppercase() || c.is_ascii_digit() {
+            out.push(c as char);
+            last_valid = true;
+        } else {
+            if last_valid {
+                out.push('_');
+            }
+            last_valid = false;
+        }
+    }
+    out.push('_');
+    out.push_str(&kind.to_ascii_uppercase());
+    out
+}
+
+/// The variable the `env-vars` strategy sets for one content hash.
+struct EnvVar {
+    container: String,
+    name: String,
+    value: String,
+    /// Its value in that container now, if set.
+    current: Option<String>,
+}
+
+/// For a hash of a ConfigMap or Secret (`configmap/<name>:<digest>`), the
+/// variable and the container it goes in: the first container that mounts
+/// a volume of the object, else the first whose `env`/`envFrom` uses it,
+/// else the first container (Reloader's rule; an init container's use
+/// also picks the first container). `None` for other hashes or a template
+/// without containers.
+fn env_var_for(pod_spec: Option<&Value>, content_hash: &str) -> Option<EnvVar> {
+    let (object, digest) = content_hash.rsplit_once(':')?;
+    let (kind, name) = object.split_once('/')?;
+    let (volume_source, name_field, key_ref, env_from) = match kind {
+        "configmap" => ("configMap", "name", "configMapKeyRef", "configMapRef"),
+        "secret" => ("secret", "secretName", "secretKeyRef", "secretRef"),
+        _ => return None,
+    };
+    let spec = pod_spec?;
+    let containers = spec.get("containers")?.as_array()?;
+    let first = containers.first()?.get("name")?.as_str()?;
+    let str_at = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_string);
+    // Volumes built from the object (plain or projected).
+    let volumes: Vec<String> = spec
+        .get("volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|v| {
+            str_at(v, &format!("/{volume_source}/{name_field}")).as_deref() == Some(name)
+                || v.pointer("/projected/sources")
+                    .and_then(Value::as_array)
+                    .is_some_and(|sources| {
+                        sources.iter().any(|s| {
+                            str_at(s, &format!("/{volume_source}/name")).as_deref() == Some(name)
+                        })
+                    })
+        })
+        .filter_map(|v| str_at(v, "/name"))
+        .collect();
+    let mounts = |c: &Value| {
+        c.get("volumeMounts")
+            .and_then(Value::as_array)
+            .is_some_and(|ms| {
+                ms.iter()
+                    .any(|m| str_at(m, "/name").is_some_and(|n| volumes.contains(&n)))
+            })
+    };
+    let uses_env = |c: &Value| {
+        let env = c.get("env").and_then(Value::as_array).is_some_and(|env| {
+            env.iter()
+                .any(|e| str_at(e, &format!("/valueFrom/{key_ref}/name")).as_deref() == Some(name))
+        });
+        env || c
+            .get("envFrom")
+            .and_then(Value::as_array)
+            .is_some_and(|ef| {
+                ef.iter()
+                    .any(|e| str_at(e, &format!("/{env_from}/name")).as_deref() == Some(name))
+            })
+    };
+    let container = containers
+        .iter()
+        .find(|c| mounts(c))
+        .or_else(|| containers.iter().find(|c| uses_env(c)))
+        .and_then(|c| c.get("name")?.as_str())
+        .unwrap_or(first)
+        .to_string();
+    let var = reloader_env_name(kind, name);
+    let current = containers
+        .iter()
+        .find(|c| c.get("name").and_then(Value::as_str) == Some(container.as_str()))
+        .and_then(|c| c.get("env")?.as_array())
+        .and_then(|env| {
+            env.iter()
+                .find(|e| e.get("name").and_then(Value::as_str) == Some(var.as_str()))
+        })
+        .and_then(|e| e.get("value")?.as_str())
+        .map(str::to_string);
+    Some(EnvVar {
+        container,
+        name: var,
+        value: digest.to_string(),
+        current,
+    })
+}
+
 /// Whether a pod template whose [`hash_annotation_key`] annotation is
 /// `recorded` already runs `content_hash`: a restart then writes nothing
 /// ([`RestartOutcome::AlreadyAtContent`]); `unkeyed` is the same content as
@@ -856,6 +1090,69 @@ fn describe(w: &WorkloadRef) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn variable_names_are_reloaders() {
+        assert_eq!(
+            reloader_env_name("configmap", "orders"),
+            "STAKATER_ORDERS_CONFIGMAP"
+        );
+        assert_eq!(
+            reloader_env_name("secret", "db-creds.v2"),
+            "STAKATER_DB_CREDS_V2_SECRET"
+        );
+        // Leading junk dropped, a run of it one `_`, a trailing run too.
+        assert_eq!(
+            reloader_env_name("configmap", "-a--b-"),
+            "STAKATER_A_B__CONFIGMAP"
+        );
+    }
+
+    #[test]
+    fn the_variable_goes_in_the_container_that_uses_the_object() {
+        let spec = serde_json::json!({
+            "volumes": [{"name": "cfg", "projected": {"sources": [{"configMap": {"name": "mounted"}}]}},
+                        {"name": "sec", "secret": {"secretName": "db"}}],
+            "containers": [
+                {"name": "sidecar", "env": [{"name": "STAKATER_ORDERS_CONFIGMAP", "value": "old"}]},
+                {"name": "app", "envFrom": [{"configMapRef": {"name": "orders"}}],
+                 "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]},
+                {"name": "db", "volumeMounts": [{"name": "sec", "mountPath": "/s"}],
+                 "env": [{"name": "STAKATER_DB_SECRET", "value": "d1"}]},
+            ]
+        });
+        let at = |hash: &str| {
+            let v = env_var_for(Some(&spec), hash).unwrap();
+            (v.container, v.name, v.value, v.current)
+        };
+        assert_eq!(
+            at("configmap/orders:d2"),
+            (
+                "app".into(),
+                "STAKATER_ORDERS_CONFIGMAP".into(),
+                "d2".into(),
+                None
+            ),
+            "envFrom, not the sidecar that merely has a variable of that name"
+        );
+        assert_eq!(at("configmap/mounted:x").0, "app", "a projected volume");
+        assert_eq!(
+            at("secret/db:d1"),
+            (
+                "db".into(),
+                "STAKATER_DB_SECRET".into(),
+                "d1".into(),
+                Some("d1".into())
+            )
+        );
+        assert_eq!(
+            at("configmap/unused:x").0,
+            "sidecar",
+            "else the first container"
+        );
+        assert!(env_var_for(Some(&spec), "deleted").is_none());
+        assert!(env_var_for(Some(&spec), "service/x:1").is_none());
+    }
 
     /// kube-apiserver's rule for an annotation key's name part.
     fn valid_name_part(s: &str) -> bool {

@@ -570,6 +570,7 @@ async fn restart_events_are_aggregated_through_the_recorder() {
             panic!("nothing is dropped")
         }),
         on_reload: None,
+        restart_strategies: Default::default(),
     };
     let web = WorkloadRef {
         kind: WorkloadKind::Deployment,
@@ -674,6 +675,7 @@ async fn restarts_write_reloaders_events_and_count_attempts() {
                 counted.lock().unwrap().push((w.name.clone(), success));
             }
         })),
+        restart_strategies: Default::default(),
     };
     let take = || std::mem::take(&mut *counted.lock().unwrap());
     let workload = |name: &str| WorkloadRef {

@@ -8,11 +8,11 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use wasmwatch_apiserver::{Config, Failure, Server, ServerHandle};
 use wasmwatch_core::ObjectKind;
-use wasmwatch_core::action::{EventType, WorkloadKind, WorkloadRef};
+use wasmwatch_core::action::{EventType, RestartStrategy, WorkloadKind, WorkloadRef};
 use wasmwatch_exec::recorder::{DEFAULT_CAPACITY, DEFAULT_CONCURRENCY, EventRecorder};
 use wasmwatch_exec::workload::{
     KubeExecutor, RESTARTED_AT_ANNOTATION, RestartOutcome, hash_annotation_key,
@@ -245,6 +245,111 @@ async fn one_restart_for_several_contents_is_one_patch() {
     assert_eq!(
         template_annotation(&last, &hash_annotation_key(&b2)).as_deref(),
         Some(b2.as_str())
+    );
+}
+
+/// Reloader's default strategy: a `STAKATER_<NAME>_<KIND>` variable in the
+/// container that uses the object, no annotation; once per content; a
+/// workload's `wasmwatch.io/reload-strategy` annotation wins over the
+/// plugin's strategy, and content recorded either way is not restarted
+/// again when the strategy changes.
+#[tokio::test]
+async fn the_env_vars_strategy_sets_reloaders_variable_in_the_using_container() {
+    let (server, client) = start().await;
+    let w = workload(WorkloadKind::Deployment, "web");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [
+                    {"name": "proxy", "image": "example/proxy:1"},
+                    {"name": "app", "image": "example/app:1",
+                     "env": [{"name": "KEEP", "value": "me"}],
+                     "envFrom": [{"configMapRef": {"name": "app-config"}}]},
+                ]},
+            },
+        },
+    }))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    let exec = executor(&client);
+    let h1 = format!("configmap/app-config:{}", "1".repeat(64));
+    let h2 = format!("configmap/app-config:{}", "2".repeat(64));
+    let env = |obj: &Value, container: usize| {
+        obj["spec"]["template"]["spec"]["containers"][container]["env"].clone()
+    };
+    assert_eq!(
+        exec.restart_with(&w, &[(h1.as_str(), None)], "r", RestartStrategy::EnvVars)
+            .await,
+        Ok(vec![true])
+    );
+    let after = stored(&server, &w);
+    assert_eq!(generation(&after), 2);
+    assert_eq!(
+        env(&after, 1),
+        json!([{"name": "KEEP", "value": "me"},
+               {"name": "STAKATER_APP_CONFIG_CONFIGMAP", "value": "1".repeat(64)}]),
+        "merged by name into the container that uses it"
+    );
+    assert_eq!(
+        env(&after, 0),
+        Value::Null,
+        "the other container is untouched"
+    );
+    assert_eq!(
+        template_annotation(&after, &hash_annotation_key(&h1)),
+        None,
+        "no annotation with env-vars"
+    );
+    assert_eq!(
+        exec.restart_with(
+            &w,
+            &[(h1.as_str(), None)],
+            "again",
+            RestartStrategy::EnvVars
+        )
+        .await,
+        Ok(vec![false])
+    );
+    // The variable records h1: the annotations strategy does not roll again.
+    assert_eq!(
+        exec.restart_with(
+            &w,
+            &[(h1.as_str(), None)],
+            "switch",
+            RestartStrategy::Annotations
+        )
+        .await,
+        Ok(vec![false])
+    );
+    assert_eq!(generation(&stored(&server, &w)), 2);
+    // The workload asks for annotations: they win over the plugin's env-vars.
+    let patch =
+        json!({"metadata": {"annotations": {"wasmwatch.io/reload-strategy": "annotations"}}});
+    deployments
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert_eq!(
+        exec.restart_with(&w, &[(h2.as_str(), None)], "h2", RestartStrategy::EnvVars)
+            .await,
+        Ok(vec![true])
+    );
+    let last = stored(&server, &w);
+    assert_eq!(
+        template_annotation(&last, &hash_annotation_key(&h2)).as_deref(),
+        Some(h2.as_str())
+    );
+    assert_eq!(
+        env(&last, 1)[1]["value"],
+        json!("1".repeat(64)),
+        "the variable is left as it was"
     );
 }
 

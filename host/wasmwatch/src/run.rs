@@ -179,6 +179,11 @@ pub async fn run(
             let metrics = metrics.clone();
             Box::new(move |workload, success| metrics.reloaded(&workload.namespace, success))
         }),
+        restart_strategies: manifest
+            .plugins
+            .iter()
+            .map(|p| (p.name.clone(), p.delivery.restart_strategy))
+            .collect(),
     });
 
     let mut ha = manifest.ha.clone();

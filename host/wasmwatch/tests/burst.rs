@@ -306,3 +306,53 @@ async fn a_pause_period_annotation_holds_and_merges_restarts() {
     );
     drop(replica);
 }
+
+/// Issue 20's reload strategies: `delivery.restartStrategy: env-vars`
+/// (Reloader's default) sets `STAKATER_<NAME>_CONFIGMAP` in the container
+/// that uses the ConfigMap, with no pod-template annotation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_env_vars_strategy_sets_reloaders_variable() {
+    let e = test_env(
+        &manifest(
+            "ConfigMap",
+            "{debounce: 0s, restartStrategy: env-vars, retries: 3, backoffInitial: 100ms, backoffMax: 1s}",
+        ),
+        "shop",
+    )
+    .await;
+    let c = &e.client;
+    orders_using(
+        c,
+        serde_json::json!([{"configMapRef": {"name": "app-config"}}]),
+    )
+    .await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "shop");
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "app-config"}, "data": {"v": "1"}
+    }))
+    .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let replica = start(&e).await;
+    let (generation, _) = orders(c).await;
+    let patch = serde_json::json!({"data": {"v": "2"}});
+    cms.patch("app-config", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let want = serde_json::json!([{"name": "STAKATER_APP_CONFIG_CONFIGMAP",
+        "value": data_digest(&data("2"), None)}]);
+    let api: Api<Deployment> = Api::namespaced(c.clone(), "shop");
+    eventually(Duration::from_secs(10), "the variable", || async {
+        let d = serde_json::to_value(api.get("orders").await.unwrap()).unwrap();
+        d["spec"]["template"]["spec"]["containers"][0]["env"] == want
+    })
+    .await;
+    let (g, annotations) = orders(c).await;
+    assert_eq!(g, generation + 1);
+    assert!(
+        !annotations
+            .keys()
+            .any(|k| k.starts_with("config-hash.wasmwatch.io/")),
+        "no content-hash annotation: {annotations:?}"
+    );
+    drop(replica);
+}
