@@ -21,9 +21,10 @@ pub struct Capabilities {
     /// may be `*`.
     #[serde(default)]
     pub bus: Vec<BusPattern>,
-    /// Namespaces (or `*`) in which the plugin may restart workloads.
+    /// Where the plugin may restart workloads: a list of namespaces (or
+    /// `*`), any kind, or `{namespaces: [...], kinds: [Deployment, ...]}`.
     #[serde(default)]
-    pub restart: Vec<NamePattern>,
+    pub restart: RestartGrant,
     /// Whether the plugin may emit Kubernetes Events.
     #[serde(default)]
     pub events: bool,
@@ -93,16 +94,27 @@ impl Capabilities {
                 }
             }
             Action::Restart { workload, .. } => {
-                if self.restart.iter().any(|p| p.matches(&workload.namespace)) {
-                    Verdict::Allowed
-                } else {
+                let kind = format!("{:?}", workload.kind);
+                if !self.restart.allows_namespace(&workload.namespace) {
                     refused(
                         "restart",
                         format!(
-                            "restarting {:?} {}/{}: namespace {:?} not granted",
-                            workload.kind, workload.namespace, workload.name, workload.namespace
+                            "restarting {kind} {}/{}: namespace {:?} not granted",
+                            workload.namespace, workload.name, workload.namespace
                         ),
                     )
+                } else if !self.restart.allows_kind(&kind) {
+                    refused(
+                        "restart",
+                        format!(
+                            "restarting {kind} {}/{}: kind {kind} not granted (restart.kinds: {})",
+                            workload.namespace,
+                            workload.name,
+                            self.restart.kinds.join(", ")
+                        ),
+                    )
+                } else {
+                    Verdict::Allowed
                 }
             }
             Action::Event { .. } => {
@@ -165,6 +177,116 @@ pub struct NamePattern(pub String);
 impl NamePattern {
     pub fn matches(&self, name: &str) -> bool {
         self.0 == "*" || self.0 == name
+    }
+}
+
+/// Where a plugin may restart workloads. The manifest writes it as a list
+/// of namespaces (`restart: [shop]`: every kind, the form before kinds
+/// could be named) or as `restart: {namespaces: [shop], kinds:
+/// [Deployment]}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RestartGrant {
+    /// Namespaces, or `*`.
+    pub namespaces: Vec<NamePattern>,
+    /// Workload kinds ([`RESTARTABLE_KINDS`], or `*`); empty: every kind.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kinds: Vec<String>,
+}
+
+/// The kinds a restart can be for today (apps/v1). More come with the
+/// WIT contract's open workload kinds (0.3.0).
+pub const RESTARTABLE_KINDS: [&str; 3] = ["Deployment", "StatefulSet", "DaemonSet"];
+
+impl RestartGrant {
+    /// Every kind in these namespaces.
+    pub fn namespaces(names: &[&str]) -> RestartGrant {
+        RestartGrant {
+            namespaces: names.iter().map(|n| NamePattern(n.to_string())).collect(),
+            kinds: Vec::new(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.namespaces.is_empty()
+    }
+
+    pub fn allows_namespace(&self, namespace: &str) -> bool {
+        self.namespaces.iter().any(|p| p.matches(namespace))
+    }
+
+    pub fn allows_kind(&self, kind: &str) -> bool {
+        self.kinds.is_empty() || self.kinds.iter().any(|k| k == "*" || k == kind)
+    }
+}
+
+impl<'de> Deserialize<'de> for RestartGrant {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Grant;
+        impl<'de> serde::de::Visitor<'de> for Grant {
+            type Value = RestartGrant;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of namespaces, or {namespaces: [...], kinds: [...]}")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<RestartGrant, A::Error> {
+                let mut namespaces = Vec::new();
+                while let Some(n) = seq.next_element::<NamePattern>()? {
+                    namespaces.push(n);
+                }
+                Ok(RestartGrant {
+                    namespaces,
+                    kinds: Vec::new(),
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RestartGrant, A::Error> {
+                const FIELDS: &[&str] = &["namespaces", "kinds"];
+                let (mut namespaces, mut kinds) = (None, None);
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "namespaces" => namespaces = Some(map.next_value::<Vec<NamePattern>>()?),
+                        "kinds" => kinds = Some(map.next_value::<Vec<String>>()?),
+                        other => return Err(serde::de::Error::unknown_field(other, FIELDS)),
+                    }
+                }
+                Ok(RestartGrant {
+                    namespaces: namespaces
+                        .ok_or_else(|| serde::de::Error::missing_field("namespaces"))?,
+                    kinds: kinds.unwrap_or_default(),
+                })
+            }
+        }
+        d.deserialize_any(Grant)
+    }
+}
+
+impl schemars::JsonSchema for RestartGrant {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "RestartGrant".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Where the plugin may restart workloads: namespaces (or *), every kind; or {namespaces, kinds}.",
+            "anyOf": [
+                {"type": "array", "items": {"type": "string"}},
+                {
+                    "type": "object",
+                    "properties": {
+                        "namespaces": {"type": "array", "items": {"type": "string"}},
+                        "kinds": {
+                            "type": "array",
+                            "items": {"enum": ["Deployment", "StatefulSet", "DaemonSet", "*"]}
+                        }
+                    },
+                    "required": ["namespaces"],
+                    "additionalProperties": false
+                }
+            ]
+        })
     }
 }
 
@@ -452,7 +574,7 @@ mod tests {
     #[test]
     fn namespaces_and_bus() {
         let caps = Capabilities {
-            restart: vec![NamePattern("default".into())],
+            restart: RestartGrant::namespaces(&["default"]),
             bus: vec![
                 "rabbit/springCloudBus".parse().unwrap(),
                 "nats/*".parse().unwrap(),
@@ -612,5 +734,46 @@ mod hostile_tests {
         };
         assert!(a.approx_size() > 1 << 20, "{}", a.approx_size());
         assert!(http("http://x/", &[("A", "b")]).approx_size() < 200);
+    }
+
+    /// Issue 20: restart grants may name kinds; the list form (every kind)
+    /// still reads as before.
+    #[test]
+    fn restart_grants_name_namespaces_and_kinds() {
+        let caps = |yaml: &str| -> Capabilities { serde_yaml::from_str(yaml).unwrap() };
+        let restart = |kind: WorkloadKind| Action::Restart {
+            workload: WorkloadRef {
+                kind,
+                namespace: "shop".into(),
+                name: "w".into(),
+            },
+            reason: "r".into(),
+            content_hash: "h".into(),
+        };
+        let old = caps("restart: [shop]");
+        assert_eq!(old.restart, RestartGrant::namespaces(&["shop"]));
+        assert!(old.check(&restart(WorkloadKind::DaemonSet)).is_allowed());
+        let only = caps("restart: {namespaces: [shop], kinds: [Deployment]}");
+        assert!(only.check(&restart(WorkloadKind::Deployment)).is_allowed());
+        match only.check(&restart(WorkloadKind::DaemonSet)) {
+            Verdict::Refused { capability, reason } => {
+                assert_eq!(capability, "restart");
+                assert!(
+                    reason.contains("kind DaemonSet not granted (restart.kinds: Deployment)"),
+                    "{reason}"
+                );
+            }
+            v => panic!("{v:?}"),
+        }
+        let elsewhere = caps("restart: {namespaces: [billing], kinds: ['*']}");
+        assert!(!elsewhere.check(&restart(WorkloadKind::Deployment)).is_allowed());
+        let err = serde_yaml::from_str::<Capabilities>("restart: {namespace: [shop]}")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `namespace`"), "{err}");
+        let err = serde_yaml::from_str::<Capabilities>("restart: {kinds: [Deployment]}")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing field `namespaces`"), "{err}");
     }
 }

@@ -1177,9 +1177,20 @@ impl Manifest {
                     );
                 }
             }
+            for (j, kind) in p.capabilities.restart.kinds.iter().enumerate() {
+                if kind != "*" && !crate::capability::RESTARTABLE_KINDS.contains(&kind.as_str()) {
+                    bad(
+                        format!("{at}.capabilities.restart.kinds[{j}]"),
+                        format!(
+                            "{kind:?} is not a kind wasmwatch restarts ({} or *)",
+                            crate::capability::RESTARTABLE_KINDS.join(", ")
+                        ),
+                    );
+                }
+            }
             for (field, list) in [
                 ("refresh", &p.capabilities.refresh),
-                ("restart", &p.capabilities.restart),
+                ("restart", &p.capabilities.restart.namespaces),
             ] {
                 for (j, n) in list.iter().enumerate() {
                     if n.0 != "*" && !is_dns_label(&n.0) {

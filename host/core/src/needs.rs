@@ -233,7 +233,7 @@ pub fn shortfalls(manifest: &Manifest, index: usize, needs: &Needs) -> Vec<Probl
             "restart",
             "restarts workloads",
             &needs.restart,
-            &caps.restart,
+            &caps.restart.namespaces,
         ),
     ] {
         let granted = |ns: &str| grants.iter().any(|g| g.matches(ns));

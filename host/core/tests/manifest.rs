@@ -98,6 +98,16 @@ fn bad_manifests_name_the_field_and_the_value() {
             "ha.leaseDurationSeconds: unknown field `leaseDurationSeconds`, expected one of `enabled`",
         ),
         (
+            "      events: true",
+            "      events: true\n      restart: {namespaces: [shop], kinds: [CronJob]}",
+            "plugins[0].capabilities.restart.kinds[0]: \"CronJob\" is not a kind wasmwatch restarts (Deployment, StatefulSet, DaemonSet or *)",
+        ),
+        (
+            "      events: true",
+            "      events: true\n      restart: {namespace: [shop]}",
+            "unknown field `namespace`, expected `namespaces` or `kinds`",
+        ),
+        (
             "memory: 32Mi",
             "memory: 32MB",
             "plugins[0].limits.memory: invalid size \"32MB\": unknown unit \"MB\"",

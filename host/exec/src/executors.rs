@@ -263,8 +263,9 @@ impl Execute for Executors {
             EventType::Warning,
             "Throttled",
             format!(
-                "{} waits {:.1}s: it acts at most once per delivery.cooldown ({}s), \
-                 changes meanwhile merge and the last content wins (plugin {})",
+                "{} waits {:.1}s: it acts at most once per {}s (delivery.cooldown, or the \
+                 workload's pause-period annotation); changes meanwhile merge and the last \
+                 content wins (plugin {})",
                 describe_action(action),
                 wait.as_secs_f64(),
                 cooldown.as_secs_f64(),

@@ -569,7 +569,7 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
         }
     }
     for p in &manifest.plugins {
-        for n in &p.capabilities.restart {
+        for n in &p.capabilities.restart.namespaces {
             let scope = (n.0 != "*").then_some(n.0.as_str());
             for res in ["deployments", "statefulsets", "daemonsets"] {
                 for v in ["get", "patch"] {
