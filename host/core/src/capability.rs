@@ -766,7 +766,11 @@ mod hostile_tests {
             v => panic!("{v:?}"),
         }
         let elsewhere = caps("restart: {namespaces: [billing], kinds: ['*']}");
-        assert!(!elsewhere.check(&restart(WorkloadKind::Deployment)).is_allowed());
+        assert!(
+            !elsewhere
+                .check(&restart(WorkloadKind::Deployment))
+                .is_allowed()
+        );
         let err = serde_yaml::from_str::<Capabilities>("restart: {namespace: [shop]}")
             .unwrap_err()
             .to_string();
