@@ -740,6 +740,7 @@ mod hostile_tests {
     /// still reads as before.
     #[test]
     fn restart_grants_name_namespaces_and_kinds() {
+        use crate::action::{WorkloadKind, WorkloadRef};
         let caps = |yaml: &str| -> Capabilities { serde_yaml::from_str(yaml).unwrap() };
         let restart = |kind: WorkloadKind| Action::Restart {
             workload: WorkloadRef {
