@@ -266,13 +266,13 @@ async fn after_410_only_objects_changed_in_the_gap_are_delivered() {
         panic!("{:?}", out[out.len() - 2])
     };
     assert!(end.parse::<u64>().unwrap() > base.parse::<u64>().unwrap());
-    // 1,000 objects after the gap, listed in pages of 500.
+    // 1,000 objects after the gap, listed in pages of 250.
     let lists = server
         .requests()
         .iter()
         .filter(|r| r.verb == "list" && r.resource == "configmaps")
         .count();
-    assert_eq!(lists, 2, "paged list");
+    assert_eq!(lists, 4, "paged list");
     assert!(matches!(out[out.len() - 2], Output::Progress { .. }));
     assert!(matches!(out.last(), Some(Output::Index(ix)) if ix.len() == 1000));
     assert!(matches!(lp.state(), State::Resume { .. }));
