@@ -4,6 +4,7 @@
 //! ```sh
 //! cargo build --release -p wasmwatch --bins --examples
 //! /var/tmp/wasmwatch-target/release/examples/bench [latency|throughput|throughput-in-process|burst|startup|startup-python|memory|all]
+//! /var/tmp/wasmwatch-target/release/examples/bench compare [N]
 //! ```
 //!
 //! - `latency`: ConfigMap write → POST /actuator/refresh arriving at the app,
@@ -22,6 +23,12 @@
 //! - `burst`: 100,000 changes from the in-process writer over 1,000 objects;
 //!   how long until all are handled, and the replica's peak RSS (work in
 //!   flight is bounded, issue 19).
+//! - `compare [N]` (not part of `all`): wasmwatch against a kube-rs informer
+//!   baseline (the peer of issue 24, a process of this binary) on the same
+//!   API server, ConfigMaps, apps and load, in one run: CPU per change,
+//!   write -> POST latency, a burst, the API server's CPU and Events per
+//!   change, RSS and start-up; medians of N runs (default 3, or
+//!   `BENCH_RUNS`) and the ratios. See `bench/compare.rs`.
 //!
 //! Numbers go to stdout; nothing here asserts (the machines are noisy).
 use std::io::{BufRead, BufReader};
@@ -38,6 +45,11 @@ use kube::Api;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wasmwatch_apiserver::{Config, Server, ServerHandle};
+
+#[path = "bench/baseline.rs"]
+mod baseline;
+#[path = "bench/compare.rs"]
+mod compare;
 
 fn wasmwatch_bin() -> PathBuf {
     // Another build of the host, for before/after comparisons.
@@ -678,6 +690,20 @@ async fn memory() {
 #[tokio::main]
 async fn main() {
     let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
+    if what == "__baseline" {
+        // The informer baseline's own process (`bench compare` starts it).
+        baseline::run().await;
+        return;
+    }
+    if what == "compare" {
+        let runs = std::env::args()
+            .nth(2)
+            .or_else(|| std::env::var("BENCH_RUNS").ok())
+            .map(|n| n.parse().expect("compare N: a number of runs"))
+            .unwrap_or(3);
+        compare::compare(runs).await;
+        return;
+    }
     let all = what == "all";
     if all || what == "startup" {
         startup().await;

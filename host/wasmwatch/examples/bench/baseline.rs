@@ -1,0 +1,146 @@
+//! The informer baseline of `bench compare` (issue 24): what Stakater
+//! Reloader and Spring Cloud Kubernetes' configuration watcher do, written
+//! the plain way with kube-rs. Bench code only, never part of the product.
+//!
+//! - a reflector (kube-rs `watcher` + `reflector`, default settings: pages of
+//!   500, bookmarks, the default backoff) over every ConfigMap in every
+//!   namespace, and one over every EndpointSlice;
+//! - for each change of a ConfigMap labelled `spring.cloud.kubernetes.config=true`
+//!   (every `Apply` from the watch: the initial list is not a change, as in
+//!   both peers), the apps named in `spring.cloud.kubernetes.configmap.apps`
+//!   (comma-separated), or else the app named like the ConfigMap;
+//! - for each app, a bodyless `POST /actuator/refresh` (`Content-Length: 0`)
+//!   to every ready endpoint (`conditions.ready` not false) of the
+//!   EndpointSlices of its Service (`kubernetes.io/service-name`) in the
+//!   ConfigMap's namespace, on the slice's first port; the POSTs run
+//!   concurrently on one pooled HTTP/1.1 client (hyper-util's, as wasmwatch's
+//!   executor uses), 10 s timeout; no retries, no Events, no rate limits.
+//!
+//! It runs as its own process (`bench __baseline`, the same binary), reads
+//! `KUBECONFIG`, and prints one JSON line `{"ready": true}` once both
+//! reflectors have listed, so that `bench compare` measures its CPU and RSS
+//! through /proc exactly as it measures wasmwatch's.
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http_body_util::{BodyExt, Full};
+use hyper::header::CONTENT_LENGTH;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, ResourceExt};
+
+const LABEL: &str = "spring.cloud.kubernetes.config";
+const APPS: &str = "spring.cloud.kubernetes.configmap.apps";
+const SERVICE_NAME: &str = "kubernetes.io/service-name";
+
+type Http = Client<HttpConnector, Full<Bytes>>;
+
+static FAILED: AtomicU64 = AtomicU64::new(0);
+
+/// The baseline process: runs until killed.
+pub async fn run() {
+    let client = kube::Client::try_default()
+        .await
+        .expect("a kube client from KUBECONFIG");
+    let (slices, writer) = reflector::store::<EndpointSlice>();
+    let slice_events = reflector(
+        writer,
+        watcher(
+            Api::<EndpointSlice>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
+    );
+    tokio::spawn(slice_events.for_each(|_| std::future::ready(())));
+    let (configmaps, writer) = reflector::store::<ConfigMap>();
+    let cm_events = reflector(
+        writer,
+        watcher(Api::<ConfigMap>::all(client), watcher::Config::default()).default_backoff(),
+    );
+    {
+        let (slices, configmaps) = (slices.clone(), configmaps.clone());
+        tokio::spawn(async move {
+            let _ = slices.wait_until_ready().await;
+            let _ = configmaps.wait_until_ready().await;
+            println!("{}", serde_json::json!({"ready": true, "baseline": true}));
+        });
+    }
+    let http: Http = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build_http();
+    futures_util::pin_mut!(cm_events);
+    while let Some(event) = cm_events.next().await {
+        let Ok(watcher::Event::Apply(cm)) = event else {
+            continue;
+        };
+        if cm.labels().get(LABEL).map(String::as_str) != Some("true") {
+            continue;
+        }
+        let namespace = cm.namespace().unwrap_or_default();
+        let apps: Vec<String> = match cm.annotations().get(APPS) {
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .map(String::from)
+                .collect(),
+            None => vec![cm.name_any()],
+        };
+        for app in &apps {
+            for slice in slices.state() {
+                if slice.metadata.namespace.as_deref() != Some(namespace.as_str())
+                    || slice.labels().get(SERVICE_NAME) != Some(app)
+                {
+                    continue;
+                }
+                let Some(port) = slice
+                    .ports
+                    .as_ref()
+                    .and_then(|p| p.first())
+                    .and_then(|p| p.port)
+                else {
+                    continue;
+                };
+                for ep in slice.endpoints.iter().flatten() {
+                    if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+                        continue;
+                    }
+                    let Some(address) = ep.addresses.first() else {
+                        continue;
+                    };
+                    let uri = if address.contains(':') {
+                        format!("http://[{address}]:{port}/actuator/refresh")
+                    } else {
+                        format!("http://{address}:{port}/actuator/refresh")
+                    };
+                    tokio::spawn(post(http.clone(), uri));
+                }
+            }
+        }
+    }
+}
+
+async fn post(http: Http, uri: String) {
+    let request = hyper::Request::post(&uri)
+        .header(CONTENT_LENGTH, 0)
+        .body(Full::new(Bytes::new()))
+        .expect("a valid request");
+    let ok = match tokio::time::timeout(Duration::from_secs(10), http.request(request)).await {
+        Ok(Ok(response)) => {
+            let ok = response.status().is_success();
+            // Drained, so that the connection goes back to the pool.
+            let _ = response.into_body().collect().await;
+            ok
+        }
+        _ => false,
+    };
+    if !ok && FAILED.fetch_add(1, Ordering::Relaxed) == 0 {
+        eprintln!("baseline: POST {uri} failed (reported once)");
+    }
+}
