@@ -141,6 +141,12 @@ async fn an_upgrade_across_a_failover_and_a_410_restarts_nothing_then_keys_every
         old.leading()
     })
     .await;
+    // Its baseline is stored before it handles changes: a change made
+    // before the baseline list would be part of it, not an event.
+    eventually(Duration::from_secs(10), "the baseline", || async {
+        checkpoint_of(c, "secret", "shop").await.is_some()
+    })
+    .await;
     set(&secrets, "cache", "1111").await;
     let rv = set_pin(&secrets, "1111").await;
     let plain = format!("secret/db:{}", data_digest(&pin_data("1111"), None));
