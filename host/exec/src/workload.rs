@@ -175,21 +175,7 @@ impl KubeExecutor {
         content_hash: &str,
         reason: &str,
     ) -> Result<RestartOutcome, ExecError> {
-        self.restart_also_at(workload, content_hash, None, reason)
-            .await
-    }
-
-    /// [`KubeExecutor::restart`], also counting a template that records
-    /// `unkeyed` (the same content hashed as versions before keyed Secret
-    /// digests did; see [`unkeyed_content_hash`]) as already at the content.
-    pub async fn restart_also_at(
-        &self,
-        workload: &WorkloadRef,
-        content_hash: &str,
-        unkeyed: Option<&str>,
-        reason: &str,
-    ) -> Result<RestartOutcome, ExecError> {
-        self.restart_for_all(workload, &[(content_hash, unkeyed)], reason)
+        self.restart_for_all(workload, &[(content_hash, None)], reason)
             .await
     }
 
@@ -204,7 +190,9 @@ impl KubeExecutor {
         contents: &[(&str, Option<&str>)],
         reason: &str,
     ) -> Result<RestartOutcome, ExecError> {
-        let written = self.restart_for_each(workload, contents, reason).await?;
+        let written = self
+            .restart_with(workload, contents, reason, RestartStrategy::Annotations)
+            .await?;
         Ok(if written.contains(&true) {
             RestartOutcome::Restarted
         } else {
@@ -212,22 +200,12 @@ impl KubeExecutor {
         })
     }
 
-    /// [`KubeExecutor::restart_for_all`], saying per content (in the order
-    /// of `contents`) whether the patch recorded it (`true`) or the
-    /// template already did (`false`): the workload was restarted when any
-    /// is true, and the Events about it name only those objects.
-    pub async fn restart_for_each(
-        &self,
-        workload: &WorkloadRef,
-        contents: &[(&str, Option<&str>)],
-        reason: &str,
-    ) -> Result<Vec<bool>, ExecError> {
-        self.restart_with(workload, contents, reason, RestartStrategy::Annotations)
-            .await
-    }
-
-    /// [`KubeExecutor::restart_for_each`] with `strategy` unless the
-    /// workload's [`RESTART_STRATEGY_ANNOTATION`] says otherwise. A content
+    /// One restart of `workload` for `contents` with `strategy` unless the
+    /// workload's [`RESTART_STRATEGY_ANNOTATION`] says otherwise, saying per
+    /// content (in the order of `contents`) whether the patch recorded it
+    /// (`true`) or the template already did (`false`): the workload was
+    /// restarted when any is true, and the Events about it name only those
+    /// objects. A content
     /// counts as recorded when either strategy's record holds it (the
     /// annotation, or the variable), so switching strategies restarts
     /// nothing by itself.
