@@ -36,15 +36,7 @@ plugins:
 
 /// (generation, pod-template annotations) of Deployment `shop/orders`.
 async fn orders(client: &kube::Client) -> (i64, BTreeMap<String, String>) {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), "shop");
-    let d = api.get("orders").await.unwrap();
-    let annotations = d
-        .spec
-        .template
-        .metadata
-        .and_then(|m| m.annotations)
-        .unwrap_or_default();
-    (d.metadata.generation.unwrap(), annotations)
+    deployment_state(client, "shop", "orders").await
 }
 
 async fn orders_using(client: &kube::Client, env_from: serde_json::Value) {
@@ -77,18 +69,7 @@ async fn orders_annotated(
 /// A replica, once its watches are open (the lookups' five and the
 /// watched kind's): changes from then on are its to handle.
 async fn start(e: &TestEnv) -> Replica {
-    let before = e.server.open_watches();
-    let (k, m) = (e.kubeconfig.clone(), e.manifest.clone());
-    let r = tokio::task::spawn_blocking(move || Replica::start(&k, &m, "r"))
-        .await
-        .unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(15),
-        e.server.wait_for_watches(before + 6),
-    )
-    .await
-    .expect("the watches open");
-    r
+    replica_watching(e, 6).await
 }
 
 fn data(v: &str) -> BTreeMap<String, DataValue> {

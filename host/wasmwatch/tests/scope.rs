@@ -110,18 +110,7 @@ fn hash(v: &str) -> String {
 /// A replica, once its watches are open: the lookups' five, the
 /// ConfigMaps', and `more` (the Namespaces' with a selector).
 async fn start(e: &TestEnv, more: usize) -> Replica {
-    let before = e.server.open_watches();
-    let (k, m) = (e.kubeconfig.clone(), e.manifest.clone());
-    let r = tokio::task::spawn_blocking(move || Replica::start(&k, &m, "r"))
-        .await
-        .unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(15),
-        e.server.wait_for_watches(before + 6 + more),
-    )
-    .await
-    .expect("the watches open");
-    r
+    replica_watching(e, 6 + more).await
 }
 
 /// `kubectl label namespace NS CHANGE --overwrite` (`k=v`, or `k-` to

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -132,15 +131,7 @@ plugins:
 
 /// (generation, pod-template annotations) of Deployment `shop/orders`.
 async fn orders(client: &kube::Client) -> (i64, BTreeMap<String, String>) {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), "shop");
-    let d = api.get("orders").await.unwrap();
-    let annotations = d
-        .spec
-        .template
-        .metadata
-        .and_then(|m| m.annotations)
-        .unwrap_or_default();
-    (d.metadata.generation.unwrap(), annotations)
+    deployment_state(client, "shop", "orders").await
 }
 
 /// ConfigMap `shop/orders` (`v: 1`) and a Deployment `orders` using it,
@@ -166,18 +157,7 @@ async fn shop(e: &TestEnv) -> Replica {
     }))
     .unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();
-    let before = e.server.open_watches();
-    let (k, m) = (e.kubeconfig.clone(), e.manifest.clone());
-    let r = tokio::task::spawn_blocking(move || Replica::start(&k, &m, "r"))
-        .await
-        .unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(15),
-        e.server.wait_for_watches(before + 6),
-    )
-    .await
-    .expect("the watches open");
-    r
+    replica_watching(e, 6).await
 }
 
 /// Sets `v` of ConfigMap `shop/orders`; the object as patched.

@@ -459,3 +459,39 @@ pub fn normalised_objects(
         })
         .collect()
 }
+
+/// A replica of `e`'s manifest, started off the async threads (it blocks
+/// until ready), once `watches` more watch streams are open (the lookups'
+/// five, one per watched kind and scope, the Namespaces' with a selector):
+/// changes from then on are its to handle.
+pub async fn replica_watching(e: &TestEnv, watches: usize) -> Replica {
+    let before = e.server.open_watches();
+    let (k, m) = (e.kubeconfig.clone(), e.manifest.clone());
+    let r = tokio::task::spawn_blocking(move || Replica::start(&k, &m, "r"))
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(15),
+        e.server.wait_for_watches(before + watches),
+    )
+    .await
+    .expect("the watches open");
+    r
+}
+
+/// (generation, pod-template annotations) of Deployment `ns/name`.
+pub async fn deployment_state(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> (i64, std::collections::BTreeMap<String, String>) {
+    let api: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), ns);
+    let d = api.get(name).await.unwrap();
+    let annotations = d
+        .spec
+        .template
+        .metadata
+        .and_then(|m| m.annotations)
+        .unwrap_or_default();
+    (d.metadata.generation.unwrap(), annotations)
+}
