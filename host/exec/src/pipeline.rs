@@ -634,10 +634,17 @@ async fn run<T: Send + 'static>(
     let mut jobs = tokio::task::JoinSet::new();
     loop {
         let next_due = timers.peek().map(|Reverse((due, _, _))| *due);
-        let command = tokio::select! {
+        // A window already closed (debounce 0, a finished job's next one)
+        // starts now: a timer for it would round up to the timer wheel's
+        // next millisecond and add ~1 ms to every change (issue 24).
+        let command = if next_due.is_some_and(|due| due <= Instant::now()) {
+            None
+        } else {
+            tokio::select! {
             c = rx.recv() => match c { Some(c) => Some(c), None => break },
             _ = async { tokio::time::sleep_until(next_due.expect("guarded")).await }, if next_due.is_some() => None,
             Some(_) = jobs.join_next(), if !jobs.is_empty() => continue,
+            }
         };
         match command {
             Some(Command::Submit(s)) => {

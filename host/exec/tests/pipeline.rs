@@ -225,6 +225,29 @@ async fn a_burst_of_50_changes_to_one_app_gives_one_refresh_after_the_debounce()
     );
 }
 
+/// Debounce 0 means now: the job must not wait for a timer, which tokio
+/// rounds up to its next millisecond (on paused time the clock would jump
+/// by it; in the service it was ~1 ms of every change's latency, issue 24).
+#[tokio::test(start_paused = true)]
+async fn with_debounce_0_an_action_runs_at_the_instant_it_was_submitted() {
+    let mut h = harness(unlimited());
+    for i in 0..3u32 {
+        // Off the millisecond grid (a sleep would land on it).
+        tokio::time::advance(Duration::from_micros(300)).await;
+        let submitted = Instant::now();
+        h.pipeline.submit(Submission {
+            ticket: i,
+            origin: origin(&format!("cm-{i}")),
+            actions: vec![refresh(&format!("app-{i}"))],
+            policy: policy(0, 0),
+        });
+        assert_eq!(h.done.recv().await, Some(i));
+        let calls = h.rec.calls.lock().unwrap();
+        assert_eq!(calls.len(), i as usize + 1);
+        assert_eq!(calls[i as usize].0, submitted, "change {i} waited");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn two_500s_then_200_is_done_after_retries_with_backoff() {
     let mut h = harness(unlimited());

@@ -491,7 +491,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                 checkpoint_interval: run.checkpoint_interval.0,
                 force_ha: false,
             };
-            rt.block_on(crate::run::run(options, shutdown_signal()))?;
+            on_worker(&rt, crate::run::run(options, shutdown_signal()))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Local {
@@ -643,5 +643,20 @@ mod tests {
                 .get_arguments()
                 .any(|a| a.get_long() == Some("insecure-registry"))
         );
+    }
+}
+
+/// Runs `f` as a task on `rt`'s workers, not on the calling thread:
+/// `block_on` would poll it on the main thread, so every change the term
+/// loop handles would hop between that thread and the workers (two thread
+/// wake-ups per hop; measured with `bench compare`, issue 24).
+fn on_worker<F>(rt: &tokio::runtime::Runtime, f: F) -> F::Output
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match rt.block_on(rt.spawn(f)) {
+        Ok(out) => out,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }

@@ -21,13 +21,15 @@ use sha2::{Digest, Sha256};
 
 /// The repository's root: the nearest folder holding `wit/plugin.wit`, up
 /// from the running test's package (cargo sets `CARGO_MANIFEST_DIR` when it
-/// runs tests), else up from this crate's folder as compiled. Not the
-/// compiled-in path alone: a target folder shared between clones can keep a
-/// build of this crate from another clone.
+/// runs tests), else up from this crate's folder as compiled, else up from
+/// the working folder (a benchmark run by hand). Not the compiled-in path
+/// alone: a target folder shared between clones can keep a build of this
+/// crate from another clone.
 pub fn repo_root() -> PathBuf {
     let starts = [
         std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from),
         Some(PathBuf::from(env!("CARGO_MANIFEST_DIR"))),
+        std::env::current_dir().ok(),
     ];
     starts
         .into_iter()
