@@ -127,6 +127,55 @@ fn clock_ticks() -> u64 {
     })
 }
 
+/// `BENCH_PERF=DIR`: a cpu-clock profile (perf from Debian's linux-perf,
+/// call graphs) of the watcher's process over one phase, written to
+/// `DIR/<who>-<phase>.data`; stopped with SIGINT when dropped.
+struct Profile(Option<Child>);
+
+impl Profile {
+    fn start(pid: u32, who: Who, phase: &str) -> Profile {
+        let Some(dir) = std::env::var_os("BENCH_PERF") else {
+            return Profile(None);
+        };
+        let name = match who {
+            Who::Wasmwatch => "wasmwatch",
+            Who::Baseline => "baseline",
+        };
+        let out = Path::new(&dir).join(format!("{name}-{phase}.data"));
+        let child = Command::new("perf")
+            .args([
+                "record",
+                "-q",
+                "-e",
+                "cpu-clock",
+                "-F",
+                "2000",
+                "--call-graph",
+                "dwarf,16384",
+            ])
+            .args(["-p", &pid.to_string(), "-o"])
+            .arg(out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("perf record (apt-get install linux-perf)");
+        // perf attaches asynchronously; give it a moment before the load.
+        std::thread::sleep(Duration::from_millis(300));
+        Profile(Some(child))
+    }
+}
+
+impl Drop for Profile {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = Command::new("kill")
+                .args(["-INT", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// utime + stime of a whole process (every thread, also those that ended).
 fn process_cpu(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -594,7 +643,9 @@ async fn run(r: usize, work: &Path, big: usize) -> (Sample, [f64; 3]) {
             )),
             None => None,
         };
+        let prof = Profile::start(p.pid(), who, &format!("paced-r{r}"));
         let m = paced(&b, Some(p.pid()), &format!("r{r}p{n}")).await;
+        drop(prof);
         if let (Some(a), Some((h0, r0))) = (p.admin, calls0) {
             let (h1, r1) = (
                 plugin_calls(a, "http-refresh").await,
@@ -645,7 +696,9 @@ async fn run(r: usize, work: &Path, big: usize) -> (Sample, [f64; 3]) {
             who,
             m.other_writes as f64 / PACED as f64,
         );
+        let prof = Profile::start(p.pid(), who, &format!("burst-r{r}"));
         let bu = burst(&b, Some(p.pid()), &format!("r{r}b{n}")).await;
+        drop(prof);
         if let Some(all) = bu.all_refreshed {
             put(&mut s, "burst_all", who, ms(all));
             put(&mut s, "burst_rate", who, BURST as f64 / all.as_secs_f64());
