@@ -18,11 +18,157 @@ pub struct Header {
     pub value: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// A workload's kind. The three apps/v1 kinds have variants of their own
+/// (the kinds WIT 0.2.0 names, and the only ones restarted today); any other
+/// group/version/kind (WIT 0.3.0) is [`WorkloadKind::Other`], which never
+/// holds an apps/v1 Deployment, StatefulSet or DaemonSet (build it with
+/// [`WorkloadKind::from_gvk`]).
+///
+/// Written (serde, `Display` and `Debug` alike) as `Deployment`,
+/// `StatefulSet`, `DaemonSet`, or `apiVersion/Kind` for the others:
+/// `batch/v1/CronJob`, `argoproj.io/v1alpha1/Rollout`, `v1/Pod` (core group).
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub enum WorkloadKind {
     Deployment,
     StatefulSet,
     DaemonSet,
+    /// Any other kind.
+    Other(Box<Gvk>),
+}
+
+/// An API group, version and kind (`""` is the core group).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Gvk {
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+}
+
+impl WorkloadKind {
+    /// The kind of `group`/`version`/`kind`: one of the apps/v1 variants
+    /// for those, [`WorkloadKind::Other`] otherwise. Not checked: see
+    /// [`WorkloadKind::problem`].
+    pub fn from_gvk(group: &str, version: &str, kind: &str) -> WorkloadKind {
+        match (group, version, kind) {
+            ("apps", "v1", "Deployment") => WorkloadKind::Deployment,
+            ("apps", "v1", "StatefulSet") => WorkloadKind::StatefulSet,
+            ("apps", "v1", "DaemonSet") => WorkloadKind::DaemonSet,
+            _ => WorkloadKind::Other(Box::new(Gvk {
+                group: group.to_string(),
+                version: version.to_string(),
+                kind: kind.to_string(),
+            })),
+        }
+    }
+
+    /// Group, version and kind.
+    pub fn gvk(&self) -> (&str, &str, &str) {
+        match self {
+            WorkloadKind::Deployment => ("apps", "v1", "Deployment"),
+            WorkloadKind::StatefulSet => ("apps", "v1", "StatefulSet"),
+            WorkloadKind::DaemonSet => ("apps", "v1", "DaemonSet"),
+            WorkloadKind::Other(g) => (&g.group, &g.version, &g.kind),
+        }
+    }
+
+    /// The Kubernetes kind alone (`Deployment`, `CronJob`).
+    pub fn kind(&self) -> &str {
+        self.gvk().2
+    }
+
+    /// The `apiVersion` of the workload: `apps/v1`, `batch/v1`, `v1`.
+    pub fn api_version(&self) -> String {
+        match self.gvk() {
+            ("", version, _) => version.to_string(),
+            (group, version, _) => format!("{group}/{version}"),
+        }
+    }
+
+    /// One of the apps/v1 kinds (what the host restarts today).
+    pub fn is_apps_v1(&self) -> bool {
+        !matches!(self, WorkloadKind::Other(_))
+    }
+
+    /// Why this is not a valid group/version/kind, if it is not: the group
+    /// a DNS subdomain (or empty: core), the version a lowercase name
+    /// (`v1`, `v1alpha1`), the kind alphanumeric starting with a letter.
+    pub fn problem(&self) -> Option<String> {
+        let (group, version, kind) = self.gvk();
+        let lower = |s: &str, extra: &[u8]| {
+            s.bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || extra.contains(&c))
+        };
+        if group.len() > 253 || !lower(group, b".-") {
+            Some(format!("group {group:?} is not a DNS subdomain"))
+        } else if version.is_empty() || version.len() > 63 || !lower(version, b"") {
+            Some(format!(
+                "version {version:?} is not a version name (v1, v1beta1, ...)"
+            ))
+        } else if kind.len() > 63
+            || !kind.starts_with(|c: char| c.is_ascii_alphabetic())
+            || !kind.bytes().all(|c| c.is_ascii_alphanumeric())
+        {
+            Some(format!("kind {kind:?} is not a kind name (CronJob, ...)"))
+        } else {
+            None
+        }
+    }
+
+    /// `Deployment`, `StatefulSet`, `DaemonSet` (apps/v1), or
+    /// `group/version/Kind` (`batch/v1/CronJob`; `v1/Kind` for the core
+    /// group), checked as [`WorkloadKind::problem`] does.
+    pub fn parse(s: &str) -> Result<WorkloadKind, String> {
+        let parts: Vec<&str> = s.split('/').collect();
+        let kind = match parts[..] {
+            ["Deployment"] => return Ok(WorkloadKind::Deployment),
+            ["StatefulSet"] => return Ok(WorkloadKind::StatefulSet),
+            ["DaemonSet"] => return Ok(WorkloadKind::DaemonSet),
+            [version, kind] => WorkloadKind::from_gvk("", version, kind),
+            [group, version, kind] if !group.is_empty() => {
+                WorkloadKind::from_gvk(group, version, kind)
+            }
+            _ => {
+                return Err(format!(
+                    "{s:?} is not a workload kind: write Deployment, StatefulSet, DaemonSet \
+                     or group/version/Kind (batch/v1/CronJob)"
+                ));
+            }
+        };
+        match kind.problem() {
+            Some(why) => Err(format!("{s:?} is not a workload kind: {why}")),
+            None => Ok(kind),
+        }
+    }
+}
+
+impl std::fmt::Display for WorkloadKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkloadKind::Other(_) => write!(f, "{}/{}", self.api_version(), self.kind()),
+            _ => f.write_str(self.kind()),
+        }
+    }
+}
+
+/// As `Display`: messages and logs written with `{:?}` read `Deployment`
+/// (as the derived form did) or `batch/v1/CronJob`.
+impl std::fmt::Debug for WorkloadKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+impl Serialize for WorkloadKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for WorkloadKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        WorkloadKind::parse(&s).map_err(serde::de::Error::custom)
+    }
 }
 
 /// How a restart makes the workload's controller roll its pods.
@@ -41,6 +187,12 @@ pub enum RestartStrategy {
     /// the first container that uses the object (else the first one); no
     /// annotation.
     EnvVars,
+    /// Argo Rollouts' `spec.restartAt` (WIT 0.3.0's `restart-at`). Only a
+    /// plugin's restart can ask for it (not the manifest, not the
+    /// annotation), and it is refused for now: the host restarts no
+    /// Rollouts yet.
+    #[serde(skip_deserializing)]
+    RestartAt,
 }
 
 /// The workload annotation that chooses the restart strategy for it
@@ -113,6 +265,10 @@ pub enum Action {
         workload: WorkloadRef,
         reason: String,
         content_hash: String,
+        /// The plugin's choice for this restart (WIT 0.3.0), over its
+        /// `delivery.restartStrategy`; `None`: that one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        strategy: Option<RestartStrategy>,
     },
     /// Emit a Kubernetes Event on the changed object.
     #[serde(rename_all = "camelCase")]
@@ -171,7 +327,18 @@ impl Action {
                 workload,
                 reason,
                 content_hash,
-            } => workload.namespace.len() + workload.name.len() + reason.len() + content_hash.len(),
+                ..
+            } => {
+                // The apps/v1 kinds take no bytes (an enum in WIT 0.2.0).
+                let kind = match &workload.kind {
+                    WorkloadKind::Other(g) => g.group.len() + g.version.len() + g.kind.len(),
+                    _ => 0,
+                };
+                kind + workload.namespace.len()
+                    + workload.name.len()
+                    + reason.len()
+                    + content_hash.len()
+            }
             Action::Event {
                 reason, message, ..
             } => reason.len() + message.len(),
@@ -200,5 +367,86 @@ fn opt_bytes<S: serde::Serializer>(b: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S
     match b {
         Some(b) => bytes(b, s),
         None => s.serialize_none(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// WIT 0.3.0's open kinds: the apps/v1 ones are today's variants
+    /// (however spelled), the others keep their group/version/kind and are
+    /// written `apiVersion/Kind`.
+    #[test]
+    fn workload_kinds_parse_and_print_as_api_version_and_kind() {
+        assert_eq!(
+            WorkloadKind::from_gvk("apps", "v1", "Deployment"),
+            WorkloadKind::Deployment
+        );
+        assert_eq!(
+            WorkloadKind::parse("apps/v1/DaemonSet"),
+            Ok(WorkloadKind::DaemonSet)
+        );
+        assert_eq!(
+            WorkloadKind::parse("StatefulSet"),
+            Ok(WorkloadKind::StatefulSet)
+        );
+        for (text, gvk, api_version) in [
+            ("batch/v1/CronJob", ("batch", "v1", "CronJob"), "batch/v1"),
+            (
+                "argoproj.io/v1alpha1/Rollout",
+                ("argoproj.io", "v1alpha1", "Rollout"),
+                "argoproj.io/v1alpha1",
+            ),
+            (
+                "v1/ReplicationController",
+                ("", "v1", "ReplicationController"),
+                "v1",
+            ),
+            // apps, but not v1: another kind.
+            (
+                "apps/v1beta2/Deployment",
+                ("apps", "v1beta2", "Deployment"),
+                "apps/v1beta2",
+            ),
+        ] {
+            let kind = WorkloadKind::parse(text).unwrap();
+            assert!(!kind.is_apps_v1(), "{text}");
+            assert_eq!(kind.gvk(), gvk);
+            assert_eq!(kind.api_version(), api_version);
+            assert_eq!(kind.to_string(), text);
+            assert_eq!(format!("{kind:?}"), text);
+            assert_eq!(kind, WorkloadKind::from_gvk(gvk.0, gvk.1, gvk.2));
+        }
+        assert_eq!(WorkloadKind::Deployment.api_version(), "apps/v1");
+        assert_eq!(format!("{:?}", WorkloadKind::Deployment), "Deployment");
+        for bad in [
+            "CronJob",
+            "",
+            "/v1/CronJob",
+            "batch//CronJob",
+            "batch/v1/",
+            "Batch/v1/CronJob",
+            "batch/V1/CronJob",
+            "batch/v1/Cron-Job",
+            "a/b/c/D",
+        ] {
+            let err = WorkloadKind::parse(bad).unwrap_err();
+            assert!(err.contains("is not a workload kind"), "{bad}: {err}");
+        }
+        // serde: the same strings.
+        let r: WorkloadRef = serde_json::from_str(
+            r#"{"kind": "batch/v1/CronJob", "namespace": "shop", "name": "nightly"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.kind, WorkloadKind::from_gvk("batch", "v1", "CronJob"));
+        assert_eq!(
+            serde_json::to_value(&r).unwrap()["kind"],
+            serde_json::json!("batch/v1/CronJob")
+        );
+        assert_eq!(
+            serde_json::to_value(WorkloadKind::DaemonSet).unwrap(),
+            serde_json::json!("DaemonSet")
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! action against them. Deny by default: an empty grant allows nothing.
 use serde::{Deserialize, Serialize};
 
-use crate::action::Action;
+use crate::action::{Action, RestartStrategy, WorkloadKind};
 
 /// A plugin's grants, from its manifest entry.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
@@ -22,7 +22,8 @@ pub struct Capabilities {
     #[serde(default)]
     pub bus: Vec<BusPattern>,
     /// Where the plugin may restart workloads: a list of namespaces (or
-    /// `*`), any kind, or `{namespaces: [...], kinds: [Deployment, ...]}`.
+    /// `*`), the apps/v1 kinds, or `{namespaces: [...], kinds: [Deployment,
+    /// batch/v1/CronJob, ...]}`.
     #[serde(default)]
     pub restart: RestartGrant,
     /// Whether the plugin may emit Kubernetes Events.
@@ -93,9 +94,19 @@ impl Capabilities {
                     )
                 }
             }
-            Action::Restart { workload, .. } => {
-                let kind = format!("{:?}", workload.kind);
-                if !self.restart.allows_namespace(&workload.namespace) {
+            Action::Restart {
+                workload, strategy, ..
+            } => {
+                let kind = &workload.kind;
+                if let Some(why) = kind.problem() {
+                    refused(
+                        "restart",
+                        format!(
+                            "restarting {kind} {}/{}: not a valid workload kind: {why}",
+                            workload.namespace, workload.name
+                        ),
+                    )
+                } else if !self.restart.allows_namespace(&workload.namespace) {
                     refused(
                         "restart",
                         format!(
@@ -103,14 +114,37 @@ impl Capabilities {
                             workload.namespace, workload.name, workload.namespace
                         ),
                     )
-                } else if !self.restart.allows_kind(&kind) {
+                } else if !self.restart.allows_kind(kind) {
+                    let granted = if self.restart.kinds.is_empty() {
+                        "none given: the apps/v1 kinds".to_string()
+                    } else {
+                        self.restart.kinds.join(", ")
+                    };
                     refused(
                         "restart",
                         format!(
-                            "restarting {kind} {}/{}: kind {kind} not granted (restart.kinds: {})",
+                            "restarting {kind} {}/{}: kind {kind} not granted (restart.kinds: {granted})",
+                            workload.namespace, workload.name,
+                        ),
+                    )
+                } else if !kind.is_apps_v1() {
+                    refused(
+                        "restart",
+                        format!(
+                            "restarting {kind} {}/{}: wasmwatch cannot restart kind {kind} yet \
+                             (it restarts {})",
                             workload.namespace,
                             workload.name,
-                            self.restart.kinds.join(", ")
+                            RESTARTABLE_KINDS.join(", ")
+                        ),
+                    )
+                } else if *strategy == Some(RestartStrategy::RestartAt) {
+                    refused(
+                        "restart",
+                        format!(
+                            "restarting {kind} {}/{}: strategy restart-at is not supported yet \
+                             (annotations or env-vars are)",
+                            workload.namespace, workload.name
                         ),
                     )
                 } else {
@@ -181,20 +215,23 @@ impl NamePattern {
 }
 
 /// Where a plugin may restart workloads. The manifest writes it as a list
-/// of namespaces (`restart: [shop]`: every kind, the form before kinds
-/// could be named) or as `restart: {namespaces: [shop], kinds:
-/// [Deployment]}`.
+/// of namespaces (`restart: [shop]`: the apps/v1 kinds, the form before
+/// kinds could be named) or as `restart: {namespaces: [shop], kinds:
+/// [Deployment, batch/v1/CronJob]}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RestartGrant {
     /// Namespaces, or `*`.
     pub namespaces: Vec<NamePattern>,
-    /// Workload kinds ([`RESTARTABLE_KINDS`], or `*`); empty: every kind.
+    /// Workload kinds (as [`WorkloadKind::parse`] reads them: `Deployment`,
+    /// `apps/v1/Deployment`, `batch/v1/CronJob`), or `*` for any; empty:
+    /// the apps/v1 kinds ([`RESTARTABLE_KINDS`]). A kind of another group
+    /// is allowed only when named (or by `*`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kinds: Vec<String>,
 }
 
-/// The kinds a restart can be for today (apps/v1). More come with the
-/// WIT contract's open workload kinds (0.3.0).
+/// The kinds the host restarts today (apps/v1). Restarts of other kinds
+/// (WIT 0.3.0) are refused, naming the kind, even when granted.
 pub const RESTARTABLE_KINDS: [&str; 3] = ["Deployment", "StatefulSet", "DaemonSet"];
 
 impl RestartGrant {
@@ -214,8 +251,13 @@ impl RestartGrant {
         self.namespaces.iter().any(|p| p.matches(namespace))
     }
 
-    pub fn allows_kind(&self, kind: &str) -> bool {
-        self.kinds.is_empty() || self.kinds.iter().any(|k| k == "*" || k == kind)
+    pub fn allows_kind(&self, kind: &WorkloadKind) -> bool {
+        if self.kinds.is_empty() {
+            return kind.is_apps_v1();
+        }
+        self.kinds
+            .iter()
+            .any(|k| k == "*" || WorkloadKind::parse(k).as_ref() == Ok(kind))
     }
 }
 
@@ -270,7 +312,7 @@ impl schemars::JsonSchema for RestartGrant {
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "Where the plugin may restart workloads: namespaces (or *), every kind; or {namespaces, kinds}.",
+            "description": "Where the plugin may restart workloads: namespaces (or *), the apps/v1 kinds; or {namespaces, kinds}.",
             "anyOf": [
                 {"type": "array", "items": {"type": "string"}},
                 {
@@ -279,7 +321,14 @@ impl schemars::JsonSchema for RestartGrant {
                         "namespaces": {"type": "array", "items": {"type": "string"}},
                         "kinds": {
                             "type": "array",
-                            "items": {"enum": ["Deployment", "StatefulSet", "DaemonSet", "*"]}
+                            "items": {"anyOf": [
+                                {"enum": ["Deployment", "StatefulSet", "DaemonSet", "*"]},
+                                {
+                                    "description": "group/version/Kind (batch/v1/CronJob), version/Kind for the core group",
+                                    "type": "string",
+                                    "pattern": "^([a-z0-9.-]+/)?[a-z0-9]+/[A-Za-z][A-Za-z0-9]*$"
+                                }
+                            ]}
                         }
                     },
                     "required": ["namespaces"],
@@ -589,6 +638,7 @@ mod tests {
             },
             reason: "r".into(),
             content_hash: "h".into(),
+            strategy: None,
         };
         assert!(caps.check(&restart("default")).is_allowed());
         assert!(!caps.check(&restart("kube-system")).is_allowed());
@@ -750,6 +800,7 @@ mod hostile_tests {
             },
             reason: "r".into(),
             content_hash: "h".into(),
+            strategy: None,
         };
         let old = caps("restart: [shop]");
         assert_eq!(old.restart, RestartGrant::namespaces(&["shop"]));
@@ -780,5 +831,86 @@ mod hostile_tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("missing field `namespaces`"), "{err}");
+    }
+
+    /// Issue 20, WIT 0.3.0: kinds beyond apps/v1 are granted by
+    /// group/version/Kind (the list form and an empty `kinds` grant the
+    /// apps/v1 kinds only), and a granted kind the host cannot restart yet,
+    /// or the restart-at strategy, is refused naming it.
+    #[test]
+    fn restart_grants_of_other_kinds_name_them() {
+        use crate::action::{RestartStrategy, WorkloadKind, WorkloadRef};
+        let caps = |yaml: &str| -> Capabilities { serde_yaml::from_str(yaml).unwrap() };
+        let restart = |kind: &str, strategy| Action::Restart {
+            workload: WorkloadRef {
+                kind: WorkloadKind::parse(kind).unwrap(),
+                namespace: "shop".into(),
+                name: "w".into(),
+            },
+            reason: "r".into(),
+            content_hash: "h".into(),
+            strategy,
+        };
+        let reason = |v: Verdict| match v {
+            Verdict::Refused { capability, reason } => {
+                assert_eq!(capability, "restart");
+                reason
+            }
+            Verdict::Allowed => panic!("allowed"),
+        };
+        let cron = restart("batch/v1/CronJob", None);
+        assert_eq!(
+            reason(caps("restart: [shop]").check(&cron)),
+            "restarting batch/v1/CronJob shop/w: kind batch/v1/CronJob not granted \
+             (restart.kinds: none given: the apps/v1 kinds)"
+        );
+        assert_eq!(
+            reason(caps("restart: {namespaces: [shop], kinds: [Deployment]}").check(&cron)),
+            "restarting batch/v1/CronJob shop/w: kind batch/v1/CronJob not granted \
+             (restart.kinds: Deployment)"
+        );
+        for granted in ["batch/v1/CronJob", "'*'"] {
+            let grant = caps(&format!(
+                "restart: {{namespaces: [shop], kinds: [{granted}]}}"
+            ));
+            assert_eq!(
+                reason(grant.check(&cron)),
+                "restarting batch/v1/CronJob shop/w: wasmwatch cannot restart kind \
+                 batch/v1/CronJob yet (it restarts Deployment, StatefulSet, DaemonSet)"
+            );
+        }
+        // apps/v1 spelled out is the short name.
+        let long = caps("restart: {namespaces: [shop], kinds: [apps/v1/StatefulSet]}");
+        assert!(long.check(&restart("StatefulSet", None)).is_allowed());
+        assert!(
+            long.check(&restart("apps/v1/StatefulSet", None))
+                .is_allowed()
+        );
+        assert!(!long.check(&restart("Deployment", None)).is_allowed());
+        // The strategies the host has pass; restart-at is refused.
+        let any = caps("restart: [shop]");
+        for s in [RestartStrategy::Annotations, RestartStrategy::EnvVars] {
+            assert!(any.check(&restart("Deployment", Some(s))).is_allowed());
+        }
+        assert_eq!(
+            reason(any.check(&restart("Deployment", Some(RestartStrategy::RestartAt)))),
+            "restarting Deployment shop/w: strategy restart-at is not supported yet \
+             (annotations or env-vars are)"
+        );
+        // A kind a plugin made up is refused as such.
+        let odd = Action::Restart {
+            workload: WorkloadRef {
+                kind: WorkloadKind::from_gvk("ex/ample", "v1", "Thing"),
+                namespace: "shop".into(),
+                name: "w".into(),
+            },
+            reason: "r".into(),
+            content_hash: "h".into(),
+            strategy: None,
+        };
+        assert!(
+            reason(caps("restart: {namespaces: [shop], kinds: ['*']}").check(&odd))
+                .contains("not a valid workload kind: group \"ex/ample\" is not a DNS subdomain")
+        );
     }
 }

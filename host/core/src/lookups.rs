@@ -61,6 +61,11 @@ impl WorkloadInfo {
 pub struct ObjectRef {
     pub kind: ObjectKind,
     pub name: String,
+    /// The keys of the object the pod template uses (env `*KeyRef.key`,
+    /// volume `items[].key`), sorted; empty: the whole object. WIT 0.3.0's
+    /// `workload-info.referenced-keys`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

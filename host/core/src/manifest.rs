@@ -1178,14 +1178,11 @@ impl Manifest {
                 }
             }
             for (j, kind) in p.capabilities.restart.kinds.iter().enumerate() {
-                if kind != "*" && !crate::capability::RESTARTABLE_KINDS.contains(&kind.as_str()) {
-                    bad(
-                        format!("{at}.capabilities.restart.kinds[{j}]"),
-                        format!(
-                            "{kind:?} is not a kind wasmwatch restarts ({} or *)",
-                            crate::capability::RESTARTABLE_KINDS.join(", ")
-                        ),
-                    );
+                if kind == "*" {
+                    continue;
+                }
+                if let Err(why) = crate::action::WorkloadKind::parse(kind) {
+                    bad(format!("{at}.capabilities.restart.kinds[{j}]"), why);
                 }
             }
             for (field, list) in [

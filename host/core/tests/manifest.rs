@@ -100,7 +100,12 @@ fn bad_manifests_name_the_field_and_the_value() {
         (
             "      events: true",
             "      events: true\n      restart: {namespaces: [shop], kinds: [CronJob]}",
-            "plugins[0].capabilities.restart.kinds[0]: \"CronJob\" is not a kind wasmwatch restarts (Deployment, StatefulSet, DaemonSet or *)",
+            "plugins[0].capabilities.restart.kinds[0]: \"CronJob\" is not a workload kind: write Deployment, StatefulSet, DaemonSet or group/version/Kind (batch/v1/CronJob)",
+        ),
+        (
+            "      events: true",
+            "      events: true\n      restart: {namespaces: [shop], kinds: [Batch/v1/CronJob]}",
+            "plugins[0].capabilities.restart.kinds[0]: \"Batch/v1/CronJob\" is not a workload kind: group \"Batch\" is not a DNS subdomain",
         ),
         (
             "      events: true",
@@ -237,6 +242,12 @@ fn bad_manifests_name_the_field_and_the_value() {
             "backoffMax: 25h",
             "plugins[0].delivery.backoffMax: 90000s is out of range (at most 24h)",
         ),
+        // Only a WIT 0.3.0 restart may ask for restart-at (and is refused).
+        (
+            "delivery: {debounce: 2s,",
+            "delivery: {restartStrategy: restart-at, debounce: 2s,",
+            "unknown variant `restart-at`, expected `annotations` or `env-vars`",
+        ),
         (
             "    module: plugins/http_refresh.wasm\n",
             "",
@@ -260,6 +271,27 @@ fn bad_manifests_name_the_field_and_the_value() {
             "replacing {from:?} with {to:?}:\n  got: {err}\n  want: {want}"
         );
     }
+}
+
+/// Issue 20: restart grants name kinds by their short apps/v1 names or by
+/// group/version/Kind.
+#[test]
+fn restart_grants_may_name_kinds_by_group_version_kind() {
+    let yaml = good().replace(
+        "      events: true\n",
+        "      events: true\n      restart: {namespaces: [shop], kinds: [Deployment, apps/v1/DaemonSet, batch/v1/CronJob, argoproj.io/v1alpha1/Rollout, '*']}\n",
+    );
+    let m = parse(&yaml).unwrap();
+    assert_eq!(
+        m.plugins[0].capabilities.restart.kinds,
+        [
+            "Deployment",
+            "apps/v1/DaemonSet",
+            "batch/v1/CronJob",
+            "argoproj.io/v1alpha1/Rollout",
+            "*"
+        ]
+    );
 }
 
 #[test]

@@ -63,16 +63,20 @@ impl Executors {
         let mut reasons: Vec<&str> = Vec::new();
         let mut origins = Vec::new();
         let mut workload = None;
+        // The last restart's own choice (WIT 0.3.0), over its plugin's.
+        let mut chosen = None;
         for (origin, action) in restarts {
             let Action::Restart {
                 workload: w,
                 reason,
                 content_hash,
+                strategy,
             } = action
             else {
                 continue;
             };
             workload.get_or_insert(w);
+            chosen = *strategy;
             let unkeyed =
                 crate::workload::unkeyed_content_hash(content_hash, origin.unkeyed_digest.as_ref());
             contents.push((content_hash.as_str(), unkeyed));
@@ -87,10 +91,13 @@ impl Executors {
         let hashes: Vec<(&str, Option<&str>)> =
             contents.iter().map(|(h, u)| (*h, u.as_deref())).collect();
         let reason = reasons.join("; ");
-        let strategy = origins
-            .last()
-            .and_then(|o| self.restart_strategies.get(&o.plugin))
-            .copied()
+        let strategy = chosen
+            .or_else(|| {
+                origins
+                    .last()
+                    .and_then(|o| self.restart_strategies.get(&o.plugin))
+                    .copied()
+            })
             .unwrap_or_default();
         let written = match self
             .kube
@@ -132,7 +139,7 @@ impl Executors {
                 "Restarted",
                 format!(
                     "rollout restart of {} {}/{} (plugin {})",
-                    crate::workload::kind_name(workload.kind),
+                    crate::workload::kind_name(&workload.kind),
                     workload.namespace,
                     workload.name,
                     origin.plugin
@@ -154,7 +161,7 @@ pub fn reloaded_message(origin: &Origin, workload: &WorkloadRef) -> String {
         origin.kind.as_str().to_uppercase(),
         origin.namespace,
         workload.name,
-        crate::workload::kind_name(workload.kind),
+        crate::workload::kind_name(&workload.kind),
         workload.namespace
     )
 }
@@ -165,7 +172,7 @@ pub fn reloaded_message(origin: &Origin, workload: &WorkloadRef) -> String {
 /// `restart of Deployment shop/orders: ` it starts with (the message names
 /// the workload already).
 pub fn reload_fail_message(workload: &WorkloadRef, error: &ExecError) -> String {
-    let kind = crate::workload::kind_name(workload.kind);
+    let kind = crate::workload::kind_name(&workload.kind);
     let error = error.to_string();
     let prefix = format!(
         "restart of {kind} {}/{}: ",
@@ -363,7 +370,7 @@ pub fn describe_action(action: &Action) -> String {
             ..
         } => format!("publish to {connection}/{destination}"),
         Action::Restart { workload, .. } => format!(
-            "rollout restart of {:?} {}/{}",
+            "rollout restart of {} {}/{}",
             workload.kind, workload.namespace, workload.name
         ),
         Action::Event { reason, .. } => format!("Event {reason}"),

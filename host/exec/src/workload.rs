@@ -227,7 +227,17 @@ impl KubeExecutor {
                 "{what}: the content hash is empty"
             )));
         }
-        let api = self.workload_api(workload);
+        if strategy == RestartStrategy::RestartAt {
+            return Err(ExecError::Permanent(format!(
+                "{what}: strategy restart-at is not supported yet"
+            )));
+        }
+        let Some(api) = self.workload_api(workload) else {
+            return Err(ExecError::Permanent(format!(
+                "{what}: wasmwatch cannot restart kind {} yet",
+                workload.kind
+            )));
+        };
         let current = self
             .request(&what, "reading the workload", api.get(&workload.name))
             .await?;
@@ -372,7 +382,12 @@ impl KubeExecutor {
             field_manager: Some(self.component.clone()),
             ..Default::default()
         };
-        let api = self.workload_api(workload);
+        let Some(api) = self.workload_api(workload) else {
+            return Err(ExecError::Permanent(format!(
+                "{what}: wasmwatch cannot restart kind {} yet",
+                workload.kind
+            )));
+        };
         self.request(
             what,
             "patching the pod template",
@@ -488,8 +503,8 @@ impl KubeExecutor {
             .get(workload)
             .cloned();
         let object = ObjectReference {
-            api_version: Some("apps/v1".into()),
-            kind: Some(kind_name(workload.kind).into()),
+            api_version: Some(workload.kind.api_version()),
+            kind: Some(kind_name(&workload.kind).into()),
             name: Some(workload.name.clone()),
             namespace: Some(workload.namespace.clone()),
             uid,
@@ -583,13 +598,22 @@ impl KubeExecutor {
         Ok(())
     }
 
-    fn workload_api(&self, workload: &WorkloadRef) -> Api<DynamicObject> {
+    /// The API of an apps/v1 workload; `None` for the kinds the executor
+    /// cannot restart yet (the capability check refuses them first).
+    fn workload_api(&self, workload: &WorkloadRef) -> Option<Api<DynamicObject>> {
         let resource = match workload.kind {
             WorkloadKind::Deployment => ApiResource::erase::<Deployment>(&()),
             WorkloadKind::StatefulSet => ApiResource::erase::<StatefulSet>(&()),
             WorkloadKind::DaemonSet => ApiResource::erase::<DaemonSet>(&()),
+            // TODO(issue 20, WIT 0.3.0 later milestones): other kinds through
+            // the dynamic API by group/version/kind.
+            WorkloadKind::Other(_) => return None,
         };
-        Api::namespaced_with(self.client.clone(), &workload.namespace, &resource)
+        Some(Api::namespaced_with(
+            self.client.clone(),
+            &workload.namespace,
+            &resource,
+        ))
     }
 
     fn remember_uid(&self, workload: &WorkloadRef, uid: &str) {
@@ -645,8 +669,8 @@ impl KubeExecutor {
             .get(workload)
             .cloned();
         ObjectReference {
-            api_version: Some("apps/v1".into()),
-            kind: Some(kind_name(workload.kind).into()),
+            api_version: Some(workload.kind.api_version()),
+            kind: Some(kind_name(&workload.kind).into()),
             name: Some(workload.name.clone()),
             namespace: Some(workload.namespace.clone()),
             uid,
@@ -1051,18 +1075,14 @@ fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
 
-/// The Kubernetes kind of a workload (`Deployment`).
-pub fn kind_name(kind: WorkloadKind) -> &'static str {
-    match kind {
-        WorkloadKind::Deployment => "Deployment",
-        WorkloadKind::StatefulSet => "StatefulSet",
-        WorkloadKind::DaemonSet => "DaemonSet",
-    }
+/// The Kubernetes kind of a workload (`Deployment`, `CronJob`).
+pub fn kind_name(kind: &WorkloadKind) -> &str {
+    kind.kind()
 }
 
-/// `Deployment shop/orders`.
+/// `Deployment shop/orders`, `batch/v1/CronJob shop/nightly`.
 fn describe(w: &WorkloadRef) -> String {
-    format!("{} {}/{}", kind_name(w.kind), w.namespace, w.name)
+    format!("{} {}/{}", w.kind, w.namespace, w.name)
 }
 
 #[cfg(test)]

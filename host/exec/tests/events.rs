@@ -11,9 +11,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use serde_json::json;
+use serde_json::{Value, json};
 use wasmwatch_apiserver::{Config, Server, ServerHandle};
-use wasmwatch_core::action::{EventType, WorkloadKind, WorkloadRef};
+use wasmwatch_core::action::{EventType, RestartStrategy, WorkloadKind, WorkloadRef};
 use wasmwatch_core::{Action, ObjectKind};
 use wasmwatch_exec::Origin;
 use wasmwatch_exec::executors::Executors;
@@ -21,7 +21,7 @@ use wasmwatch_exec::pipeline::Execute;
 use wasmwatch_exec::recorder::{
     COMBINED_PREFIX, DEFAULT_CAPACITY, DEFAULT_CONCURRENCY, EventRecorder, RecorderConfig,
 };
-use wasmwatch_exec::workload::KubeExecutor;
+use wasmwatch_exec::workload::{KubeExecutor, hash_annotation_key};
 
 const NS: &str = "shop";
 
@@ -532,6 +532,84 @@ async fn a_gone_event_is_created_again_and_the_window_starts_anew() {
     assert_eq!(dropped.load(Ordering::Relaxed), 0);
 }
 
+/// A WIT 0.3.0 restart's own strategy replaces its plugin's
+/// `delivery.restartStrategy`: env-vars here, where the plugin's is
+/// annotations; without one, the plugin's.
+#[tokio::test]
+async fn a_restarts_own_strategy_replaces_its_plugins() {
+    let (_server, client) = start().await;
+    let o = Origin {
+        plugin: "v3".into(),
+        ..config_map(&client, "orders").await
+    };
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "app", "image": "example/app:1",
+                                         "envFrom": [{"configMapRef": {"name": "orders"}}]}]},
+            },
+        },
+    }))
+    .unwrap();
+    let deployments = Api::<Deployment>::namespaced(client.clone(), NS);
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    let kube = executor(&client);
+    let executors = Executors {
+        http: wasmwatch_exec::http::HttpExecutor::new(
+            Arc::new(wasmwatch_core::lookups::StaticLookups::default()),
+            Duration::from_secs(5),
+        ),
+        buses: wasmwatch_bus::Buses::new(&[]).unwrap(),
+        kube: kube.clone(),
+        events: EventRecorder::start(kube, DEFAULT_CAPACITY, DEFAULT_CONCURRENCY, || {
+            panic!("nothing is dropped")
+        }),
+        on_reload: None,
+        restart_strategies: [("v3".to_string(), RestartStrategy::Annotations)].into(),
+    };
+    let restart = |digest: &str, strategy| Action::Restart {
+        workload: WorkloadRef {
+            kind: WorkloadKind::Deployment,
+            namespace: NS.into(),
+            name: "web".into(),
+        },
+        reason: "ConfigMap shop/orders changed".into(),
+        content_hash: format!("configmap/orders:{digest}"),
+        strategy,
+    };
+    let (one, two) = ("1".repeat(64), "2".repeat(64));
+    executors
+        .execute(&o, &restart(&one, Some(RestartStrategy::EnvVars)))
+        .await
+        .unwrap();
+    let template = |d: Deployment| serde_json::to_value(d.spec.template).unwrap();
+    let after = template(deployments.get("web").await.unwrap());
+    assert_eq!(
+        after["spec"]["containers"][0]["env"],
+        json!([{"name": "STAKATER_ORDERS_CONFIGMAP", "value": one}])
+    );
+    let key = hash_annotation_key(&format!("configmap/orders:{one}"));
+    assert_eq!(after["metadata"]["annotations"][&key], Value::Null);
+    executors.execute(&o, &restart(&two, None)).await.unwrap();
+    let after = template(deployments.get("web").await.unwrap());
+    let key = hash_annotation_key(&format!("configmap/orders:{two}"));
+    assert_eq!(
+        after["metadata"]["annotations"][&key],
+        json!(format!("configmap/orders:{two}"))
+    );
+    assert_eq!(
+        after["spec"]["containers"][0]["env"][0]["value"],
+        json!(one),
+        "the variable is left as it was"
+    );
+}
+
 /// The restart executor's Events go through the recorder: two restarts of
 /// one workload for one object make one `Reloaded` Event on the workload
 /// and one `Restarted` on the object, each with count 2.
@@ -582,6 +660,7 @@ async fn restart_events_are_aggregated_through_the_recorder() {
             workload: web.clone(),
             reason: "ConfigMap shop/orders changed".into(),
             content_hash: format!("configmap/orders:{digest}"),
+            strategy: None,
         };
         executors.execute(&o, &action).await.unwrap();
     }
@@ -590,6 +669,7 @@ async fn restart_events_are_aggregated_through_the_recorder() {
         workload: web.clone(),
         reason: "ConfigMap shop/orders changed".into(),
         content_hash: "configmap/orders:2".into(),
+        strategy: None,
     };
     executors.execute(&o, &again).await.unwrap();
     assert!(executors.events.flush(Duration::from_secs(10)).await);
@@ -691,6 +771,7 @@ async fn restarts_write_reloaders_events_and_count_attempts() {
                     workload: workload(name),
                     reason: format!("ConfigMap shop/{} changed", o.name),
                     content_hash: format!("configmap/{}:{version}", o.name),
+                    strategy: None,
                 };
                 (o.clone(), action)
             })

@@ -89,6 +89,7 @@ fn restart_of(workload: &str, hash: &str) -> Action {
         },
         reason: "r".into(),
         content_hash: hash.into(),
+        strategy: None,
     }
 }
 

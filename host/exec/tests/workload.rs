@@ -47,11 +47,12 @@ fn workload(kind: WorkloadKind, name: &str) -> WorkloadRef {
     }
 }
 
-fn plural(kind: WorkloadKind) -> &'static str {
+fn plural(kind: &WorkloadKind) -> &'static str {
     match kind {
         WorkloadKind::Deployment => "deployments",
         WorkloadKind::StatefulSet => "statefulsets",
         WorkloadKind::DaemonSet => "daemonsets",
+        WorkloadKind::Other(_) => unreachable!("apps/v1 workloads only"),
     }
 }
 
@@ -97,6 +98,7 @@ async fn create(client: &Client, w: &WorkloadRef) -> Value {
                 .await
                 .unwrap(),
         ),
+        WorkloadKind::Other(_) => unreachable!("apps/v1 workloads only"),
     };
     created.unwrap()
 }
@@ -104,7 +106,7 @@ async fn create(client: &Client, w: &WorkloadRef) -> Value {
 /// The workload as stored now.
 fn stored(server: &ServerHandle, w: &WorkloadRef) -> Value {
     server
-        .get(&format!("{}.apps", plural(w.kind)), &w.namespace, &w.name)
+        .get(&format!("{}.apps", plural(&w.kind)), &w.namespace, &w.name)
         .expect("workload exists")
 }
 
@@ -433,6 +435,44 @@ async fn a_missing_workload_is_permanent_and_named() {
         .unwrap_err();
     assert!(matches!(err, ExecError::Permanent(_)), "{err:?}");
     assert!(err.to_string().contains("Deployment nowhere/web"), "{err}");
+}
+
+/// WIT 0.3.0 restarts the executor cannot do yet (the capability check
+/// refuses them first): a permanent failure naming the kind or strategy,
+/// without a request.
+#[tokio::test]
+async fn a_kind_or_strategy_the_executor_cannot_restart_is_permanent_and_named() {
+    let (_server, client) = start().await;
+    let exec = executor(&client);
+    let cron = workload(WorkloadKind::from_gvk("batch", "v1", "CronJob"), "nightly");
+    let err = exec
+        .restart(&cron, "configmap/c:1", "changed")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ExecError::Permanent(
+            "restart of batch/v1/CronJob shop/nightly: wasmwatch cannot restart kind \
+             batch/v1/CronJob yet"
+                .into()
+        )
+    );
+    let web = workload(WorkloadKind::Deployment, "web");
+    let err = exec
+        .restart_with(
+            &web,
+            &[("configmap/c:1", None)],
+            "r",
+            RestartStrategy::RestartAt,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ExecError::Permanent(
+            "restart of Deployment shop/web: strategy restart-at is not supported yet".into()
+        )
+    );
 }
 
 #[tokio::test]

@@ -365,11 +365,14 @@ const WORKLOAD_KINDS: [WorkloadKind; 3] = [
     WorkloadKind::DaemonSet,
 ];
 
-fn rank(kind: WorkloadKind) -> u8 {
+/// The index of a cached kind; `None` for the kinds not cached (yet: any
+/// but the apps/v1 ones).
+fn rank(kind: &WorkloadKind) -> Option<u8> {
     match kind {
-        WorkloadKind::Deployment => 0,
-        WorkloadKind::StatefulSet => 1,
-        WorkloadKind::DaemonSet => 2,
+        WorkloadKind::Deployment => Some(0),
+        WorkloadKind::StatefulSet => Some(1),
+        WorkloadKind::DaemonSet => Some(2),
+        WorkloadKind::Other(_) => None,
     }
 }
 
@@ -490,7 +493,7 @@ impl Cache {
         meta: &ObjectMeta,
         template: Option<&PodTemplateSpec>,
     ) {
-        let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+        let (Some(ns), Some(name), Some(r)) = (&meta.namespace, &meta.name, rank(&kind)) else {
             return;
         };
         let references = template
@@ -512,7 +515,6 @@ impl Cache {
             references,
         };
         let n = self.ns_mut(ns);
-        let r = rank(kind);
         let old = n.workloads[r as usize].get(name.as_str());
         if old == Some(&entry) {
             return;
@@ -531,7 +533,9 @@ impl Cache {
     }
 
     fn delete_workload(&mut self, kind: WorkloadKind, ns: &str, name: &str) {
-        let r = rank(kind);
+        let Some(r) = rank(&kind) else {
+            return;
+        };
         self.with_existing_ns(ns, |n| {
             if let Some(old) = n.workloads[r as usize].remove(name) {
                 for (k, obj) in old.references.iter() {
@@ -642,7 +646,7 @@ impl Cache {
     /// One workload as cached.
     pub fn workload(&self, r: &WorkloadRef) -> Option<WorkloadInfo> {
         let n = self.namespaces.get(r.namespace.as_str())?;
-        let entry = n.workloads[rank(r.kind) as usize].get(r.name.as_str())?;
+        let entry = n.workloads[rank(&r.kind)? as usize].get(r.name.as_str())?;
         Some(workload_info(r.clone(), entry))
     }
 
@@ -662,7 +666,7 @@ impl Cache {
             .filter_map(|(_, _, r, wname)| {
                 let entry = n.workloads[*r as usize].get(wname)?;
                 let workload = WorkloadRef {
-                    kind: WORKLOAD_KINDS[*r as usize],
+                    kind: WORKLOAD_KINDS[*r as usize].clone(),
                     namespace: namespace.to_string(),
                     name: wname.to_string(),
                 };
@@ -743,6 +747,8 @@ fn workload_info(workload: WorkloadRef, e: &WorkloadEntry) -> WorkloadInfo {
             .map(|(kind, name)| ObjectRef {
                 kind: *kind,
                 name: name.to_string(),
+                // Not cached yet (see `crate::references`): the whole object.
+                keys: Vec::new(),
             })
             .collect(),
     }
@@ -773,7 +779,10 @@ macro_rules! workload_kind {
             }
 
             fn names_in(ns: &Namespace) -> Vec<String> {
-                ns.workloads[rank($kind) as usize]
+                let Some(r) = rank(&$kind) else {
+                    return Vec::new();
+                };
+                ns.workloads[r as usize]
                     .keys()
                     .map(|k| k.to_string())
                     .collect()

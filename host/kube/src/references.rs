@@ -53,6 +53,13 @@ pub fn pod_spec_references(spec: &PodSpec) -> Vec<ObjectRef> {
         .map(|(kind, name)| ObjectRef {
             kind,
             name: name.to_string(),
+            // TODO(issue 20, WIT 0.3.0 `referenced-keys`): the keys used,
+            // from env `configMapKeyRef.key`/`secretKeyRef.key` and volume
+            // and projected `items[].key` above (empty when any use takes
+            // the whole object: `envFrom`, a volume without `items`), kept
+            // in `lookups::WorkloadEntry.references`. Empty reads as the
+            // whole object.
+            keys: Vec::new(),
         })
         .collect()
 }

@@ -106,7 +106,7 @@ fn refs(w: &WorkloadInfo) -> Vec<(ObjectKind, &str)> {
 
 fn names(ws: &[WorkloadInfo]) -> Vec<(WorkloadKind, &str)> {
     ws.iter()
-        .map(|w| (w.workload.kind, w.workload.name.as_str()))
+        .map(|w| (w.workload.kind.clone(), w.workload.name.as_str()))
         .collect()
 }
 

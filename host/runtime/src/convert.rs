@@ -1,197 +1,309 @@
-//! Conversions between the core types and the generated WIT types.
+//! Conversions between the core types and the generated WIT types of each
+//! world ([`v2`], [`v3`]). The worlds share most types (as distinct Rust
+//! types): `shared!` writes their conversions once per world; each world's
+//! module adds its workload types.
 use std::collections::BTreeMap;
 
-use wasmwatch_core::action::{self as core_action, Action};
-use wasmwatch_core::event::{ChangeEvent, ChangeType, DataValue, ObjectKind};
 use wasmwatch_core::lookups as core_lookups;
 
-use crate::bindings::wit;
+/// The conversions of the types 0.2.0 and 0.3.0 have alike. A world's
+/// module defines `restart_from_wit` for its `restart-workload`.
+macro_rules! shared {
+    () => {
+        fn key_values(map: &BTreeMap<String, String>) -> Vec<wit::KeyValue> {
+            map.iter()
+                .map(|(k, v)| wit::KeyValue {
+                    key: k.clone(),
+                    value: v.clone(),
+                })
+                .collect()
+        }
 
-fn key_values(map: &BTreeMap<String, String>) -> Vec<wit::KeyValue> {
-    map.iter()
-        .map(|(k, v)| wit::KeyValue {
-            key: k.clone(),
-            value: v.clone(),
-        })
-        .collect()
+        fn key_values_owned(map: BTreeMap<String, String>) -> Vec<wit::KeyValue> {
+            map.into_iter()
+                .map(|(key, value)| wit::KeyValue { key, value })
+                .collect()
+        }
+
+        pub fn kind_to_wit(k: ObjectKind) -> wit::ObjectKind {
+            match k {
+                ObjectKind::ConfigMap => wit::ObjectKind::ConfigMap,
+                ObjectKind::Secret => wit::ObjectKind::Secret,
+            }
+        }
+
+        pub fn kind_from_wit(k: wit::ObjectKind) -> ObjectKind {
+            match k {
+                wit::ObjectKind::ConfigMap => ObjectKind::ConfigMap,
+                wit::ObjectKind::Secret => ObjectKind::Secret,
+            }
+        }
+
+        /// The event as the plugin sees it: Secret values only with `secret_values`.
+        pub fn event_to_wit(ev: &ChangeEvent, secret_values: bool) -> wit::ChangeEvent {
+            let o = &ev.object;
+            let values_included = o.kind == ObjectKind::ConfigMap || secret_values;
+            wit::ChangeEvent {
+                kind: kind_to_wit(o.kind),
+                change: match ev.change {
+                    ChangeType::Added => wit::ChangeType::Added,
+                    ChangeType::Modified => wit::ChangeType::Modified,
+                    ChangeType::Deleted => wit::ChangeType::Deleted,
+                    ChangeType::Resynced => wit::ChangeType::Resynced,
+                },
+                namespace: o.namespace.clone(),
+                name: o.name.clone(),
+                uid: o.uid.clone(),
+                resource_version: o.resource_version.clone(),
+                labels: key_values(&o.labels),
+                annotations: key_values(&o.annotations),
+                data: o
+                    .data
+                    .iter()
+                    .map(|(k, v)| wit::DataEntry {
+                        key: k.clone(),
+                        value: values_included.then(|| match v {
+                            DataValue::Text(t) => wit::DataValue::Text(t.clone()),
+                            DataValue::Binary(b) => wit::DataValue::Binary(b.clone()),
+                        }),
+                    })
+                    .collect(),
+                values_included,
+                changed_keys: ev.changed_keys.clone(),
+                digest: ev.digest.clone(),
+                replay: ev.replay,
+            }
+        }
+
+        fn method(m: wit::HttpMethod) -> core_action::HttpMethod {
+            match m {
+                wit::HttpMethod::Get => core_action::HttpMethod::Get,
+                wit::HttpMethod::Post => core_action::HttpMethod::Post,
+                wit::HttpMethod::Put => core_action::HttpMethod::Put,
+                wit::HttpMethod::Patch => core_action::HttpMethod::Patch,
+                wit::HttpMethod::Delete => core_action::HttpMethod::Delete,
+            }
+        }
+
+        fn headers(h: Vec<wit::Header>) -> Vec<core_action::Header> {
+            h.into_iter()
+                .map(|h| core_action::Header {
+                    name: h.name,
+                    value: h.value,
+                })
+                .collect()
+        }
+
+        pub fn action_from_wit(a: wit::Action) -> Action {
+            match a {
+                wit::Action::Http(c) => Action::Http {
+                    method: method(c.method),
+                    url: c.url,
+                    headers: headers(c.headers),
+                    body: c.body,
+                },
+                wit::Action::RefreshService(r) => Action::RefreshService {
+                    namespace: r.namespace,
+                    service: r.service,
+                    method: method(r.method),
+                    port: r.port,
+                    path: r.path,
+                    tls: r.tls,
+                },
+                wit::Action::Publish(p) => Action::Publish {
+                    connection: p.connection,
+                    destination: p.destination,
+                    routing_key: p.routing_key,
+                    headers: headers(p.headers),
+                    payload: p.payload,
+                },
+                wit::Action::Restart(r) => restart_from_wit(r),
+                wit::Action::Event(e) => Action::Event {
+                    event_type: match e.event_type {
+                        wit::EventType::Normal => core_action::EventType::Normal,
+                        wit::EventType::Warning => core_action::EventType::Warning,
+                    },
+                    reason: e.reason,
+                    message: e.message,
+                },
+            }
+        }
+
+        fn ports(p: Vec<core_lookups::ServicePort>) -> Vec<wit::ServicePort> {
+            p.into_iter()
+                .map(|p| wit::ServicePort {
+                    name: p.name,
+                    port: p.port,
+                })
+                .collect()
+        }
+
+        pub fn service_to_wit(s: core_lookups::ServiceInfo) -> wit::ServiceInfo {
+            wit::ServiceInfo {
+                labels: key_values_owned(s.labels),
+                annotations: key_values_owned(s.annotations),
+                ports: ports(s.ports),
+                namespace: s.namespace,
+                name: s.name,
+            }
+        }
+
+        pub fn endpoint_to_wit(e: core_lookups::Endpoint) -> wit::Endpoint {
+            wit::Endpoint {
+                address: e.address,
+                pod: e.pod,
+                ports: ports(e.ports),
+            }
+        }
+
+        pub fn labels_from_wit(l: Vec<wit::KeyValue>) -> BTreeMap<String, String> {
+            l.into_iter().map(|kv| (kv.key, kv.value)).collect()
+        }
+    };
 }
 
-fn key_values_owned(map: BTreeMap<String, String>) -> Vec<wit::KeyValue> {
-    map.into_iter()
-        .map(|(key, value)| wit::KeyValue { key, value })
-        .collect()
-}
+/// WIT 0.2.0: the three apps/v1 kinds as an enum.
+pub mod v2 {
+    use super::*;
+    use crate::bindings::v2::wit;
+    use wasmwatch_core::action::{self as core_action, Action, WorkloadKind};
+    use wasmwatch_core::event::{ChangeEvent, ChangeType, DataValue, ObjectKind};
 
-pub fn kind_to_wit(k: ObjectKind) -> wit::ObjectKind {
-    match k {
-        ObjectKind::ConfigMap => wit::ObjectKind::ConfigMap,
-        ObjectKind::Secret => wit::ObjectKind::Secret,
-    }
-}
+    shared!();
 
-pub fn kind_from_wit(k: wit::ObjectKind) -> ObjectKind {
-    match k {
-        wit::ObjectKind::ConfigMap => ObjectKind::ConfigMap,
-        wit::ObjectKind::Secret => ObjectKind::Secret,
-    }
-}
-
-/// The event as the plugin sees it: Secret values only with `secret_values`.
-pub fn event_to_wit(ev: &ChangeEvent, secret_values: bool) -> wit::ChangeEvent {
-    let o = &ev.object;
-    let values_included = o.kind == ObjectKind::ConfigMap || secret_values;
-    wit::ChangeEvent {
-        kind: kind_to_wit(o.kind),
-        change: match ev.change {
-            ChangeType::Added => wit::ChangeType::Added,
-            ChangeType::Modified => wit::ChangeType::Modified,
-            ChangeType::Deleted => wit::ChangeType::Deleted,
-            ChangeType::Resynced => wit::ChangeType::Resynced,
-        },
-        namespace: o.namespace.clone(),
-        name: o.name.clone(),
-        uid: o.uid.clone(),
-        resource_version: o.resource_version.clone(),
-        labels: key_values(&o.labels),
-        annotations: key_values(&o.annotations),
-        data: o
-            .data
-            .iter()
-            .map(|(k, v)| wit::DataEntry {
-                key: k.clone(),
-                value: values_included.then(|| match v {
-                    DataValue::Text(t) => wit::DataValue::Text(t.clone()),
-                    DataValue::Binary(b) => wit::DataValue::Binary(b.clone()),
-                }),
-            })
-            .collect(),
-        values_included,
-        changed_keys: ev.changed_keys.clone(),
-        digest: ev.digest.clone(),
-        replay: ev.replay,
-    }
-}
-
-fn method(m: wit::HttpMethod) -> core_action::HttpMethod {
-    match m {
-        wit::HttpMethod::Get => core_action::HttpMethod::Get,
-        wit::HttpMethod::Post => core_action::HttpMethod::Post,
-        wit::HttpMethod::Put => core_action::HttpMethod::Put,
-        wit::HttpMethod::Patch => core_action::HttpMethod::Patch,
-        wit::HttpMethod::Delete => core_action::HttpMethod::Delete,
-    }
-}
-
-fn headers(h: Vec<wit::Header>) -> Vec<core_action::Header> {
-    h.into_iter()
-        .map(|h| core_action::Header {
-            name: h.name,
-            value: h.value,
-        })
-        .collect()
-}
-
-fn workload_kind_to_wit(k: core_action::WorkloadKind) -> wit::WorkloadKind {
-    match k {
-        core_action::WorkloadKind::Deployment => wit::WorkloadKind::Deployment,
-        core_action::WorkloadKind::StatefulSet => wit::WorkloadKind::StatefulSet,
-        core_action::WorkloadKind::DaemonSet => wit::WorkloadKind::DaemonSet,
-    }
-}
-
-fn workload_from_wit(w: wit::WorkloadRef) -> core_action::WorkloadRef {
-    core_action::WorkloadRef {
-        kind: match w.kind {
-            wit::WorkloadKind::Deployment => core_action::WorkloadKind::Deployment,
-            wit::WorkloadKind::StatefulSet => core_action::WorkloadKind::StatefulSet,
-            wit::WorkloadKind::DaemonSet => core_action::WorkloadKind::DaemonSet,
-        },
-        namespace: w.namespace,
-        name: w.name,
-    }
-}
-
-pub fn action_from_wit(a: wit::Action) -> Action {
-    match a {
-        wit::Action::Http(c) => Action::Http {
-            method: method(c.method),
-            url: c.url,
-            headers: headers(c.headers),
-            body: c.body,
-        },
-        wit::Action::RefreshService(r) => Action::RefreshService {
-            namespace: r.namespace,
-            service: r.service,
-            method: method(r.method),
-            port: r.port,
-            path: r.path,
-            tls: r.tls,
-        },
-        wit::Action::Publish(p) => Action::Publish {
-            connection: p.connection,
-            destination: p.destination,
-            routing_key: p.routing_key,
-            headers: headers(p.headers),
-            payload: p.payload,
-        },
-        wit::Action::Restart(r) => Action::Restart {
-            workload: workload_from_wit(r.workload),
+    fn restart_from_wit(r: wit::RestartWorkload) -> Action {
+        let w = r.workload;
+        Action::Restart {
+            workload: core_action::WorkloadRef {
+                kind: match w.kind {
+                    wit::WorkloadKind::Deployment => WorkloadKind::Deployment,
+                    wit::WorkloadKind::StatefulSet => WorkloadKind::StatefulSet,
+                    wit::WorkloadKind::DaemonSet => WorkloadKind::DaemonSet,
+                },
+                namespace: w.namespace,
+                name: w.name,
+            },
             reason: r.reason,
             content_hash: r.content_hash,
-        },
-        wit::Action::Event(e) => Action::Event {
-            event_type: match e.event_type {
-                wit::EventType::Normal => core_action::EventType::Normal,
-                wit::EventType::Warning => core_action::EventType::Warning,
+            strategy: None,
+        }
+    }
+
+    /// The workloads a 0.2.0 plugin can name: the apps/v1 kinds (the
+    /// lookups return no others yet; any other would be left out).
+    pub fn workloads_to_wit(
+        found: Vec<core_lookups::WorkloadInfo>,
+        _kind: ObjectKind,
+        _name: &str,
+    ) -> Vec<wit::WorkloadInfo> {
+        found
+            .into_iter()
+            .filter_map(|w| {
+                let kind = match w.workload.kind {
+                    WorkloadKind::Deployment => wit::WorkloadKind::Deployment,
+                    WorkloadKind::StatefulSet => wit::WorkloadKind::StatefulSet,
+                    WorkloadKind::DaemonSet => wit::WorkloadKind::DaemonSet,
+                    WorkloadKind::Other(_) => return None,
+                };
+                Some(wit::WorkloadInfo {
+                    labels: key_values_owned(w.labels),
+                    annotations: key_values_owned(w.annotations),
+                    template_annotations: key_values_owned(w.template_annotations),
+                    workload: wit::WorkloadRef {
+                        kind,
+                        namespace: w.workload.namespace,
+                        name: w.workload.name,
+                    },
+                })
+            })
+            .collect()
+    }
+
+    pub fn workload_size(w: &core_lookups::WorkloadInfo) -> usize {
+        super::workload_size(w)
+    }
+}
+
+/// WIT 0.3.0: workloads by group/version/kind, referenced keys, a
+/// restart's strategy.
+pub mod v3 {
+    use super::*;
+    use crate::bindings::v3::wit;
+    use wasmwatch_core::action::{self as core_action, Action, RestartStrategy, WorkloadKind};
+    use wasmwatch_core::event::{ChangeEvent, ChangeType, DataValue, ObjectKind};
+
+    shared!();
+
+    fn restart_from_wit(r: wit::RestartWorkload) -> Action {
+        let w = r.workload;
+        Action::Restart {
+            workload: core_action::WorkloadRef {
+                kind: WorkloadKind::from_gvk(&w.group, &w.version, &w.kind),
+                namespace: w.namespace,
+                name: w.name,
             },
-            reason: e.reason,
-            message: e.message,
-        },
+            reason: r.reason,
+            content_hash: r.content_hash,
+            strategy: r.strategy.map(|s| match s {
+                wit::RestartStrategy::Annotations => RestartStrategy::Annotations,
+                wit::RestartStrategy::EnvVars => RestartStrategy::EnvVars,
+                wit::RestartStrategy::RestartAt => RestartStrategy::RestartAt,
+            }),
+        }
     }
-}
 
-fn ports(p: Vec<core_lookups::ServicePort>) -> Vec<wit::ServicePort> {
-    p.into_iter()
-        .map(|p| wit::ServicePort {
-            name: p.name,
-            port: p.port,
-        })
-        .collect()
-}
-
-pub fn service_to_wit(s: core_lookups::ServiceInfo) -> wit::ServiceInfo {
-    wit::ServiceInfo {
-        labels: key_values_owned(s.labels),
-        annotations: key_values_owned(s.annotations),
-        ports: ports(s.ports),
-        namespace: s.namespace,
-        name: s.name,
+    /// The workloads referencing object `kind`/`name`, with the keys of it
+    /// each one uses.
+    pub fn workloads_to_wit(
+        found: Vec<core_lookups::WorkloadInfo>,
+        kind: ObjectKind,
+        name: &str,
+    ) -> Vec<wit::WorkloadInfo> {
+        found
+            .into_iter()
+            .map(|w| {
+                let reference = w
+                    .references
+                    .iter()
+                    .find(|r| r.kind == kind && r.name == name);
+                // Every workload the lookups return today references the
+                // object; `false` is for workloads a named `reload`
+                // annotation selects (issue 20, not looked up yet).
+                let referenced = reference.is_some();
+                // The kube lookups do not keep the keys yet (TODO in
+                // wasmwatch-kube's `references`): empty there, the whole
+                // object.
+                let referenced_keys = reference.map(|r| r.keys.clone()).unwrap_or_default();
+                let (group, version, kind) = w.workload.kind.gvk();
+                wit::WorkloadInfo {
+                    workload: wit::WorkloadRef {
+                        group: group.to_string(),
+                        version: version.to_string(),
+                        kind: kind.to_string(),
+                        namespace: w.workload.namespace,
+                        name: w.workload.name,
+                    },
+                    labels: key_values_owned(w.labels),
+                    annotations: key_values_owned(w.annotations),
+                    template_annotations: key_values_owned(w.template_annotations),
+                    referenced,
+                    referenced_keys,
+                }
+            })
+            .collect()
     }
-}
 
-pub fn endpoint_to_wit(e: core_lookups::Endpoint) -> wit::Endpoint {
-    wit::Endpoint {
-        address: e.address,
-        pod: e.pod,
-        ports: ports(e.ports),
+    /// [`super::workload_size`] with the kind's strings and the keys.
+    pub fn workload_size(w: &core_lookups::WorkloadInfo) -> usize {
+        let (group, version, kind) = w.workload.kind.gvk();
+        let keys: usize = w
+            .references
+            .iter()
+            .flat_map(|r| &r.keys)
+            .map(|k| 8 + k.len())
+            .sum();
+        super::workload_size(w) + group.len() + version.len() + kind.len() + keys
     }
-}
-
-pub fn workload_to_wit(w: core_lookups::WorkloadInfo) -> wit::WorkloadInfo {
-    wit::WorkloadInfo {
-        labels: key_values_owned(w.labels),
-        annotations: key_values_owned(w.annotations),
-        template_annotations: key_values_owned(w.template_annotations),
-        workload: wit::WorkloadRef {
-            kind: workload_kind_to_wit(w.workload.kind),
-            namespace: w.workload.namespace,
-            name: w.workload.name,
-        },
-    }
-}
-
-pub fn labels_from_wit(l: Vec<wit::KeyValue>) -> BTreeMap<String, String> {
-    l.into_iter().map(|kv| (kv.key, kv.value)).collect()
 }
 
 /// Roughly the bytes a lookup answer takes once copied into the sandbox:

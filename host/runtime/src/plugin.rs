@@ -14,10 +14,10 @@ use wasmwatch_core::manifest::{EventFilter, Limits, PluginEntry};
 use wasmwatch_core::text::{MAX_MESSAGE_BYTES, bounded_line};
 use wasmwatch_core::{Action, Capabilities, ChangeEvent, Verdict};
 
-use crate::bindings::{self, PluginPre, WORLD};
+use crate::bindings::{self, Exports, Pre, WORLDS};
 use crate::convert;
 use crate::error::{LoadError, PluginError};
-use crate::output::{self, HandleOutput, MAX_OUTPUT_BYTES, OutputRefused, WithLimits};
+use crate::output::{self, HandleOutput, MAX_OUTPUT_BYTES, OutputRefused, WithLimits, World};
 use crate::sandbox::{
     Limiter, PluginShared, Runtime, SandboxState, allowed_import, zero_authority_wasi,
 };
@@ -55,7 +55,8 @@ impl Decision {
 /// A loaded, pre-linked plugin. Cheap to share; each call gets a fresh sandbox.
 pub struct Plugin {
     runtime: Runtime,
-    pre: PluginPre<SandboxState>,
+    /// Pre-linked, of the world the component targets.
+    pre: Pre<SandboxState>,
     shared: Arc<PluginShared>,
     limits: Limits,
     capabilities: Capabilities,
@@ -100,11 +101,15 @@ impl Runtime {
             return Err(LoadError::CoreModule { plugin, path });
         }
         // Before compiling: a refused component costs no compile time.
-        match component_imports(&bytes) {
+        let worlds = match component_imports(&bytes) {
             Ok(imports) => {
-                if let Some(import) = imports.into_iter().find(|name| !allowed_import(name)) {
-                    return Err(LoadError::ForbiddenImport { plugin, import });
+                if let Some(import) = imports.iter().find(|name| !allowed_import(name)) {
+                    return Err(LoadError::ForbiddenImport {
+                        plugin,
+                        import: import.clone(),
+                    });
                 }
+                worlds_to_try(&imports)
             }
             Err(message) => {
                 return Err(LoadError::Compile {
@@ -113,7 +118,7 @@ impl Runtime {
                     message,
                 });
             }
-        }
+        };
         let inner = &self.inner;
         let compiled = {
             let engine = inner.engine.clone();
@@ -148,16 +153,36 @@ impl Runtime {
             path: path.clone(),
             message: format!("{e:#}"),
         })?;
-        let wrong_world = |e: wasmtime::Error| LoadError::WrongWorld {
+        let wrong_world = |message: String| LoadError::WrongWorld {
             plugin: plugin.clone(),
-            world: WORLD,
-            message: format!("{e:#}"),
+            world: WORLDS,
+            message,
         };
         let instance_pre = inner
             .linker
             .instantiate_pre(&component)
-            .map_err(wrong_world)?;
-        let pre = PluginPre::new(instance_pre).map_err(wrong_world)?;
+            .map_err(|e| wrong_world(format!("{e:#}")))?;
+        // The world whose exports the component has (the generated
+        // constructors type-check them), among those its imports name.
+        let mut problems = Vec::new();
+        let mut pre = None;
+        for world in worlds {
+            let made = match world {
+                bindings::v2::WORLD => {
+                    bindings::v2::PluginPre::new(instance_pre.clone()).map(Pre::V2)
+                }
+                _ => bindings::v3::PluginPre::new(instance_pre.clone()).map(Pre::V3),
+            };
+            match made {
+                Ok(p) => {
+                    pre = Some(p);
+                    break;
+                }
+                Err(e) => problems.push(format!("{world}: {e:#}")),
+            }
+        }
+        let pre = pre.ok_or_else(|| wrong_world(problems.join("; ")))?;
+        tracing::debug!(plugin, world = pre.world(), "world");
         let loaded = Plugin {
             runtime: self.clone(),
             pre,
@@ -182,7 +207,7 @@ impl Runtime {
         let check = loaded
             .call(true, move |b, s| {
                 Box::pin(async move {
-                    output::check_handle(b.handle_func(), &*s)?;
+                    b.check_handle(&*s)?;
                     b.call_check_config(s, &config).await
                 })
             })
@@ -204,6 +229,24 @@ impl Runtime {
     /// [`Runtime::load`] for callers outside any async runtime.
     pub fn load_blocking(&self, entry: &PluginEntry, base_dir: &Path) -> Result<Plugin, LoadError> {
         self.block_on(self.load(entry, base_dir))
+    }
+}
+
+/// The worlds to try for a component, by the `wasmwatch:plugin` versions
+/// it imports (every component of either world imports its `types`): the
+/// one it names, else both.
+fn worlds_to_try(imports: &[String]) -> Vec<&'static str> {
+    let ours = |version: &str| {
+        imports.iter().any(|name| {
+            name.strip_prefix("wasmwatch:plugin/")
+                .and_then(|rest| rest.split_once('@'))
+                .is_some_and(|(_, v)| v == version)
+        })
+    };
+    match (ours("0.2.0"), ours("0.3.0")) {
+        (true, false) => vec![bindings::v2::WORLD],
+        (false, true) => vec![bindings::v3::WORLD],
+        _ => vec![bindings::v2::WORLD, bindings::v3::WORLD],
     }
 }
 
@@ -243,6 +286,12 @@ impl Plugin {
         &self.module_sha256
     }
 
+    /// The WIT world the plugin's component targets, e.g.
+    /// `wasmwatch:plugin/plugin@0.3.0`.
+    pub fn world(&self) -> &'static str {
+        self.pre.world()
+    }
+
     /// Which events this plugin gets.
     pub fn filter(&self) -> &EventFilter {
         &self.filter
@@ -262,17 +311,18 @@ impl Plugin {
     /// plugin's timeout once a sandbox slot is free, whatever the plugin
     /// calls; dropping the future ends the call at once.
     pub async fn handle(&self, event: &ChangeEvent) -> Result<Decision, PluginError> {
-        let wit_event = convert::event_to_wit(event, self.capabilities.secret_values);
-        // The output is counted while it is copied out of the sandbox, and
-        // refused at the first action over the limits (see `output`).
+        let secret_values = self.capabilities.secret_values;
+        let result = match &self.pre {
+            Pre::V2(_) => {
+                self.call_handle::<output::V2>(convert::v2::event_to_wit(event, secret_values))
+                    .await?
+            }
+            Pre::V3(_) => {
+                self.call_handle::<output::V3>(convert::v3::event_to_wit(event, secret_values))
+                    .await?
+            }
+        };
         let max_actions = self.limits.max_actions as usize;
-        let result = self
-            .call(false, move |b, s| {
-                Box::pin(WithLimits::new(max_actions, async move {
-                    output::call_handle(b.handle_func(), s, &wit_event).await
-                }))
-            })
-            .await?;
         let actions = match result {
             HandleOutput::Actions(actions) => actions,
             HandleOutput::Error { text, len } => {
@@ -294,7 +344,6 @@ impl Plugin {
                 ),
             });
         }
-        let actions: Vec<Action> = actions.into_iter().map(convert::action_from_wit).collect();
         let size: usize = actions.iter().map(Action::approx_size).sum();
         if size > MAX_OUTPUT_BYTES {
             return Err(PluginError::OutputTooLarge {
@@ -325,6 +374,22 @@ impl Plugin {
         })
     }
 
+    /// `handle` of world `W` in a fresh sandbox. The output is counted
+    /// while it is copied out of the sandbox, and refused at the first
+    /// action over the limits (see `output`).
+    async fn call_handle<W: World>(&self, event: W::Event) -> Result<HandleOutput, PluginError>
+    where
+        W::Event: Send,
+    {
+        let max_actions = self.limits.max_actions as usize;
+        self.call(false, move |b, s| {
+            Box::pin(WithLimits::new(max_actions, async move {
+                output::call_handle::<W>(b.handle_func(), s, &event).await
+            }))
+        })
+        .await
+    }
+
     /// [`Plugin::handle`] for callers outside any async runtime.
     pub fn handle_blocking(&self, event: &ChangeEvent) -> Result<Decision, PluginError> {
         self.runtime.block_on(self.handle(event))
@@ -343,7 +408,7 @@ impl Plugin {
 
     /// One call in a fresh sandbox, with the deadline and the memory limit.
     /// `check_types` type-checks the exports (load does, once; see
-    /// [`bindings::PluginPre::instantiate_prechecked`]).
+    /// [`bindings::v2::PluginPre::instantiate_prechecked`]).
     ///
     /// The deadline holds two ways: wasm code meets the epoch callback at
     /// every tick (it yields to other tasks, and traps once the time is
@@ -352,7 +417,7 @@ impl Plugin {
     async fn call<R: Send>(
         &self,
         check_types: bool,
-        f: impl FnOnce(bindings::Plugin, &mut Store<SandboxState>) -> CallFuture<'_, R> + Send,
+        f: impl FnOnce(Exports, &mut Store<SandboxState>) -> CallFuture<'_, R> + Send,
     ) -> Result<R, PluginError> {
         let inner = &self.runtime.inner;
         // Waiting for a slot is not the plugin's time. The semaphores are
@@ -398,12 +463,8 @@ impl Plugin {
         });
         store.set_epoch_deadline(1);
         let run = async {
-            let bindings = if check_types {
-                self.pre.instantiate_async(&mut store).await
-            } else {
-                self.pre.instantiate_prechecked(&mut store).await
-            }?;
-            f(bindings, &mut store).await
+            let exports = self.pre.instantiate(&mut store, check_types).await?;
+            f(exports, &mut store).await
         };
         let result = tokio::time::timeout_at(deadline.into(), run).await;
         let out = String::from_utf8_lossy(&stdout.contents()).into_owned();

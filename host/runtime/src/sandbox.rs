@@ -11,7 +11,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmwatch_core::Lookups;
 use wasmwatch_core::text::{MAX_MESSAGE_BYTES, bounded_line};
 
-use crate::bindings::{self, wit};
+use crate::bindings;
 use crate::convert;
 use crate::ticker::EpochTicker;
 
@@ -123,7 +123,16 @@ impl Runtime {
         // anyway (see `allowed_import`). Async, so that a wasi:io poll (a
         // plugin's `sleep`) is a future the deadline can drop.
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        bindings::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)?;
+        // Both worlds' host interfaces (`wasmwatch:plugin/host@0.2.0` and
+        // `@0.3.0`): a plugin of either links.
+        bindings::v2::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )?;
+        bindings::v3::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )?;
 
         let ticker = EpochTicker::start(engine.clone(), config.epoch_tick)?;
         if let Some(dir) = &config.cache_dir {
@@ -335,93 +344,108 @@ impl SandboxState {
     }
 }
 
-impl wit::Host for SandboxState {}
+/// The host interface of world `$v`: the same lookups in both worlds, the
+/// workloads converted per world (`convert::$v::workloads_to_wit`).
+macro_rules! host_interface {
+    ($v:ident) => {
+        impl bindings::$v::wit::Host for SandboxState {}
 
-impl bindings::wasmwatch::plugin::host::Host for SandboxState {
-    fn log(&mut self, level: wit::LogLevel, message: String) -> wasmtime::Result<()> {
-        let plugin = self.plugin.name.as_str();
-        if self.log_lines >= LOG_LINES_PER_CALL || self.log_bytes >= LOG_BYTES_PER_CALL {
-            if self.log_lines == LOG_LINES_PER_CALL || self.log_bytes < usize::MAX {
-                tracing::warn!(
-                    plugin,
-                    "log limit of this call reached ({LOG_LINES_PER_CALL} lines or {LOG_BYTES_PER_CALL} bytes): dropping its further messages"
-                );
-                self.log_lines = LOG_LINES_PER_CALL + 1;
-                self.log_bytes = usize::MAX;
+        impl bindings::$v::wasmwatch::plugin::host::Host for SandboxState {
+            fn log(
+                &mut self,
+                level: bindings::$v::wit::LogLevel,
+                message: String,
+            ) -> wasmtime::Result<()> {
+                use bindings::$v::wit::LogLevel;
+                let plugin = self.plugin.name.as_str();
+                if self.log_lines >= LOG_LINES_PER_CALL || self.log_bytes >= LOG_BYTES_PER_CALL {
+                    if self.log_lines == LOG_LINES_PER_CALL || self.log_bytes < usize::MAX {
+                        tracing::warn!(
+                            plugin,
+                            "log limit of this call reached ({LOG_LINES_PER_CALL} lines or {LOG_BYTES_PER_CALL} bytes): dropping its further messages"
+                        );
+                        self.log_lines = LOG_LINES_PER_CALL + 1;
+                        self.log_bytes = usize::MAX;
+                    }
+                    return Ok(());
+                }
+                let message = bounded_line(&message, MAX_MESSAGE_BYTES);
+                self.log_lines += 1;
+                self.log_bytes = self.log_bytes.saturating_add(message.len());
+                match level {
+                    LogLevel::Trace => tracing::trace!(plugin, "{message}"),
+                    LogLevel::Debug => tracing::debug!(plugin, "{message}"),
+                    LogLevel::Info => tracing::info!(plugin, "{message}"),
+                    LogLevel::Warn => tracing::warn!(plugin, "{message}"),
+                    LogLevel::Error => tracing::error!(plugin, "{message}"),
+                }
+                Ok(())
             }
-            return Ok(());
+
+            fn config(&mut self) -> wasmtime::Result<String> {
+                Ok(self.plugin.config_json.clone())
+            }
+
+            fn workloads_referencing(
+                &mut self,
+                kind: bindings::$v::wit::ObjectKind,
+                namespace: String,
+                name: String,
+            ) -> wasmtime::Result<Vec<bindings::$v::wit::WorkloadInfo>> {
+                self.in_time()?;
+                let kind = convert::$v::kind_from_wit(kind);
+                let found = self
+                    .plugin
+                    .lookups
+                    .workloads_referencing(kind, &namespace, &name);
+                let found =
+                    self.fits("workloads-referencing", found, convert::$v::workload_size)?;
+                Ok(convert::$v::workloads_to_wit(found, kind, &name))
+            }
+
+            fn service(
+                &mut self,
+                namespace: String,
+                name: String,
+            ) -> wasmtime::Result<Option<bindings::$v::wit::ServiceInfo>> {
+                self.in_time()?;
+                Ok(self
+                    .plugin
+                    .lookups
+                    .service(&namespace, &name)
+                    .map(convert::$v::service_to_wit))
+            }
+
+            fn services_with_labels(
+                &mut self,
+                namespace: String,
+                labels: Vec<bindings::$v::wit::KeyValue>,
+            ) -> wasmtime::Result<Vec<bindings::$v::wit::ServiceInfo>> {
+                self.in_time()?;
+                let found = self
+                    .plugin
+                    .lookups
+                    .services_with_labels(&namespace, &convert::$v::labels_from_wit(labels));
+                let found = self.fits("services-with-labels", found, convert::service_size)?;
+                Ok(found.into_iter().map(convert::$v::service_to_wit).collect())
+            }
+
+            fn ready_endpoints(
+                &mut self,
+                namespace: String,
+                service: String,
+            ) -> wasmtime::Result<Vec<bindings::$v::wit::Endpoint>> {
+                self.in_time()?;
+                let found = self.plugin.lookups.ready_endpoints(&namespace, &service);
+                let found = self.fits("ready-endpoints", found, convert::endpoint_size)?;
+                Ok(found.into_iter().map(convert::$v::endpoint_to_wit).collect())
+            }
         }
-        let message = bounded_line(&message, MAX_MESSAGE_BYTES);
-        self.log_lines += 1;
-        self.log_bytes = self.log_bytes.saturating_add(message.len());
-        match level {
-            wit::LogLevel::Trace => tracing::trace!(plugin, "{message}"),
-            wit::LogLevel::Debug => tracing::debug!(plugin, "{message}"),
-            wit::LogLevel::Info => tracing::info!(plugin, "{message}"),
-            wit::LogLevel::Warn => tracing::warn!(plugin, "{message}"),
-            wit::LogLevel::Error => tracing::error!(plugin, "{message}"),
-        }
-        Ok(())
-    }
-
-    fn config(&mut self) -> wasmtime::Result<String> {
-        Ok(self.plugin.config_json.clone())
-    }
-
-    fn workloads_referencing(
-        &mut self,
-        kind: wit::ObjectKind,
-        namespace: String,
-        name: String,
-    ) -> wasmtime::Result<Vec<wit::WorkloadInfo>> {
-        self.in_time()?;
-        let found = self.plugin.lookups.workloads_referencing(
-            convert::kind_from_wit(kind),
-            &namespace,
-            &name,
-        );
-        let found = self.fits("workloads-referencing", found, convert::workload_size)?;
-        Ok(found.into_iter().map(convert::workload_to_wit).collect())
-    }
-
-    fn service(
-        &mut self,
-        namespace: String,
-        name: String,
-    ) -> wasmtime::Result<Option<wit::ServiceInfo>> {
-        self.in_time()?;
-        Ok(self
-            .plugin
-            .lookups
-            .service(&namespace, &name)
-            .map(convert::service_to_wit))
-    }
-
-    fn services_with_labels(
-        &mut self,
-        namespace: String,
-        labels: Vec<wit::KeyValue>,
-    ) -> wasmtime::Result<Vec<wit::ServiceInfo>> {
-        self.in_time()?;
-        let found = self
-            .plugin
-            .lookups
-            .services_with_labels(&namespace, &convert::labels_from_wit(labels));
-        let found = self.fits("services-with-labels", found, convert::service_size)?;
-        Ok(found.into_iter().map(convert::service_to_wit).collect())
-    }
-
-    fn ready_endpoints(
-        &mut self,
-        namespace: String,
-        service: String,
-    ) -> wasmtime::Result<Vec<wit::Endpoint>> {
-        self.in_time()?;
-        let found = self.plugin.lookups.ready_endpoints(&namespace, &service);
-        let found = self.fits("ready-endpoints", found, convert::endpoint_size)?;
-        Ok(found.into_iter().map(convert::endpoint_to_wit).collect())
-    }
+    };
 }
+
+host_interface!(v2);
+host_interface!(v3);
 
 #[cfg(test)]
 mod tests {

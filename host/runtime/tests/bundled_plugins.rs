@@ -488,6 +488,7 @@ fn workload(
             .map(|(kind, name)| ObjectRef {
                 kind: *kind,
                 name: name.to_string(),
+                keys: vec![],
             })
             .collect(),
     }
@@ -578,6 +579,7 @@ fn restarted(plugin: &Plugin, ev: &ChangeEvent) -> Vec<String> {
                 workload,
                 reason,
                 content_hash,
+                strategy: None,
             } => {
                 assert_eq!(
                     reason,
@@ -647,7 +649,7 @@ fn rollout_restart_auto_restarts_referencing_workloads(module: &str) {
         .actions
         .iter()
         .map(|c| match &c.action {
-            Action::Restart { workload, .. } => (workload.kind, workload.name.as_str()),
+            Action::Restart { workload, .. } => (workload.kind.clone(), workload.name.as_str()),
             other => panic!("unexpected {other:?}"),
         })
         .collect();

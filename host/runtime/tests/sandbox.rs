@@ -509,6 +509,7 @@ fn host_lookups_reach_the_plugin() {
             references: vec![ObjectRef {
                 kind: ObjectKind::ConfigMap,
                 name: "orders".into(),
+                keys: vec![],
             }],
         }],
         services: vec![service("orders"), service("db")],
@@ -571,12 +572,16 @@ fn a_component_of_another_world_fails_to_load() {
     .err()
     .unwrap();
     assert!(matches!(err, LoadError::WrongWorld { .. }), "{err}");
+    // Neither world: the message names both, and why each does not fit.
+    let msg = err.to_string();
     assert!(
-        err.to_string().starts_with(
-            "plugin `other`: is not a component of the wasmwatch:plugin/plugin@0.2.0 world:"
+        msg.starts_with(
+            "plugin `other`: is not a component of the wasmwatch:plugin/plugin@0.2.0 or \
+             wasmwatch:plugin/plugin@0.3.0 world: wasmwatch:plugin/plugin@0.2.0: "
         ),
-        "{err}"
+        "{msg}"
     );
+    assert!(msg.contains("; wasmwatch:plugin/plugin@0.3.0: "), "{msg}");
 }
 
 #[test]

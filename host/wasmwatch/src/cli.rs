@@ -587,6 +587,21 @@ async fn run_elect(args: ElectArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `f` as a task on `rt`'s workers, not on the calling thread:
+/// `block_on` would poll it on the main thread, so every change the term
+/// loop handles would hop between that thread and the workers (two thread
+/// wake-ups per hop; measured with `bench compare`, issue 24).
+fn on_worker<F>(rt: &tokio::runtime::Runtime, f: F) -> F::Output
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match rt.block_on(rt.spawn(f)) {
+        Ok(out) => out,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory as _;
@@ -643,20 +658,5 @@ mod tests {
                 .get_arguments()
                 .any(|a| a.get_long() == Some("insecure-registry"))
         );
-    }
-}
-
-/// Runs `f` as a task on `rt`'s workers, not on the calling thread:
-/// `block_on` would poll it on the main thread, so every change the term
-/// loop handles would hop between that thread and the workers (two thread
-/// wake-ups per hop; measured with `bench compare`, issue 24).
-fn on_worker<F>(rt: &tokio::runtime::Runtime, f: F) -> F::Output
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    match rt.block_on(rt.spawn(f)) {
-        Ok(out) => out,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }

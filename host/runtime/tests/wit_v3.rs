@@ -1,0 +1,282 @@
+//! WIT 0.3.0 (wit/0.3.0/plugin.wit) beside 0.2.0, with real components: a
+//! 0.3.0 plugin (plugins/testing/v3-restart) loads, its workload lookups
+//! carry the new fields, and its restarts come out as core restarts (the
+//! apps/v1 kinds as today's, other kinds by group/version/kind, refused
+//! naming the kind). The bundled 0.2.0 plugins' behaviour is covered by
+//! tests/bundled_plugins.rs; here only which world they load as.
+use std::path::Path;
+use std::sync::Arc;
+
+use wasmwatch_core::action::{Action, RestartStrategy, WorkloadKind, WorkloadRef};
+use wasmwatch_core::lookups::{ObjectRef, StaticLookups, WorkloadInfo};
+use wasmwatch_core::{ChangeEvent, ChangeType, Manifest, ObjectKind, ObjectSnapshot, Verdict};
+use wasmwatch_runtime::{CheckedAction, Plugin, Runtime, RuntimeConfig};
+use wasmwatch_testkit::pin;
+
+const V2: &str = "wasmwatch:plugin/plugin@0.2.0";
+const V3: &str = "wasmwatch:plugin/plugin@0.3.0";
+
+fn load(lookups: StaticLookups, entry: &str) -> Plugin {
+    let config = RuntimeConfig {
+        cache_dir: Some(wasmwatch_testkit::artifact_cache_dir()),
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::new(config, Arc::new(lookups)).unwrap();
+    let yaml = format!(
+        "apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nplugins:\n  - {}\n",
+        entry.trim_start()
+    );
+    let m = Manifest::parse(&pin(&yaml), Path::new("/")).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    rt.load_blocking(&m.plugins[0], &m.base_dir)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// v3-restart with this config and restart grant.
+fn v3(lookups: StaticLookups, config: &str, restart: &str) -> Plugin {
+    load(
+        lookups,
+        &format!(
+            "name: v3\n    module: {{module:v3-restart}}\n    sha256: {{sha256:v3-restart}}\n    config: {config}\n    capabilities: {{restart: {restart}}}"
+        ),
+    )
+}
+
+fn orders_changed() -> ChangeEvent {
+    let obj = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "u-1", "resourceVersion": "42"},
+        "data": {"a.yaml": "x: 1", "b": "2", "c": "3"}
+    });
+    ChangeEvent::new(
+        ChangeType::Modified,
+        ObjectSnapshot::from_json(&obj).unwrap(),
+        None,
+    )
+}
+
+fn workload(kind: WorkloadKind, name: &str, keys: &[&str]) -> WorkloadInfo {
+    WorkloadInfo {
+        workload: WorkloadRef {
+            kind,
+            namespace: "shop".into(),
+            name: name.into(),
+        },
+        labels: Default::default(),
+        annotations: Default::default(),
+        template_annotations: Default::default(),
+        references: vec![
+            ObjectRef {
+                kind: ObjectKind::Secret,
+                name: "orders".into(),
+                keys: vec!["password".into()],
+            },
+            ObjectRef {
+                kind: ObjectKind::ConfigMap,
+                name: "orders".into(),
+                keys: keys.iter().map(|k| k.to_string()).collect(),
+            },
+        ],
+    }
+}
+
+fn restart(
+    kind: WorkloadKind,
+    name: &str,
+    reason: &str,
+    strategy: Option<RestartStrategy>,
+) -> Action {
+    let ev = orders_changed();
+    Action::Restart {
+        workload: WorkloadRef {
+            kind,
+            namespace: "shop".into(),
+            name: name.into(),
+        },
+        reason: reason.into(),
+        content_hash: format!("configmap/orders:{}", ev.digest),
+        strategy,
+    }
+}
+
+fn decide(plugin: &Plugin) -> Vec<CheckedAction> {
+    plugin.handle_blocking(&orders_changed()).unwrap().actions
+}
+
+fn refusal(c: &CheckedAction) -> &str {
+    match &c.verdict {
+        Verdict::Refused { capability, reason } => {
+            assert_eq!(*capability, "restart");
+            reason
+        }
+        Verdict::Allowed => panic!("allowed: {:?}", c.action),
+    }
+}
+
+#[test]
+fn bundled_0_2_0_components_load_as_0_2_0_and_the_test_plugin_as_0_3_0() {
+    for (module, config) in [
+        ("rollout-restart", "{}"),
+        ("http-refresh", "{}"),
+        ("bus-refresh", "{connection: rabbit}"),
+    ] {
+        let plugin = load(
+            StaticLookups::default(),
+            &format!(
+                "name: p\n    module: {{module:{module}}}\n    sha256: {{sha256:{module}}}\n    config: {config}"
+            ),
+        );
+        assert_eq!(plugin.world(), V2, "{module}");
+    }
+    assert_eq!(v3(StaticLookups::default(), "{}", "[]").world(), V3);
+}
+
+/// The lookup answers with the workloads' group/version/kind, whether the
+/// pod template references the object, and which of its keys; the
+/// plugin's restarts of what it found are today's restarts.
+#[test]
+fn a_0_3_0_plugin_sees_kinds_and_referenced_keys_and_restarts_as_before() {
+    let lookups = StaticLookups {
+        workloads: vec![
+            workload(WorkloadKind::Deployment, "api", &["a.yaml", "b"]),
+            workload(WorkloadKind::StatefulSet, "db", &[]),
+            // Another object's workload is not returned.
+            WorkloadInfo {
+                references: vec![],
+                ..workload(WorkloadKind::DaemonSet, "agent", &[])
+            },
+        ],
+        ..Default::default()
+    };
+    let plugin = v3(lookups, "{}", "[shop]");
+    let actions = decide(&plugin);
+    let want = [
+        restart(
+            WorkloadKind::Deployment,
+            "api",
+            "ConfigMap shop/orders changed (referenced: true, keys: a.yaml,b)",
+            None,
+        ),
+        restart(
+            WorkloadKind::StatefulSet,
+            "db",
+            "ConfigMap shop/orders changed (referenced: true, keys: )",
+            None,
+        ),
+    ];
+    assert_eq!(
+        actions.iter().map(|c| &c.action).collect::<Vec<_>>(),
+        want.iter().collect::<Vec<_>>()
+    );
+    assert!(actions.iter().all(|c| c.verdict == Verdict::Allowed));
+}
+
+/// A restart the plugin names by group/version/kind: apps/v1 is today's
+/// restart, with the strategy the plugin chose.
+#[test]
+fn a_0_3_0_restart_of_an_apps_v1_deployment_is_todays_restart() {
+    let config = "{kind: {group: apps, version: v1, kind: Deployment}, name: api}";
+    let actions = decide(&v3(StaticLookups::default(), config, "[shop]"));
+    assert_eq!(actions.len(), 1);
+    assert_eq!(
+        actions[0].action,
+        restart(
+            WorkloadKind::Deployment,
+            "api",
+            "ConfigMap shop/orders changed",
+            None
+        )
+    );
+    assert_eq!(actions[0].verdict, Verdict::Allowed);
+
+    let config =
+        "{kind: {group: apps, version: v1, kind: StatefulSet}, name: db, strategy: env-vars}";
+    let actions = decide(&v3(StaticLookups::default(), config, "[shop]"));
+    assert_eq!(
+        actions[0].action,
+        restart(
+            WorkloadKind::StatefulSet,
+            "db",
+            "ConfigMap shop/orders changed",
+            Some(RestartStrategy::EnvVars)
+        )
+    );
+    assert_eq!(actions[0].verdict, Verdict::Allowed);
+
+    // restart-at is refused for now, naming it.
+    let config =
+        "{kind: {group: apps, version: v1, kind: Deployment}, name: api, strategy: restart-at}";
+    let actions = decide(&v3(StaticLookups::default(), config, "[shop]"));
+    assert_eq!(
+        actions[0].action,
+        restart(
+            WorkloadKind::Deployment,
+            "api",
+            "ConfigMap shop/orders changed",
+            Some(RestartStrategy::RestartAt)
+        )
+    );
+    assert_eq!(
+        refusal(&actions[0]),
+        "restarting Deployment shop/api: strategy restart-at is not supported yet \
+         (annotations or env-vars are)"
+    );
+}
+
+/// Another kind comes out by group/version/kind; it is refused unless
+/// granted by name, and, granted, refused as a kind the host cannot restart
+/// yet. Both verdicts name the kind.
+#[test]
+fn a_0_3_0_restart_of_another_kind_names_it() {
+    for (group, version, kind, written) in [
+        ("batch", "v1", "CronJob", "batch/v1/CronJob"),
+        (
+            "argoproj.io",
+            "v1alpha1",
+            "Rollout",
+            "argoproj.io/v1alpha1/Rollout",
+        ),
+        (
+            "",
+            "v1",
+            "ReplicationController",
+            "v1/ReplicationController",
+        ),
+    ] {
+        let config = format!(
+            "{{kind: {{group: \"{group}\", version: {version}, kind: {kind}}}, name: nightly}}"
+        );
+        let want = restart(
+            WorkloadKind::from_gvk(group, version, kind),
+            "nightly",
+            "ConfigMap shop/orders changed",
+            None,
+        );
+        let Action::Restart { workload, .. } = &want else {
+            unreachable!()
+        };
+        assert_eq!(workload.kind.to_string(), written);
+
+        let plugin = v3(StaticLookups::default(), &config, "[shop]");
+        let actions = decide(&plugin);
+        assert_eq!(actions[0].action, want);
+        assert_eq!(
+            refusal(&actions[0]),
+            format!(
+                "restarting {written} shop/nightly: kind {written} not granted \
+                 (restart.kinds: none given: the apps/v1 kinds)"
+            )
+        );
+        assert_eq!(plugin.refused_actions(), 1);
+
+        let granted = format!("{{namespaces: [shop], kinds: [Deployment, \"{written}\"]}}");
+        let actions = decide(&v3(StaticLookups::default(), &config, &granted));
+        assert_eq!(actions[0].action, want);
+        assert_eq!(
+            refusal(&actions[0]),
+            format!(
+                "restarting {written} shop/nightly: wasmwatch cannot restart kind {written} yet \
+                 (it restarts Deployment, StatefulSet, DaemonSet)"
+            )
+        );
+    }
+}
