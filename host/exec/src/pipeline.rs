@@ -176,17 +176,9 @@ impl From<&wasmwatch_core::manifest::RateLimits> for PipelineConfig {
 }
 
 impl Default for PipelineConfig {
+    /// The manifest's defaults.
     fn default() -> Self {
-        PipelineConfig {
-            global: RateLimit {
-                rate: 200.0,
-                burst: 100.0,
-            },
-            per_target: RateLimit {
-                rate: 5.0,
-                burst: 5.0,
-            },
-        }
+        PipelineConfig::from(&wasmwatch_core::manifest::RateLimits::default())
     }
 }
 

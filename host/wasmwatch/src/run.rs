@@ -27,6 +27,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use anyhow::Context;
+use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::Instrument;
 use wasmwatch_core::action::EventType;
@@ -44,7 +45,7 @@ use wasmwatch_kube::elector::{Elector, ElectorConfig, Fence, Leadership};
 use wasmwatch_kube::lookups::KubeLookups;
 use wasmwatch_kube::namespaces::NamespaceWatch;
 use wasmwatch_kube::term::{Effect, End, Input, Saved, Start, Term};
-use wasmwatch_kube::watchloop::{Output, WatchLoop, WatchTarget};
+use wasmwatch_kube::watchloop::{WatchLoop, WatchTarget};
 use wasmwatch_runtime::{Plugin, Runtime, RuntimeConfig};
 
 use crate::metrics::Metrics;
@@ -579,8 +580,10 @@ impl Service {
             route,
         );
 
-        // One watch loop per stream, tagged with its stream id.
-        let (tx, mut outputs) = mpsc::channel::<(usize, Output)>(1024);
+        // One watch loop per stream, tagged with its stream id. The term
+        // reads every loop's channel itself: a forwarding task per loop
+        // cost one more task wake-up per change (issue 24).
+        let mut streams = Vec::new();
         let mut tasks = Vec::new();
         // Per loop: kind, counters, and the values already counted.
         let mut watch_stats = Vec::new();
@@ -632,19 +635,15 @@ impl Service {
                 // send it as often as checkpoints are saved.
                 wl.index_interval = self.options.checkpoint_interval;
                 watch_stats.push((*kind, wl.stats(), 0u64, 0u64));
-                let (loop_tx, mut loop_rx) = mpsc::channel(256);
+                let (loop_tx, loop_rx) = mpsc::channel(256);
                 tasks.push(AbortOnDrop(tokio::spawn(wl.run(loop_tx).instrument(span))));
-                let tx = tx.clone();
-                tasks.push(AbortOnDrop(tokio::spawn(async move {
-                    while let Some(o) = loop_rx.recv().await {
-                        if tx.send((id, o)).await.is_err() {
-                            return;
-                        }
-                    }
-                })));
+                streams.push(futures_util::stream::unfold(loop_rx, move |mut rx| async move {
+                    rx.recv().await.map(|o| ((id, o), rx))
+                }).boxed());
             }
         }
-        drop(tx);
+        // Ends (`None`) when every loop has ended.
+        let mut outputs = futures_util::stream::select_all(streams);
         // Each loop has its part of the claimed index now.
         drop(indexes);
 
@@ -726,7 +725,7 @@ impl Service {
                 // budget, so a burst (or a destination that keeps failing
                 // while contents queue for it) waits in the watch loops'
                 // channels, not in memory.
-                o = outputs.recv(), if term.wants_outputs()
+                o = outputs.next(), if term.wants_outputs()
                     && calls.len() < CALLS_IN_FLIGHT
                     && pipeline.stats().queued.load(std::sync::atomic::Ordering::Relaxed) < QUEUED_JOBS => match o {
                     Some((id, output)) => Input::Output(id, output),

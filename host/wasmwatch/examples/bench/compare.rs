@@ -18,6 +18,9 @@
 //!      /proc/PID/stat) and of the API server's threads over the writes and
 //!      1 s after; write -> POST at the app, p50/p99; Events and other API
 //!      writes per change (the API server's request log);
+//!    - fast: the same at 1,000/s (3,000 changes; each app gets 20 a
+//!      second, so rate limits and coalescing show): CPU per change,
+//!      write -> POST p50/p99;
 //!    - burst: 4,000 changes from 4 HTTP writers (every ConfigMap 4 times);
 //!      the time from the writers' start until every app's last POST, which
 //!      must come after its last change was sent (the baseline posts in
@@ -58,6 +61,9 @@ const APPS: usize = 50;
 const OBJECTS: usize = 1000;
 const PACED: usize = 1000;
 const PACED_TICK: Duration = Duration::from_millis(10);
+/// The faster paced load: 3,000 changes at 1,000/s.
+const FAST: usize = 3000;
+const FAST_TICK: Duration = Duration::from_millis(1);
 const BURST: usize = 4000;
 const WRITERS: usize = 4;
 const VALUE_BYTES: usize = 10 * 1024;
@@ -476,14 +482,20 @@ struct Paced {
 
 /// 1,000 changes at 100/s, one per ConfigMap, round robin over the apps.
 async fn paced(bed: &Bed, pid: Option<u32>, tag: &str) -> Paced {
+    paced_at(bed, pid, tag, PACED, PACED_TICK).await
+}
+
+/// `count` changes, one every `tick`, one per ConfigMap, round robin over
+/// the apps.
+async fn paced_at(bed: &Bed, pid: Option<u32>, tag: &str, count: usize, tick: Duration) -> Paced {
     bed.clear_pods();
     bed.server.clear_requests();
     let cpu0 = pid.map(process_cpu).unwrap_or_default();
     let api0 = apiserver_cpu();
     let mut writes: Vec<Vec<Instant>> = vec![Vec::new(); APPS];
     let t0 = Instant::now();
-    for k in 0..PACED {
-        tokio::time::sleep_until((t0 + PACED_TICK * k as u32).into()).await;
+    for k in 0..count {
+        tokio::time::sleep_until((t0 + tick * k as u32).into()).await;
         let i = k % bed.objects;
         let at = Instant::now();
         bed.change(i, format!("{tag}{k}")).await;
@@ -696,6 +708,12 @@ async fn run(r: usize, work: &Path, big: usize) -> (Sample, [f64; 3]) {
             who,
             m.other_writes as f64 / PACED as f64,
         );
+        // 1,000/s: every app gets 20 changes a second.
+        let f = paced_at(&b, Some(p.pid()), &format!("r{r}f{n}"), FAST, FAST_TICK).await;
+        put(&mut s, "cpu_fast", who, us_per(f.cpu, FAST));
+        put(&mut s, "p50_fast", who, ms(f.p50));
+        put(&mut s, "p99_fast", who, ms(f.p99));
+        put(&mut s, "missing_fast", who, f.missing as f64);
         let prof = Profile::start(p.pid(), who, &format!("burst-r{r}"));
         let bu = burst(&b, Some(p.pid()), &format!("r{r}b{n}")).await;
         drop(prof);
@@ -749,7 +767,7 @@ async fn run(r: usize, work: &Path, big: usize) -> (Sample, [f64; 3]) {
 
 /// Rows whose ratio means nothing (counts that should be 0, and ready
 /// lines that mean different things).
-const NO_RATIO: &[&str] = &["to_ready", "missing", "burst_missed"];
+const NO_RATIO: &[&str] = &["to_ready", "missing", "missing_fast", "burst_missed"];
 
 /// (key, label, decimals)
 fn rows(big: usize) -> Vec<(&'static str, String, usize)> {
@@ -764,6 +782,10 @@ fn rows(big: usize) -> Vec<(&'static str, String, usize)> {
         ("p50", "write → POST at the app, p50 at 100/s (ms)".into(), 2),
         ("p99", "write → POST at the app, p99 at 100/s (ms)".into(), 2),
         ("p99_big", format!("same p99, {big} objects (ms)"), 2),
+        ("cpu_fast", "CPU per change at 1,000/s, 1k objects (µs)".into(), 0),
+        ("p50_fast", "write → POST at the app, p50 at 1,000/s (ms)".into(), 2),
+        ("p99_fast", "write → POST at the app, p99 at 1,000/s (ms)".into(), 2),
+        ("missing_fast", format!("changes without a POST after them at 1,000/s (of {FAST})"), 0),
         ("missing", "changes without a POST after them (of 1,000)".into(), 0),
         ("burst_all", "burst (4 HTTP writers, 4,000 changes): start → every app refreshed after its last change (ms)".into(), 0),
         ("burst_rate", "burst: changes/s over that time".into(), 0),
