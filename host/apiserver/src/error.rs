@@ -216,6 +216,16 @@ impl ApiError {
         ])
     }
 
+    /// 415 for a strategic merge patch of a custom resource: kube-apiserver
+    /// accepts only JSON and merge patches (and apply) for those.
+    pub fn strategic_patch_of_custom_resource() -> Self {
+        Self::unsupported(&[
+            "application/json-patch+json",
+            "application/merge-patch+json",
+            "application/apply-patch+yaml",
+        ])
+    }
+
     fn unsupported(accepted: &[&str]) -> Self {
         Self::new(
             415,

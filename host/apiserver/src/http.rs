@@ -247,6 +247,9 @@ async fn handle_resource(
             let (ct, body) = read_body(req).await?;
             let ty = PatchType::from_content_type(&ct)
                 .ok_or_else(|| ApiError::unsupported_patch_type(&ct))?;
+            if ty == PatchType::Strategic && t.rt().custom {
+                return Err(ApiError::strategic_patch_of_custom_resource());
+            }
             api::patch(sh, &t, &q, ty, api::parse_body("application/json", &body)?)
         }
         (Method::DELETE, true) => {

@@ -3,7 +3,10 @@
 //! It speaks the real Kubernetes HTTP API (plain HTTP/1.1 on loopback, JSON,
 //! real paths and verbs) for the resources wasmwatch touches — namespaces,
 //! configmaps, secrets, services, pods, events (core/v1), endpointslices,
-//! deployments, statefulsets, daemonsets, leases and events.k8s.io events —
+//! deployments, statefulsets, daemonsets, jobs, cronjobs, leases,
+//! events.k8s.io events, and two custom resources (no strategic merge
+//! patch): Argo Rollouts (argoproj.io/v1alpha1) and OpenKruise CloneSets
+//! (apps.kruise.io/v1alpha1) —
 //! with kube-apiserver's resourceVersion, watch, bookmark, 410 and 409
 //! semantics, so that kubectl and kube-rs work against it unmodified.
 //!

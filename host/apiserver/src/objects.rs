@@ -238,6 +238,79 @@ fn kind_defaults_on_create(rt: &ResourceType, obj: &mut Value) {
     }
 }
 
+/// A Job without `spec.manualSelector: true` gets a selector generated from
+/// its uid, and its pod template the labels that selector matches (the Job
+/// strategy's PrepareForCreate); a selector of its own is refused.
+fn job_selector_on_create(rt: &ResourceType, name: &str, obj: &mut Value) -> Result<(), ApiError> {
+    if !(rt.group == "batch" && rt.plural == "jobs") {
+        return Ok(());
+    }
+    if obj.pointer("/spec/manualSelector") == Some(&json!(true)) {
+        return Ok(());
+    }
+    if let Some(sel) = obj.pointer("/spec/selector").filter(|s| !s.is_null()) {
+        return Err(ApiError::invalid(
+            rt,
+            name,
+            vec![Cause {
+                reason: "FieldValueInvalid",
+                message: format!("Invalid value: {sel}: `selector` not auto-generated"),
+                field: "spec.selector".into(),
+            }],
+        ));
+    }
+    let uid = str_at(obj, "/metadata/uid").unwrap_or_default().to_string();
+    if !obj.get("spec").is_some_and(Value::is_object) {
+        obj["spec"] = json!({});
+    }
+    obj["spec"]["selector"] = json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}});
+    if !obj["spec"].get("template").is_some_and(Value::is_object) {
+        obj["spec"]["template"] = json!({});
+    }
+    let template = &mut obj["spec"]["template"];
+    if !template.get("metadata").is_some_and(Value::is_object) {
+        template["metadata"] = json!({});
+    }
+    if !template["metadata"]
+        .get("labels")
+        .is_some_and(Value::is_object)
+    {
+        template["metadata"]["labels"] = json!({});
+    }
+    let labels = &mut template["metadata"]["labels"];
+    labels["batch.kubernetes.io/controller-uid"] = json!(uid);
+    labels["batch.kubernetes.io/job-name"] = json!(name);
+    labels["controller-uid"] = json!(uid);
+    labels["job-name"] = json!(name);
+    Ok(())
+}
+
+/// The defaults kube-apiserver fills into a Job's or a CronJob's spec.
+fn batch_spec_defaults(rt: &ResourceType, obj: &mut Value) {
+    if rt.group != "batch" {
+        return;
+    }
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    match rt.plural {
+        "jobs" => {
+            spec.entry("parallelism").or_insert(json!(1));
+            spec.entry("completions").or_insert(json!(1));
+            spec.entry("backoffLimit").or_insert(json!(6));
+            spec.entry("completionMode").or_insert(json!("NonIndexed"));
+            spec.entry("suspend").or_insert(json!(false));
+        }
+        "cronjobs" => {
+            spec.entry("concurrencyPolicy").or_insert(json!("Allow"));
+            spec.entry("suspend").or_insert(json!(false));
+            spec.entry("successfulJobsHistoryLimit").or_insert(json!(3));
+            spec.entry("failedJobsHistoryLimit").or_insert(json!(1));
+        }
+        _ => {}
+    }
+}
+
 /// The defaults kube-apiserver fills into a workload's spec on every write
 /// (`kubectl rollout status` reads the update strategy of StatefulSets and
 /// DaemonSets, and refuses without one).
@@ -336,8 +409,10 @@ pub fn prepare_create(
         meta.insert("generation".into(), json!(1));
     }
     normalise_kind(rt, &mut obj)?;
+    job_selector_on_create(rt, &name, &mut obj)?;
     kind_defaults_on_create(rt, &mut obj);
     apps_spec_defaults(rt, &mut obj);
+    batch_spec_defaults(rt, &mut obj);
     validate(rt, &name, &obj, Vec::new())?;
     Ok((name, obj))
 }
@@ -398,6 +473,7 @@ pub fn prepare_update(
     }
     normalise_kind(rt, &mut new)?;
     apps_spec_defaults(rt, &mut new);
+    batch_spec_defaults(rt, &mut new);
     if rt.is_namespace() {
         new["spec"] = old.get("spec").cloned().unwrap_or_else(|| json!({}));
     }

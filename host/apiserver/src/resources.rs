@@ -33,6 +33,9 @@ pub struct ResourceType {
     pub status_subresource: bool,
     /// The resource has a `/scale` subresource (autoscaling/v1 Scale).
     pub scale_subresource: bool,
+    /// A custom resource (served through a CRD in a real cluster): PATCH
+    /// refuses strategic merge patches with 415, as kube-apiserver does.
+    pub custom: bool,
     pub name_rule: NameRule,
 }
 
@@ -107,6 +110,7 @@ const fn rt(
         generation: false,
         status_subresource: false,
         scale_subresource: false,
+        custom: false,
         name_rule: NameRule::Subdomain,
     }
 }
@@ -185,6 +189,54 @@ pub static RESOURCES: &[ResourceType] = &[
         generation: true,
         status_subresource: true,
         ..rt("apps", "v1", "daemonsets", "daemonset", "DaemonSet", true)
+    },
+    ResourceType {
+        short_names: &["cj"],
+        categories: &["all"],
+        generation: true,
+        status_subresource: true,
+        ..rt("batch", "v1", "cronjobs", "cronjob", "CronJob", true)
+    },
+    ResourceType {
+        categories: &["all"],
+        generation: true,
+        status_subresource: true,
+        ..rt("batch", "v1", "jobs", "job", "Job", true)
+    },
+    // Argo Rollouts' CRD (argoproj.io/v1alpha1), served like a built-in so
+    // restarts of custom resources can be tested: no strategic merge patch
+    // (kube-apiserver answers 415 for custom resources).
+    ResourceType {
+        short_names: &["ro"],
+        categories: &["all"],
+        generation: true,
+        status_subresource: true,
+        custom: true,
+        ..rt(
+            "argoproj.io",
+            "v1alpha1",
+            "rollouts",
+            "rollout",
+            "Rollout",
+            true,
+        )
+    },
+    // OpenKruise's CloneSet: a custom resource with a pod template at
+    // spec.template that wasmwatch knows nothing about (restarted through
+    // discovery).
+    ResourceType {
+        categories: &["all"],
+        generation: true,
+        status_subresource: true,
+        custom: true,
+        ..rt(
+            "apps.kruise.io",
+            "v1alpha1",
+            "clonesets",
+            "cloneset",
+            "CloneSet",
+            true,
+        )
     },
     rt(
         "coordination.k8s.io",

@@ -8,7 +8,7 @@
 //! missing fields and ignore unknown ones as kube does; a wrong JSON type
 //! anywhere is refused with its path.
 
-use k8s_openapi::api::{apps, coordination, core, discovery, events};
+use k8s_openapi::api::{apps, batch, coordination, core, discovery, events};
 use serde_json::Value;
 
 use crate::error::{ApiError, Cause};
@@ -40,6 +40,8 @@ pub fn typecheck(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
         ("apps", "deployments") => decodes_as::<apps::v1::Deployment>(obj),
         ("apps", "statefulsets") => decodes_as::<apps::v1::StatefulSet>(obj),
         ("apps", "daemonsets") => decodes_as::<apps::v1::DaemonSet>(obj),
+        ("batch", "jobs") => decodes_as::<batch::v1::Job>(obj),
+        ("batch", "cronjobs") => decodes_as::<batch::v1::CronJob>(obj),
         ("coordination.k8s.io", "leases") => decodes_as::<coordination::v1::Lease>(obj),
         ("events.k8s.io", "events") => decodes_as::<events::v1::Event>(obj),
         _ => Ok(()),
@@ -111,6 +113,24 @@ fn containers(spec: Option<&Value>, path: &str, causes: &mut Vec<Cause>) {
     }
 }
 
+/// A Job's pods must not restart on their own: restartPolicy OnFailure or Never.
+fn restart_policy(spec: Option<&Value>, path: &str, causes: &mut Vec<Cause>) {
+    let field = format!("{path}.restartPolicy");
+    match spec.and_then(|s| s.get("restartPolicy")) {
+        None | Some(Value::Null) => causes.push(Cause {
+            reason: "FieldValueRequired",
+            message: "Required value: valid values: \"OnFailure\", \"Never\"".into(),
+            field,
+        }),
+        Some(Value::String(p)) if p == "OnFailure" || p == "Never" => {}
+        Some(v) => causes.push(Cause {
+            reason: "FieldValueNotSupported",
+            message: format!("Unsupported value: {v}: supported values: \"OnFailure\", \"Never\""),
+            field,
+        }),
+    }
+}
+
 /// Whether a `metav1.LabelSelector` selects a set of labels.
 fn selector_matches(sel: &Value, labels: Option<&Value>) -> bool {
     let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
@@ -177,6 +197,23 @@ fn workload(rt: &ResourceType, obj: &Value, causes: &mut Vec<Cause>) {
 pub fn validate_kind(rt: &ResourceType, obj: &Value, causes: &mut Vec<Cause>) {
     match (rt.group, rt.plural) {
         ("apps", _) => workload(rt, obj, causes),
+        ("batch", "jobs") => {
+            workload(rt, obj, causes);
+            restart_policy(
+                obj.pointer("/spec/template/spec"),
+                "spec.template.spec",
+                causes,
+            );
+        }
+        ("batch", "cronjobs") => {
+            if empty(obj.pointer("/spec/schedule")) {
+                causes.push(required("spec.schedule"));
+            }
+            let spec = obj.pointer("/spec/jobTemplate/spec/template/spec");
+            let path = "spec.jobTemplate.spec.template.spec";
+            containers(spec, path, causes);
+            restart_policy(spec, path, causes);
+        }
         ("", "pods") => containers(obj.get("spec"), "spec", causes),
         ("discovery.k8s.io", "endpointslices") => match obj.get("addressType") {
             None => causes.push(required("addressType")),
@@ -264,7 +301,19 @@ pub fn validate_update(rt: &ResourceType, old: &Value, new: &Value, causes: &mut
             ));
         }
     }
-    if rt.group == "apps"
+    // A Job's pod template cannot change (kube-apiserver allows a few
+    // scheduling fields of a suspended Job; this server allows none).
+    if rt.group == "batch"
+        && rt.plural == "jobs"
+        && !semantically_equal(old.pointer("/spec/template"), new.pointer("/spec/template"))
+    {
+        causes.push(invalid_json(
+            "spec.template",
+            new.pointer("/spec/template"),
+            IMMUTABLE,
+        ));
+    }
+    if (rt.group == "apps" || (rt.group == "batch" && rt.plural == "jobs"))
         && !semantically_equal(old.pointer("/spec/selector"), new.pointer("/spec/selector"))
     {
         causes.push(invalid_json(

@@ -252,3 +252,109 @@ async fn discovery_documents() {
             .any(|r| r["name"] == "configmaps" && r["shortNames"] == json!(["cm"]))
     );
 }
+
+/// batch/v1 Jobs and CronJobs and the custom resources (Argo Rollouts,
+/// OpenKruise CloneSets), as kube-apiserver serves them: a Job's selector
+/// and template labels generated from its uid, its pod template immutable,
+/// a CronJob's schedule required, and no strategic merge patch of a custom
+/// resource.
+#[tokio::test]
+async fn jobs_cronjobs_and_custom_resources() {
+    let server = common::start().await;
+    let h = http();
+    let batch = format!("{}/apis/batch/v1/namespaces/default", server.url());
+    let template = json!({"spec": {"restartPolicy": "Never",
+                                   "containers": [{"name": "c", "image": "busybox"}]}});
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+                     "spec": {"template": template}});
+    let r = post(&h, &format!("{batch}/jobs"), &job).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let uid = r.body["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_eq!(
+        r.body["spec"]["selector"]["matchLabels"]["batch.kubernetes.io/controller-uid"],
+        uid.as_str()
+    );
+    let labels = &r.body["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(labels["job-name"], "j");
+    assert_eq!(labels["controller-uid"], uid.as_str());
+    assert_eq!(r.body["spec"]["backoffLimit"], 6);
+
+    // A selector of its own without manualSelector is refused.
+    let mut own = job.clone();
+    own["metadata"]["name"] = json!("own");
+    own["spec"]["selector"] = json!({"matchLabels": {"a": "b"}});
+    let r = post(&h, &format!("{batch}/jobs"), &own).await;
+    assert_eq!(r.status, 422, "{}", r.body);
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("`selector` not auto-generated"),
+        "{}",
+        r.body
+    );
+
+    // The pod template cannot change.
+    let patch = json!({"spec": {"template": {"metadata": {"annotations": {"a": "b"}}}}});
+    let r = send(
+        &h,
+        "PATCH",
+        &format!("{batch}/jobs/j"),
+        "application/merge-patch+json",
+        Some(&patch),
+    )
+    .await;
+    assert_eq!(r.status, 422, "{}", r.body);
+    assert_eq!(r.body["details"]["causes"][0]["field"], "spec.template");
+
+    let cron = json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "cj"},
+                      "spec": {"jobTemplate": {"spec": {"template": template}}}});
+    let r = post(&h, &format!("{batch}/cronjobs"), &cron).await;
+    assert_eq!(r.status, 422, "{}", r.body);
+    assert_eq!(r.body["details"]["causes"][0]["field"], "spec.schedule");
+    let mut cron = cron;
+    cron["spec"]["schedule"] = json!("0 3 * * *");
+    let r = post(&h, &format!("{batch}/cronjobs"), &cron).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["metadata"]["generation"], 1);
+    let r = send(
+        &h,
+        "PATCH",
+        &format!("{batch}/cronjobs/cj"),
+        "application/strategic-merge-patch+json",
+        Some(&patch),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    for (path, kind) in [
+        ("argoproj.io/v1alpha1", "Rollout"),
+        ("apps.kruise.io/v1alpha1", "CloneSet"),
+    ] {
+        let plural = format!("{}s", kind.to_lowercase());
+        let coll = format!("{}/apis/{path}/namespaces/default/{plural}", server.url());
+        let obj = json!({"apiVersion": path, "kind": kind, "metadata": {"name": "w"},
+                         "spec": {"template": template}});
+        let r = post(&h, &coll, &obj).await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        let r = send(
+            &h,
+            "PATCH",
+            &format!("{coll}/w"),
+            "application/strategic-merge-patch+json",
+            Some(&patch),
+        )
+        .await;
+        assert_eq!(r.status, 415, "{}", r.body);
+        let r = send(
+            &h,
+            "PATCH",
+            &format!("{coll}/w"),
+            "application/merge-patch+json",
+            Some(&patch),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.body["metadata"]["generation"], 2);
+    }
+}

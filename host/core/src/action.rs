@@ -84,7 +84,7 @@ impl WorkloadKind {
         }
     }
 
-    /// One of the apps/v1 kinds (what the host restarts today).
+    /// One of the apps/v1 kinds (what a grant without `kinds` allows).
     pub fn is_apps_v1(&self) -> bool {
         !matches!(self, WorkloadKind::Other(_))
     }
@@ -187,10 +187,12 @@ pub enum RestartStrategy {
     /// the first container that uses the object (else the first one); no
     /// annotation.
     EnvVars,
-    /// Argo Rollouts' `spec.restartAt` (WIT 0.3.0's `restart-at`). Only a
-    /// plugin's restart can ask for it (not the manifest, not the
-    /// annotation), and it is refused for now: the host restarts no
-    /// Rollouts yet.
+    /// Argo Rollouts' `spec.restartAt` (WIT 0.3.0's `restart-at`): the
+    /// Rollout restarts its pods without a new revision, and the content
+    /// hash is recorded on its own annotations. Only a plugin's restart can
+    /// ask for it (not the manifest, not `wasmwatch.io/reload-strategy`;
+    /// Reloader's `reloader.stakater.com/rollout-strategy: restart` on the
+    /// Rollout does), and only of a Rollout.
     #[serde(skip_deserializing)]
     RestartAt,
 }

@@ -127,23 +127,15 @@ impl Capabilities {
                             workload.namespace, workload.name,
                         ),
                     )
-                } else if !kind.is_apps_v1() {
+                } else if *strategy == Some(RestartStrategy::RestartAt)
+                    && kind.gvk() != ("argoproj.io", "v1alpha1", "Rollout")
+                {
                     refused(
                         "restart",
                         format!(
-                            "restarting {kind} {}/{}: wasmwatch cannot restart kind {kind} yet \
-                             (it restarts {})",
-                            workload.namespace,
-                            workload.name,
-                            RESTARTABLE_KINDS.join(", ")
-                        ),
-                    )
-                } else if *strategy == Some(RestartStrategy::RestartAt) {
-                    refused(
-                        "restart",
-                        format!(
-                            "restarting {kind} {}/{}: strategy restart-at is not supported yet \
-                             (annotations or env-vars are)",
+                            "restarting {kind} {}/{}: strategy restart-at restarts Argo \
+                             Rollouts only (argoproj.io/v1alpha1/Rollout); use annotations \
+                             or env-vars",
                             workload.namespace, workload.name
                         ),
                     )
@@ -224,15 +216,26 @@ pub struct RestartGrant {
     pub namespaces: Vec<NamePattern>,
     /// Workload kinds (as [`WorkloadKind::parse`] reads them: `Deployment`,
     /// `apps/v1/Deployment`, `batch/v1/CronJob`), or `*` for any; empty:
-    /// the apps/v1 kinds ([`RESTARTABLE_KINDS`]). A kind of another group
+    /// the apps/v1 kinds (not all of [`RESTARTABLE_KINDS`]). A kind of another group
     /// is allowed only when named (or by `*`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kinds: Vec<String>,
 }
 
-/// The kinds the host restarts today (apps/v1). Restarts of other kinds
-/// (WIT 0.3.0) are refused, naming the kind, even when granted.
-pub const RESTARTABLE_KINDS: [&str; 3] = ["Deployment", "StatefulSet", "DaemonSet"];
+/// The kinds whose pod template the executor knows: `spec.template`, and
+/// `spec.jobTemplate.spec.template` for a CronJob (a Job is re-created
+/// when it opts in with `wasmwatch.io/recreate-job: "true"`; a Rollout may
+/// be restarted through `spec.restartAt`). A granted kind not listed is
+/// restarted at `spec.template` (found through API discovery); one without
+/// a pod template there fails for good, naming the path.
+pub const RESTARTABLE_KINDS: [&str; 6] = [
+    "Deployment",
+    "StatefulSet",
+    "DaemonSet",
+    "batch/v1/CronJob",
+    "batch/v1/Job",
+    "argoproj.io/v1alpha1/Rollout",
+];
 
 impl RestartGrant {
     /// Every kind in these namespaces.
@@ -835,8 +838,8 @@ mod hostile_tests {
 
     /// Issue 20, WIT 0.3.0: kinds beyond apps/v1 are granted by
     /// group/version/Kind (the list form and an empty `kinds` grant the
-    /// apps/v1 kinds only), and a granted kind the host cannot restart yet,
-    /// or the restart-at strategy, is refused naming it.
+    /// apps/v1 kinds only); a granted kind is restarted; the restart-at
+    /// strategy only of a Rollout.
     #[test]
     fn restart_grants_of_other_kinds_name_them() {
         use crate::action::{RestartStrategy, WorkloadKind, WorkloadRef};
@@ -873,11 +876,7 @@ mod hostile_tests {
             let grant = caps(&format!(
                 "restart: {{namespaces: [shop], kinds: [{granted}]}}"
             ));
-            assert_eq!(
-                reason(grant.check(&cron)),
-                "restarting batch/v1/CronJob shop/w: wasmwatch cannot restart kind \
-                 batch/v1/CronJob yet (it restarts Deployment, StatefulSet, DaemonSet)"
-            );
+            assert!(grant.check(&cron).is_allowed(), "{granted}");
         }
         // apps/v1 spelled out is the short name.
         let long = caps("restart: {namespaces: [shop], kinds: [apps/v1/StatefulSet]}");
@@ -887,16 +886,21 @@ mod hostile_tests {
                 .is_allowed()
         );
         assert!(!long.check(&restart("Deployment", None)).is_allowed());
-        // The strategies the host has pass; restart-at is refused.
+        // Every strategy passes; restart-at only for Argo Rollouts.
         let any = caps("restart: [shop]");
         for s in [RestartStrategy::Annotations, RestartStrategy::EnvVars] {
             assert!(any.check(&restart("Deployment", Some(s))).is_allowed());
         }
         assert_eq!(
             reason(any.check(&restart("Deployment", Some(RestartStrategy::RestartAt)))),
-            "restarting Deployment shop/w: strategy restart-at is not supported yet \
-             (annotations or env-vars are)"
+            "restarting Deployment shop/w: strategy restart-at restarts Argo Rollouts only \
+             (argoproj.io/v1alpha1/Rollout); use annotations or env-vars"
         );
+        let rollouts = caps("restart: {namespaces: [shop], kinds: [argoproj.io/v1alpha1/Rollout]}");
+        let rollout = "argoproj.io/v1alpha1/Rollout";
+        for s in [None, Some(RestartStrategy::RestartAt)] {
+            assert!(rollouts.check(&restart(rollout, s)).is_allowed(), "{s:?}");
+        }
         // A kind a plugin made up is refused as such.
         let odd = Action::Restart {
             workload: WorkloadRef {

@@ -37,6 +37,24 @@ pub const PAUSE_PERIOD_ANNOTATIONS: [&str; 4] = [
 ];
 
 impl WorkloadInfo {
+    /// The reference of the pod template to object `kind`/`name`, if any.
+    pub fn reference(&self, kind: ObjectKind, name: &str) -> Option<&ObjectRef> {
+        self.references
+            .iter()
+            .find(|r| r.kind == kind && r.name == name)
+    }
+
+    /// Whether a reload annotation ([`reload_annotations`]) on the
+    /// workload or on its pod template names object `kind`/`name`.
+    pub fn names_for_reload(&self, kind: ObjectKind, name: &str) -> bool {
+        reload_annotations(kind).iter().any(|key| {
+            [&self.annotations, &self.template_annotations]
+                .iter()
+                .filter_map(|m| m.get(*key))
+                .any(|v| reload_value_names(v, name))
+        })
+    }
+
     /// The workload's pause period (a Go duration in one of
     /// [`PAUSE_PERIOD_ANNOTATIONS`] on its metadata): after a restart, the
     /// next one waits until it has passed, what changes meanwhile merging
@@ -56,16 +74,91 @@ impl WorkloadInfo {
     }
 }
 
+/// A ConfigMap or Secret a workload's pod template references, and how.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ObjectRef {
     pub kind: ObjectKind,
     pub name: String,
-    /// The keys of the object the pod template uses (env `*KeyRef.key`,
-    /// volume `items[].key`), sorted; empty: the whole object. WIT 0.3.0's
-    /// `workload-info.referenced-keys`.
+    /// How the pod template uses the object, sorted and without
+    /// duplicates (WIT 0.3.0's `workload-info.uses`). The kube lookups
+    /// always fill it; empty in lookups written by hand means not known.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub keys: Vec<String>,
+    pub uses: Vec<ObjectUse>,
+}
+
+/// One way a pod template uses a ConfigMap or Secret.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectUse {
+    pub via: UseVia,
+    /// The key used: env `configMapKeyRef`/`secretKeyRef.key`, or a volume's
+    /// (or projected volume source's) `items[].key`. `None`: the whole
+    /// object (`envFrom`, a volume without `items`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// Where a pod template uses an object. A volume's files change in place
+/// when the object changes (unless mounted with `subPath`); environment
+/// variables only when the pods restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UseVia {
+    /// An env var's `valueFrom.configMapKeyRef` / `secretKeyRef`.
+    Env,
+    /// `envFrom` `configMapRef` / `secretRef` (always the whole object).
+    EnvFrom,
+    /// A `configMap` / `secret` volume or a projected volume's source.
+    Volume,
+}
+
+/// The workload annotations whose comma-separated entries name the
+/// ConfigMaps (or Secrets) that restart the workload even when its pod
+/// template does not reference them: ours, then Stakater Reloader's.
+pub fn reload_annotations(kind: ObjectKind) -> [&'static str; 2] {
+    match kind {
+        ObjectKind::ConfigMap => [
+            "wasmwatch.io/reload-configmaps",
+            "configmap.reloader.stakater.com/reload",
+        ],
+        ObjectKind::Secret => [
+            "wasmwatch.io/reload-secrets",
+            "secret.reloader.stakater.com/reload",
+        ],
+    }
+}
+
+/// Whether a `reload` annotation's value names `name`: one of its
+/// comma-separated entries (trimmed, empty ones skipped) matches the whole
+/// name as a regular expression (`^(?:entry)$`, as the bundled
+/// rollout-restart reads it); an entry that is not a valid expression is
+/// compared literally.
+pub fn reload_value_names(value: &str, name: &str) -> bool {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .any(|entry| entry_matches(entry, name))
+}
+
+fn entry_matches(entry: &str, name: &str) -> bool {
+    // Most entries are names: letters, digits, '-' and '.', where only '.'
+    // means something to a regex (any one character). No regex needed.
+    if entry
+        .bytes()
+        .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'.' || c == b'_')
+    {
+        return entry.len() == name.len()
+            && entry
+                .bytes()
+                .zip(name.bytes())
+                .all(|(e, n)| e == n || (e == b'.' && n != b'\n'));
+    }
+    match regex::Regex::new(&format!("^(?:{entry})$")) {
+        Ok(re) => re.is_match(name),
+        Err(_) => entry == name,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,6 +204,11 @@ pub struct ServiceEndpoints {
 
 /// The data source behind the plugin host interface.
 pub trait Lookups: Send + Sync {
+    /// The workloads in `namespace` whose pod templates reference object
+    /// `kind`/`name`, and those a reload annotation names it in
+    /// ([`WorkloadInfo::names_for_reload`]) without a reference (then the
+    /// object is not in their `references`). WIT 0.2.0 plugins see only
+    /// the former.
     fn workloads_referencing(
         &self,
         kind: ObjectKind,
@@ -150,11 +248,7 @@ impl Lookups for StaticLookups {
         self.workloads
             .iter()
             .filter(|w| w.workload.namespace == namespace)
-            .filter(|w| {
-                w.references
-                    .iter()
-                    .any(|r| r.kind == kind && r.name == name)
-            })
+            .filter(|w| w.reference(kind, name).is_some() || w.names_for_reload(kind, name))
             .cloned()
             .collect()
     }
@@ -185,5 +279,104 @@ impl Lookups for StaticLookups {
             .filter(|e| e.namespace == namespace && e.service == service)
             .flat_map(|e| e.ready.iter().cloned())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::action::WorkloadKind;
+
+    #[test]
+    fn reload_entries_are_whole_name_regexes_or_literal_when_invalid() {
+        let names = |v: &str, n: &str| reload_value_names(v, n);
+        assert!(names("orders", "orders"));
+        assert!(names(" a , orders ,", "orders"));
+        assert!(!names("orders", "orders-2"), "the whole name");
+        assert!(!names("order", "orders"));
+        assert!(names("app.config", "app.config"));
+        assert!(names("app.config", "app-config"), "'.' is any character");
+        assert!(!names("app.config", "app.configs"));
+        assert!(names("billing-.*", "billing-eu"));
+        assert!(!names("billing-.*", "x-billing-eu"));
+        assert!(names("a|b", "b"), "grouped: ^(?:a|b)$");
+        assert!(!names("a|b", "ab"));
+        assert!(names("[", "["), "an invalid entry is compared literally");
+        assert!(!names("", "orders"));
+        assert!(!names(",,", "orders"));
+    }
+
+    #[test]
+    fn static_lookups_return_named_workloads_beside_referencing_ones() {
+        let w = |name: &str, refs: Vec<ObjectRef>, ann: &[(&str, &str)], tmpl: &[(&str, &str)]| {
+            let map = |l: &[(&str, &str)]| {
+                l.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            };
+            WorkloadInfo {
+                workload: WorkloadRef {
+                    kind: WorkloadKind::Deployment,
+                    namespace: "shop".into(),
+                    name: name.into(),
+                },
+                labels: BTreeMap::new(),
+                annotations: map(ann),
+                template_annotations: map(tmpl),
+                references: refs,
+            }
+        };
+        let orders = ObjectRef {
+            kind: ObjectKind::ConfigMap,
+            name: "orders".into(),
+            uses: vec![ObjectUse {
+                via: UseVia::Env,
+                key: Some("a".into()),
+            }],
+        };
+        let lookups = StaticLookups {
+            workloads: vec![
+                w("uses", vec![orders], &[], &[]),
+                w(
+                    "named",
+                    vec![],
+                    &[("configmap.reloader.stakater.com/reload", "x,ord.*")],
+                    &[],
+                ),
+                w(
+                    "template",
+                    vec![],
+                    &[],
+                    &[("wasmwatch.io/reload-configmaps", "orders")],
+                ),
+                w(
+                    "secret",
+                    vec![],
+                    &[("secret.reloader.stakater.com/reload", "orders")],
+                    &[],
+                ),
+                w("none", vec![], &[], &[]),
+            ],
+            ..Default::default()
+        };
+        let found: Vec<String> = lookups
+            .workloads_referencing(ObjectKind::ConfigMap, "shop", "orders")
+            .into_iter()
+            .map(|w| w.workload.name)
+            .collect();
+        assert_eq!(found, ["uses", "named", "template"]);
+        assert_eq!(
+            lookups
+                .workloads_referencing(ObjectKind::Secret, "shop", "orders")
+                .len(),
+            1
+        );
+        let yaml = serde_yaml::to_string(&lookups.workloads[0].references).unwrap();
+        assert_eq!(
+            yaml,
+            "- kind: ConfigMap\n  name: orders\n  uses:\n  - via: env\n    key: a\n"
+        );
+        let back: Vec<ObjectRef> = serde_yaml::from_str(&yaml).unwrap();
+        assert_eq!(back, lookups.workloads[0].references);
     }
 }

@@ -15,8 +15,8 @@
 //!
 //! ## Restarts are recorded on the workload
 //!
-//! A restart sets two annotations on the pod template (Deployment,
-//! StatefulSet, DaemonSet, apps/v1): `kubectl.kubernetes.io/restartedAt`
+//! A restart sets two annotations on the pod template (see "Kinds" for
+//! where it is): `kubectl.kubernetes.io/restartedAt`
 //! (RFC 3339, as `kubectl rollout restart` does) and one annotation per
 //! referenced object holding the action's full content hash (for example
 //! `config-hash.wasmwatch.io/configmap.orders: configmap/orders:3f2a…`).
@@ -32,6 +32,41 @@
 //! The patch carries the resourceVersion the executor read, so a workload
 //! changed in between is not patched on stale knowledge: the API server
 //! answers 409 and the action is retried (read again, compare again).
+//!
+//! ## Kinds
+//!
+//! Every kind goes through the dynamic API (`Api<DynamicObject>`). The
+//! apps/v1 kinds, batch/v1 CronJob and Job, and argoproj.io/v1alpha1
+//! Rollout are known; another kind is looked up through API discovery (its
+//! plural and scope, remembered), must be namespaced, and has its pod
+//! template at `spec.template` — one without a pod template there fails for
+//! good, naming the path.
+//!
+//! - Deployment, StatefulSet, DaemonSet, Rollout, other kinds: the pod
+//!   template at `spec.template`.
+//! - CronJob: the job template's pod template
+//!   (`spec.jobTemplate.spec.template`). No Job is started (Reloader starts
+//!   one at once; see plugins/reloader-spec.md §4.1): the next scheduled
+//!   run gets the new config, and its pods carry the record. The same
+//!   content patches once.
+//! - Job: its pod template cannot change. With the Job's annotation
+//!   [`RECREATE_JOB_ANNOTATION`]` = "true"` the Job is deleted (uid and
+//!   version as preconditions, propagation Background) and created again
+//!   under its name with the content recorded on its template, without the
+//!   generated selector and labels (Reloader's re-creation, §4.2, made
+//!   opt-in); otherwise a permanent failure says how to opt in. A create
+//!   that fails after the delete is retried a few times, then logged with
+//!   the Job's manifest.
+//! - Rollout with strategy restart-at (a WIT 0.3.0 restart's own, or
+//!   Reloader's [`ROLLOUT_STRATEGY_ANNOTATION`]` = "restart"` on the
+//!   Rollout): a merge patch of `spec.restartAt` (now) recording the
+//!   content hashes on the Rollout's own annotations (same keys); the
+//!   template is not changed. restart-at of any other kind fails for good.
+//!
+//! Built-in kinds (API groups without a dot) take the env-vars strategy's
+//! strategic merge patch; custom resources have none, so their container
+//! list is read, changed and written whole in a JSON merge patch, the
+//! version read being the precondition.
 //!
 //! ## Annotation keys
 //!
@@ -90,11 +125,14 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+    PostParams, Preconditions, PropagationPolicy,
+};
+use kube::discovery::Scope;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tracing::{debug, info};
@@ -108,6 +146,26 @@ use crate::{ExecError, Origin, error_chain};
 pub const HASH_ANNOTATION_PREFIX: &str = "config-hash.wasmwatch.io";
 /// The annotation `kubectl rollout restart` sets on the pod template.
 pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";
+
+/// The workload annotation that lets the executor re-create a Job (delete
+/// it, then create a copy) to restart it: `"true"`.
+pub const RECREATE_JOB_ANNOTATION: &str = "wasmwatch.io/recreate-job";
+/// Reloader's annotation on an Argo Rollout: `restart` restarts it through
+/// `spec.restartAt`, anything else (`rollout`, the default) changes its pod
+/// template (a new revision).
+pub const ROLLOUT_STRATEGY_ANNOTATION: &str = "reloader.stakater.com/rollout-strategy";
+/// The kind whose `spec.restartAt` the restart-at strategy sets.
+const ROLLOUT_KIND: &str = "argoproj.io/v1alpha1/Rollout";
+/// The labels the API server puts on a Job's pod template (and the selector
+/// it generates from them), removed from the copy that re-creates it.
+const JOB_GENERATED_LABELS: [&str; 4] = [
+    "controller-uid",
+    "batch.kubernetes.io/controller-uid",
+    "batch.kubernetes.io/job-name",
+    "job-name",
+];
+/// Creates of a re-created Job tried before giving up.
+const JOB_CREATE_ATTEMPTS: u64 = 5;
 
 /// Default bound on each API request.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -144,6 +202,22 @@ pub struct KubeExecutor {
     /// Workload uids seen by `restart`, for the `involvedObject` of
     /// workload Events (`kubectl describe` matches Events by uid).
     uids: Mutex<HashMap<WorkloadRef, String>>,
+    /// The resources of kinds found through discovery.
+    resources: Mutex<HashMap<WorkloadKind, ApiResource>>,
+}
+
+/// Where a workload kind is served and how it is restarted.
+struct Target {
+    resource: ApiResource,
+    /// JSON pointer of the pod template: `/spec/template`, or
+    /// `/spec/jobTemplate/spec/template` for a CronJob.
+    template: &'static str,
+    /// Has strategic merge patches (built-in kinds).
+    strategic: bool,
+    /// batch Job: re-created, not patched.
+    job: bool,
+    /// Argo Rollout: may be restarted through `spec.restartAt`.
+    rollout: bool,
 }
 
 impl KubeExecutor {
@@ -156,6 +230,7 @@ impl KubeExecutor {
             instance: truncate(instance, MAX_REPORTING_INSTANCE).to_string(),
             timeout: DEFAULT_TIMEOUT,
             uids: Mutex::new(HashMap::new()),
+            resources: Mutex::new(HashMap::new()),
         }
     }
 
@@ -201,14 +276,15 @@ impl KubeExecutor {
     }
 
     /// One restart of `workload` for `contents` with `strategy` unless the
-    /// workload's [`RESTART_STRATEGY_ANNOTATION`] says otherwise, saying per
-    /// content (in the order of `contents`) whether the patch recorded it
-    /// (`true`) or the template already did (`false`): the workload was
+    /// workload's annotations say otherwise ([`RESTART_STRATEGY_ANNOTATION`];
+    /// on a Rollout, [`ROLLOUT_STRATEGY_ANNOTATION`]), saying per content
+    /// (in the order of `contents`) whether the restart recorded it
+    /// (`true`) or the workload already did (`false`): the workload was
     /// restarted when any is true, and the Events about it name only those
-    /// objects. A content
-    /// counts as recorded when either strategy's record holds it (the
-    /// annotation, or the variable), so switching strategies restarts
-    /// nothing by itself.
+    /// objects. A content counts as recorded when any strategy's record
+    /// holds it (the template annotation, the variable, or a Rollout's
+    /// `restartAt` record on its metadata), so switching strategies
+    /// restarts nothing by itself. See the module docs for the kinds.
     pub async fn restart_with(
         &self,
         workload: &WorkloadRef,
@@ -227,40 +303,47 @@ impl KubeExecutor {
                 "{what}: the content hash is empty"
             )));
         }
-        if strategy == RestartStrategy::RestartAt {
+        if let Some(why) = workload.kind.problem() {
             return Err(ExecError::Permanent(format!(
-                "{what}: strategy restart-at is not supported yet"
+                "{what}: not a valid workload kind: {why}"
             )));
         }
-        let Some(api) = self.workload_api(workload) else {
-            return Err(ExecError::Permanent(format!(
-                "{what}: wasmwatch cannot restart kind {} yet",
-                workload.kind
-            )));
-        };
+        let target = self.target(workload, &what).await?;
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &workload.namespace, &target.resource);
         let current = self
             .request(&what, "reading the workload", api.get(&workload.name))
             .await?;
         if let Some(uid) = &current.metadata.uid {
             self.remember_uid(workload, uid);
         }
-        let strategy = match current
+        let strategy = effective_strategy(&what, &target, &current, strategy);
+        if strategy == RestartStrategy::RestartAt && !target.rollout {
+            return Err(ExecError::Permanent(format!(
+                "{what}: strategy restart-at restarts Argo Rollouts only \
+                 ({ROLLOUT_KIND}); use annotations or env-vars"
+            )));
+        }
+        let template = current.data.pointer(target.template);
+        if strategy != RestartStrategy::RestartAt && !template.is_some_and(Value::is_object) {
+            let hint = if target.rollout {
+                " (a Rollout with spec.workloadRef has none: restart the workload it references)"
+            } else {
+                ""
+            };
+            return Err(ExecError::Permanent(format!(
+                "{what}: it has no pod template at {}{hint}",
+                dotted(target.template)
+            )));
+        }
+        let pod_spec = template.and_then(|t| t.get("spec"));
+        let recorded_annotations = template.and_then(|t| t.pointer("/metadata/annotations"));
+        // restart-at's record, on the Rollout itself.
+        let recorded_on_workload = current
             .metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get(RESTART_STRATEGY_ANNOTATION))
-        {
-            None => strategy,
-            Some(v) => RestartStrategy::parse(v).unwrap_or_else(|| {
-                tracing::warn!(
-                    "{what}: annotation {RESTART_STRATEGY_ANNOTATION}: {v:?} is neither \
-                     `annotations` nor `env-vars`; using {strategy:?}"
-                );
-                strategy
-            }),
-        };
-        let pod_spec = current.data.pointer("/spec/template/spec");
-        let recorded_annotations = current.data.pointer("/spec/template/metadata/annotations");
+            .filter(|_| target.rollout);
         let mut env: Vec<(String, String, String)> = Vec::new();
         let mut annotations = serde_json::Map::new();
         let mut previous = Vec::new();
@@ -270,6 +353,9 @@ impl KubeExecutor {
             let recorded = recorded_annotations
                 .and_then(|a| a.get(&key))
                 .and_then(Value::as_str);
+            let on_workload = recorded_on_workload
+                .and_then(|a| a.get(&key))
+                .map(String::as_str);
             let variable = env_var_for(pod_spec, content_hash);
             let in_env = variable.as_ref().is_some_and(|v| {
                 v.current.as_deref().is_some_and(|cur| {
@@ -277,7 +363,10 @@ impl KubeExecutor {
                         || (unkeyed.is_some() && Some(cur) == unkeyed.and_then(digest_of))
                 })
             });
-            if records_content(recorded, content_hash, *unkeyed) || in_env {
+            if records_content(recorded, content_hash, *unkeyed)
+                || records_content(on_workload, content_hash, *unkeyed)
+                || in_env
+            {
                 debug!(
                     kind = ?workload.kind,
                     namespace = %workload.namespace,
@@ -294,9 +383,10 @@ impl KubeExecutor {
                     previous.push(v.current.clone().unwrap_or_default());
                     env.push((v.container, v.name, v.value));
                 }
-                // Hashes not of a ConfigMap or Secret have no variable.
+                // Hashes not of a ConfigMap or Secret have no variable;
+                // restart-at records every content on the Rollout.
                 _ => {
-                    previous.push(recorded.unwrap_or("").to_string());
+                    previous.push(recorded.or(on_workload).unwrap_or("").to_string());
                     annotations.insert(key, json!(content_hash));
                 }
             }
@@ -304,28 +394,71 @@ impl KubeExecutor {
         if annotations.is_empty() && env.is_empty() {
             return Ok(written);
         }
-        if !env.is_empty() {
-            return self
-                .patch_env(workload, &what, &current, env, annotations, reason)
-                .await
-                .map(|()| written);
-        }
         let keys: Vec<String> = annotations.keys().cloned().collect();
         let now = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-        annotations.insert(RESTARTED_AT_ANNOTATION.to_string(), json!(now));
         let mut metadata = json!({});
         if let Some(rv) = &current.metadata.resource_version {
             // A precondition: 409 if the workload changed since the GET.
             metadata["resourceVersion"] = json!(rv);
         }
-        let patch = json!({
-            "metadata": metadata,
-            "spec": {"template": {"metadata": {"annotations": annotations}}},
-        });
         let params = PatchParams {
             field_manager: Some(self.component.clone()),
             ..Default::default()
         };
+        if strategy == RestartStrategy::RestartAt {
+            // Argo Rollouts restarts the pods created before restartAt; the
+            // template (and so the revision) stays as it is.
+            metadata["annotations"] = Value::Object(annotations);
+            let patch = json!({"metadata": metadata, "spec": {"restartAt": now}});
+            self.request(
+                &what,
+                "setting spec.restartAt",
+                api.patch(&workload.name, &params, &Patch::Merge(&patch)),
+            )
+            .await?;
+            info!(
+                kind = ?workload.kind,
+                namespace = %workload.namespace,
+                name = %workload.name,
+                keys = %keys.join(","),
+                reason,
+                previous = %previous.join(","),
+                "restart: spec.restartAt set"
+            );
+            return Ok(written);
+        }
+        if target.job {
+            if !annotations.is_empty() {
+                annotations.insert(RESTARTED_AT_ANNOTATION.to_string(), json!(now));
+            }
+            return self
+                .recreate_job(workload, &what, &api, &current, &env, annotations, reason)
+                .await
+                .map(|()| written);
+        }
+        if !env.is_empty() {
+            return self
+                .patch_env(
+                    workload,
+                    &what,
+                    &api,
+                    &target,
+                    &current,
+                    env,
+                    annotations,
+                    reason,
+                )
+                .await
+                .map(|()| written);
+        }
+        annotations.insert(RESTARTED_AT_ANNOTATION.to_string(), json!(now));
+        let patch = json!({
+            "metadata": metadata,
+            "spec": nest(
+                &target.template["/spec".len()..],
+                json!({"metadata": {"annotations": annotations}}),
+            ),
+        });
         self.request(
             &what,
             "patching the pod template",
@@ -344,32 +477,51 @@ impl KubeExecutor {
         Ok(written)
     }
 
-    /// The `env-vars` strategy's patch: a strategic merge (containers and
-    /// their `env` merge by name) setting each variable in its container,
-    /// plus any annotations for hashes without a variable; the version read
-    /// is a precondition, as for annotations.
+    /// The `env-vars` strategy's patch, setting each variable in its
+    /// container, plus any annotations for hashes without a variable; the
+    /// version read is a precondition, as for annotations. Built-in kinds
+    /// get a strategic merge patch (containers and their `env` merge by
+    /// name); custom resources, which have no strategic merge patch, a
+    /// JSON merge patch of the whole container list as read and changed
+    /// (the precondition keeps a concurrent change from being lost).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "private: the restart's parts, each a plain value"
+    )]
     async fn patch_env(
         &self,
         workload: &WorkloadRef,
         what: &str,
+        api: &Api<DynamicObject>,
+        target: &Target,
         current: &DynamicObject,
         env: Vec<(String, String, String)>,
         annotations: serde_json::Map<String, Value>,
         reason: &str,
     ) -> Result<(), ExecError> {
-        let mut containers: Vec<(String, Vec<Value>)> = Vec::new();
-        for (container, name, value) in &env {
-            let entry = json!({"name": name, "value": value});
-            match containers.iter_mut().find(|(c, _)| c == container) {
-                Some((_, vars)) => vars.push(entry),
-                None => containers.push((container.clone(), vec![entry])),
+        let mut template = if target.strategic {
+            let mut containers: Vec<(String, Vec<Value>)> = Vec::new();
+            for (container, name, value) in &env {
+                let entry = json!({"name": name, "value": value});
+                match containers.iter_mut().find(|(c, _)| c == container) {
+                    Some((_, vars)) => vars.push(entry),
+                    None => containers.push((container.clone(), vec![entry])),
+                }
             }
-        }
-        let containers: Vec<Value> = containers
-            .into_iter()
-            .map(|(name, env)| json!({"name": name, "env": env}))
-            .collect();
-        let mut template = json!({"spec": {"containers": containers}});
+            let containers: Vec<Value> = containers
+                .into_iter()
+                .map(|(name, env)| json!({"name": name, "env": env}))
+                .collect();
+            json!({"spec": {"containers": containers}})
+        } else {
+            let mut containers = current
+                .data
+                .pointer(&format!("{}/spec/containers", target.template))
+                .cloned()
+                .unwrap_or_else(|| json!([]));
+            set_env(&mut containers, &env);
+            json!({"spec": {"containers": containers}})
+        };
         if !annotations.is_empty() {
             template["metadata"] = json!({"annotations": annotations});
         }
@@ -377,21 +529,23 @@ impl KubeExecutor {
         if let Some(rv) = &current.metadata.resource_version {
             metadata["resourceVersion"] = json!(rv);
         }
-        let patch = json!({"metadata": metadata, "spec": {"template": template}});
+        let patch = json!({
+            "metadata": metadata,
+            "spec": nest(&target.template["/spec".len()..], template),
+        });
         let params = PatchParams {
             field_manager: Some(self.component.clone()),
             ..Default::default()
         };
-        let Some(api) = self.workload_api(workload) else {
-            return Err(ExecError::Permanent(format!(
-                "{what}: wasmwatch cannot restart kind {} yet",
-                workload.kind
-            )));
+        let patch = if target.strategic {
+            Patch::Strategic(&patch)
+        } else {
+            Patch::Merge(&patch)
         };
         self.request(
             what,
             "patching the pod template",
-            api.patch(&workload.name, &params, &Patch::Strategic(&patch)),
+            api.patch(&workload.name, &params, &patch),
         )
         .await?;
         let names: Vec<&str> = env.iter().map(|(_, n, _)| n.as_str()).collect();
@@ -402,6 +556,100 @@ impl KubeExecutor {
             variables = %names.join(","),
             reason,
             "restart: pod template patched (env-vars)"
+        );
+        Ok(())
+    }
+
+    /// A Job's pod template cannot change: with the workload annotation
+    /// [`RECREATE_JOB_ANNOTATION`]` = "true"`, the Job is deleted (its
+    /// version and uid as preconditions, propagation Background: its pods
+    /// go) and a copy created under the same name, with the content
+    /// recorded on its template (so the same content does not re-create it
+    /// again) and without what the API server generated (uid, version,
+    /// status, the controller-uid selector and template labels), as
+    /// Reloader does. Without the annotation: a permanent failure saying
+    /// how to opt in.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "private: the restart's parts, each a plain value"
+    )]
+    async fn recreate_job(
+        &self,
+        workload: &WorkloadRef,
+        what: &str,
+        api: &Api<DynamicObject>,
+        current: &DynamicObject,
+        env: &[(String, String, String)],
+        annotations: serde_json::Map<String, Value>,
+        reason: &str,
+    ) -> Result<(), ExecError> {
+        let opted_in = current
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RECREATE_JOB_ANNOTATION))
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        if !opted_in {
+            return Err(ExecError::Permanent(format!(
+                "{what}: a Job's pod template cannot change, so restarting it means deleting \
+                 the Job (and its pods) and creating it again; wasmwatch does that only for \
+                 Jobs annotated {RECREATE_JOB_ANNOTATION}: \"true\""
+            )));
+        }
+        let copy = job_copy(current, env, annotations);
+        let delete = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            preconditions: Some(Preconditions {
+                uid: current.metadata.uid.clone(),
+                resource_version: current.metadata.resource_version.clone(),
+            }),
+            ..Default::default()
+        };
+        self.request(
+            what,
+            "deleting the Job to re-create it",
+            api.delete(&workload.name, &delete),
+        )
+        .await?;
+        let params = PostParams {
+            field_manager: Some(self.component.clone()),
+            ..Default::default()
+        };
+        // The Job is gone: a retry of the action would find nothing to
+        // re-create, so the create is retried here (409: the old Job is
+        // still being deleted).
+        let mut attempt = 0;
+        let created = loop {
+            attempt += 1;
+            match self
+                .request(what, "creating the Job again", api.create(&params, &copy))
+                .await
+            {
+                Ok(created) => break created,
+                Err(e) if e.is_retryable() && attempt < JOB_CREATE_ATTEMPTS => {
+                    tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
+                }
+                Err(e) => {
+                    tracing::error!(
+                        manifest = %serde_json::to_string(&copy).unwrap_or_default(),
+                        "{what}: the Job was deleted but could not be created again: {e}"
+                    );
+                    return Err(ExecError::Permanent(format!(
+                        "{e}; the Job was deleted and not created again (its manifest is in \
+                         wasmwatch's log)"
+                    )));
+                }
+            }
+        };
+        if let Some(uid) = &created.metadata.uid {
+            self.remember_uid(workload, uid);
+        }
+        info!(
+            kind = ?workload.kind,
+            namespace = %workload.namespace,
+            name = %workload.name,
+            reason,
+            "restart: Job deleted and created again"
         );
         Ok(())
     }
@@ -598,22 +846,84 @@ impl KubeExecutor {
         Ok(())
     }
 
-    /// The API of an apps/v1 workload; `None` for the kinds the executor
-    /// cannot restart yet (the capability check refuses them first).
-    fn workload_api(&self, workload: &WorkloadRef) -> Option<Api<DynamicObject>> {
-        let resource = match workload.kind {
-            WorkloadKind::Deployment => ApiResource::erase::<Deployment>(&()),
-            WorkloadKind::StatefulSet => ApiResource::erase::<StatefulSet>(&()),
-            WorkloadKind::DaemonSet => ApiResource::erase::<DaemonSet>(&()),
-            // TODO(issue 20, WIT 0.3.0 later milestones): other kinds through
-            // the dynamic API by group/version/kind.
-            WorkloadKind::Other(_) => return None,
+    /// Where `workload`'s kind is served and where its pod template is.
+    /// The kinds of
+    /// [`RESTARTABLE_KINDS`](wasmwatch_core::capability::RESTARTABLE_KINDS) are known; another kind is looked
+    /// up through discovery (once per kind: its plural and scope), and its
+    /// pod template is taken at `spec.template`.
+    async fn target(&self, workload: &WorkloadRef, what: &str) -> Result<Target, ExecError> {
+        let (group, version, kind) = workload.kind.gvk();
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let known = matches!(
+            (group, version, kind),
+            ("apps", "v1", "Deployment" | "StatefulSet" | "DaemonSet")
+                | ("batch", "v1", "CronJob" | "Job")
+                | ("argoproj.io", "v1alpha1", "Rollout")
+        );
+        let resource = if known {
+            ApiResource::from_gvk(&gvk)
+        } else {
+            let cached = self
+                .resources
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&workload.kind)
+                .cloned();
+            match cached {
+                Some(r) => r,
+                None => self.discover(&gvk, what).await?,
+            }
         };
-        Some(Api::namespaced_with(
-            self.client.clone(),
-            &workload.namespace,
-            &resource,
-        ))
+        if !known {
+            let mut resources = self.resources.lock().unwrap_or_else(|e| e.into_inner());
+            if resources.len() >= MAX_REMEMBERED_UIDS {
+                resources.clear();
+            }
+            resources.insert(workload.kind.clone(), resource.clone());
+        }
+        Ok(Target {
+            template: template_pointer(group, kind),
+            // Built-in kinds (groups without a dot) have strategic merge
+            // patches; custom resources do not.
+            strategic: !group.contains('.'),
+            job: group == "batch" && kind == "Job",
+            rollout: group == "argoproj.io" && kind == "Rollout",
+            resource,
+        })
+    }
+
+    /// The resource of a kind the executor does not know, by discovery.
+    async fn discover(&self, gvk: &GroupVersionKind, what: &str) -> Result<ApiResource, ExecError> {
+        let doing = format!("looking up kind {} in API discovery", gvk.kind);
+        let found = tokio::time::timeout(
+            self.timeout,
+            kube::discovery::pinned_kind(&self.client, gvk),
+        )
+        .await;
+        let (resource, caps) = match found {
+            Ok(Ok(found)) => found,
+            Ok(Err(kube::Error::Discovery(_))) => {
+                return Err(ExecError::Permanent(format!(
+                    "{what}: the API server serves no kind {} in {}",
+                    gvk.kind,
+                    gvk.api_version()
+                )));
+            }
+            Ok(Err(e)) => return Err(classify_error(what, &doing, &e)),
+            Err(_) => {
+                return Err(ExecError::Retryable(format!(
+                    "{what}: no answer from the API server within {:?} when {doing}",
+                    self.timeout
+                )));
+            }
+        };
+        if caps.scope != Scope::Namespaced {
+            return Err(ExecError::Permanent(format!(
+                "{what}: kind {} is not namespaced, so it is not a workload",
+                gvk.kind
+            )));
+        }
+        Ok(resource)
     }
 
     fn remember_uid(&self, workload: &WorkloadRef, uid: &str) {
@@ -834,6 +1144,154 @@ fn classify_error(what: &str, doing: &str, e: &kube::Error) -> ExecError {
             ExecError::Permanent(format!("{what}: invalid request when {doing}: {e}"))
         }
         _ => ExecError::Retryable(format!("{what}: {doing} failed: {}", error_chain(e))),
+    }
+}
+
+/// The JSON pointer of a kind's pod template.
+fn template_pointer(group: &str, kind: &str) -> &'static str {
+    if group == "batch" && kind == "CronJob" {
+        "/spec/jobTemplate/spec/template"
+    } else {
+        "/spec/template"
+    }
+}
+
+/// `/spec/template` as `spec.template`.
+fn dotted(pointer: &str) -> String {
+    pointer.trim_start_matches('/').replace('/', ".")
+}
+
+/// `value` at `pointer` (`/template` → `{"template": value}`).
+fn nest(pointer: &str, value: Value) -> Value {
+    pointer
+        .rsplit('/')
+        .filter(|s| !s.is_empty())
+        .fold(value, |inner, key| json!({ key: inner }))
+}
+
+/// The strategy a restart uses: the plugin's (`strategy`), unless the
+/// workload's [`RESTART_STRATEGY_ANNOTATION`] names another; on an Argo
+/// Rollout, Reloader's [`ROLLOUT_STRATEGY_ANNOTATION`] `restart` means
+/// restart-at and any other value a template change (the annotations
+/// strategy when restart-at was asked for).
+fn effective_strategy(
+    what: &str,
+    target: &Target,
+    current: &DynamicObject,
+    strategy: RestartStrategy,
+) -> RestartStrategy {
+    let annotations = current.metadata.annotations.as_ref();
+    let mut strategy = match annotations.and_then(|a| a.get(RESTART_STRATEGY_ANNOTATION)) {
+        None => strategy,
+        Some(v) => RestartStrategy::parse(v).unwrap_or_else(|| {
+            tracing::warn!(
+                "{what}: annotation {RESTART_STRATEGY_ANNOTATION}: {v:?} is neither \
+                 `annotations` nor `env-vars`; using {strategy:?}"
+            );
+            strategy
+        }),
+    };
+    if target.rollout
+        && let Some(v) = annotations.and_then(|a| a.get(ROLLOUT_STRATEGY_ANNOTATION))
+    {
+        if v.trim() == "restart" {
+            strategy = RestartStrategy::RestartAt;
+        } else if strategy == RestartStrategy::RestartAt {
+            strategy = RestartStrategy::Annotations;
+        }
+    }
+    strategy
+}
+
+/// Sets each `(container, variable, value)` in a container list as read:
+/// the variable's value replaced (a `valueFrom` dropped) or the variable
+/// appended; other containers and variables stay as they are.
+fn set_env(containers: &mut Value, env: &[(String, String, String)]) {
+    let Some(list) = containers.as_array_mut() else {
+        return;
+    };
+    for (container, name, value) in env {
+        let Some(c) = list
+            .iter_mut()
+            .find(|c| c.get("name").and_then(Value::as_str) == Some(container.as_str()))
+        else {
+            continue;
+        };
+        if !c.get("env").is_some_and(Value::is_array) {
+            c["env"] = json!([]);
+        }
+        let vars = c["env"].as_array_mut().expect("an array");
+        match vars
+            .iter_mut()
+            .find(|e| e.get("name").and_then(Value::as_str) == Some(name.as_str()))
+        {
+            Some(var) => *var = json!({"name": name, "value": value}),
+            None => vars.push(json!({"name": name, "value": value})),
+        }
+    }
+}
+
+/// The Job that re-creates `current`: its name, labels, annotations and
+/// owners, its spec with `env` and `annotations` applied to the pod
+/// template, and without what the API server generated (uid, version,
+/// status; unless `spec.manualSelector`, the selector and the template
+/// labels it matches).
+fn job_copy(
+    current: &DynamicObject,
+    env: &[(String, String, String)],
+    annotations: serde_json::Map<String, Value>,
+) -> DynamicObject {
+    let manual = current.data.pointer("/spec/manualSelector") == Some(&json!(true));
+    let mut data = current.data.clone();
+    if let Some(o) = data.as_object_mut() {
+        o.remove("status");
+    }
+    let mut labels = current.metadata.labels.clone();
+    if !manual {
+        if let Some(spec) = data.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.remove("selector");
+        }
+        if let Some(l) = data
+            .pointer_mut("/spec/template/metadata/labels")
+            .and_then(Value::as_object_mut)
+        {
+            for k in JOB_GENERATED_LABELS {
+                l.remove(k);
+            }
+        }
+        if let Some(l) = labels.as_mut() {
+            for k in JOB_GENERATED_LABELS {
+                l.remove(k);
+            }
+        }
+    }
+    if let Some(template) = data.pointer_mut("/spec/template") {
+        if !annotations.is_empty() {
+            if !template.get("metadata").is_some_and(Value::is_object) {
+                template["metadata"] = json!({});
+            }
+            let meta = &mut template["metadata"];
+            if !meta.get("annotations").is_some_and(Value::is_object) {
+                meta["annotations"] = json!({});
+            }
+            let a = meta["annotations"].as_object_mut().expect("an object");
+            a.extend(annotations);
+        }
+        if let Some(containers) = template.pointer_mut("/spec/containers") {
+            set_env(containers, env);
+        }
+    }
+    DynamicObject {
+        types: current.types.clone(),
+        metadata: ObjectMeta {
+            name: current.metadata.name.clone(),
+            namespace: current.metadata.namespace.clone(),
+            labels,
+            annotations: current.metadata.annotations.clone(),
+            owner_references: current.metadata.owner_references.clone(),
+            ..Default::default()
+        },
+        data,
     }
 }
 

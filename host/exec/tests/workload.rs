@@ -5,10 +5,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
 use serde_json::{Value, json};
 use wasmwatch_apiserver::{Config, Failure, Server, ServerHandle};
 use wasmwatch_core::ObjectKind;
@@ -437,40 +440,460 @@ async fn a_missing_workload_is_permanent_and_named() {
     assert!(err.to_string().contains("Deployment nowhere/web"), "{err}");
 }
 
-/// WIT 0.3.0 restarts the executor cannot do yet (the capability check
-/// refuses them first): a permanent failure naming the kind or strategy,
-/// without a request.
-#[tokio::test]
-async fn a_kind_or_strategy_the_executor_cannot_restart_is_permanent_and_named() {
-    let (_server, client) = start().await;
-    let exec = executor(&client);
-    let cron = workload(WorkloadKind::from_gvk("batch", "v1", "CronJob"), "nightly");
-    let err = exec
-        .restart(&cron, "configmap/c:1", "changed")
+/// Creates an object of any kind through the dynamic API; returns it.
+async fn create_dyn(client: &Client, kind: &WorkloadKind, name: &str, spec: Value) -> Value {
+    let (group, version, k) = kind.gvk();
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, k));
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": kind.api_version(),
+        "kind": k,
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }))
+    .unwrap();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &ar);
+    serde_json::to_value(api.create(&PostParams::default(), &obj).await.unwrap()).unwrap()
+}
+
+/// Annotates an object of any kind (merge patch of its metadata).
+async fn annotate(client: &Client, kind: &WorkloadKind, name: &str, key: &str, value: &str) {
+    let (group, version, k) = kind.gvk();
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, k));
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &ar);
+    let patch = json!({"metadata": {"annotations": {key: value}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .unwrap_err();
+        .unwrap();
+}
+
+fn pod_template(name: &str, containers: Value) -> Value {
+    json!({
+        "metadata": {"labels": {"app": name}},
+        "spec": {"containers": containers},
+    })
+}
+
+fn cronjob() -> WorkloadKind {
+    WorkloadKind::from_gvk("batch", "v1", "CronJob")
+}
+
+fn job() -> WorkloadKind {
+    WorkloadKind::from_gvk("batch", "v1", "Job")
+}
+
+fn rollout() -> WorkloadKind {
+    WorkloadKind::from_gvk("argoproj.io", "v1alpha1", "Rollout")
+}
+
+fn annotation_at(obj: &Value, pointer: &str, key: &str) -> Option<String> {
+    obj.pointer(pointer)
+        .and_then(|a| a.get(key))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+/// Issue 20: a CronJob records the content on its job template (the Jobs
+/// it starts from now on get it), once per content, and no Job is started.
+#[tokio::test]
+async fn a_cronjob_records_the_content_on_its_job_template_and_starts_no_job() {
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    let w = workload(cronjob(), "nightly");
+    let mut template = pod_template(
+        "nightly",
+        json!([{"name": "app", "image": "example/app:1",
+                "envFrom": [{"configMapRef": {"name": "orders"}}]}]),
+    );
+    template["spec"]["restartPolicy"] = json!("Never");
+    create_dyn(
+        &client,
+        &w.kind,
+        "nightly",
+        json!({"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": template}}}),
+    )
+    .await;
+    let h1 = format!("configmap/orders:{}", "1".repeat(64));
+    assert_eq!(
+        exec.restart(&w, &h1, "changed").await,
+        Ok(RestartOutcome::Restarted)
+    );
+    let after = server.get("cronjobs.batch", NS, "nightly").unwrap();
+    assert_eq!(generation(&after), 2);
+    let annotations = "/spec/jobTemplate/spec/template/metadata/annotations";
+    assert_eq!(
+        annotation_at(&after, annotations, &hash_annotation_key(&h1)).as_deref(),
+        Some(h1.as_str())
+    );
+    assert!(annotation_at(&after, annotations, RESTARTED_AT_ANNOTATION).is_some());
+    assert_eq!(
+        exec.restart(&w, &h1, "again").await,
+        Ok(RestartOutcome::AlreadyAtContent)
+    );
+    assert_eq!(
+        generation(&server.get("cronjobs.batch", NS, "nightly").unwrap()),
+        2
+    );
+    // env-vars: Reloader's variable in the job template's container
+    // (a strategic merge patch: CronJob is built in).
+    let h2 = format!("configmap/orders:{}", "2".repeat(64));
+    assert_eq!(
+        exec.restart_with(&w, &[(h2.as_str(), None)], "r", RestartStrategy::EnvVars)
+            .await,
+        Ok(vec![true])
+    );
+    let after = server.get("cronjobs.batch", NS, "nightly").unwrap();
+    let container = &after["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["env"],
+        json!([{"name": "STAKATER_ORDERS_CONFIGMAP", "value": "2".repeat(64)}])
+    );
+    assert_eq!(container["envFrom"][0]["configMapRef"]["name"], "orders");
+    let jobs: Api<Job> = Api::namespaced(client.clone(), NS);
+    assert!(
+        jobs.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "no Job started"
+    );
+}
+
+/// A Job's pod template is immutable: without `wasmwatch.io/recreate-job:
+/// "true"` its restart fails for good saying how to opt in; with it, the
+/// Job is deleted and created again (a new uid, the content on its
+/// template, a selector the API server generated anew), once per content.
+#[tokio::test]
+async fn a_job_is_re_created_only_when_it_opts_in() {
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    let w = workload(job(), "migrate");
+    let mut template = pod_template(
+        "migrate",
+        json!([{"name": "app", "image": "example/app:1"}]),
+    );
+    template["spec"]["restartPolicy"] = json!("Never");
+    let created = create_dyn(&client, &w.kind, "migrate", json!({"template": template})).await;
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let h1 = format!("configmap/orders:{}", "1".repeat(64));
+    let err = exec.restart(&w, &h1, "changed").await.unwrap_err();
     assert_eq!(
         err,
         ExecError::Permanent(
-            "restart of batch/v1/CronJob shop/nightly: wasmwatch cannot restart kind \
-             batch/v1/CronJob yet"
+            "restart of batch/v1/Job shop/migrate: a Job's pod template cannot change, so \
+             restarting it means deleting the Job (and its pods) and creating it again; \
+             wasmwatch does that only for Jobs annotated wasmwatch.io/recreate-job: \"true\""
                 .into()
         )
     );
-    let web = workload(WorkloadKind::Deployment, "web");
+    let unchanged = server.get("jobs.batch", NS, "migrate").unwrap();
+    assert_eq!(unchanged["metadata"]["uid"], uid.as_str());
+
+    annotate(
+        &client,
+        &w.kind,
+        "migrate",
+        "wasmwatch.io/recreate-job",
+        "true",
+    )
+    .await;
+    assert_eq!(
+        exec.restart(&w, &h1, "changed").await,
+        Ok(RestartOutcome::Restarted)
+    );
+    let again = server.get("jobs.batch", NS, "migrate").unwrap();
+    let new_uid = again["metadata"]["uid"].as_str().unwrap();
+    assert_ne!(new_uid, uid, "a new Job");
+    assert_eq!(
+        template_annotation(&again, &hash_annotation_key(&h1)).as_deref(),
+        Some(h1.as_str())
+    );
+    assert_eq!(
+        again["spec"]["selector"]["matchLabels"]["batch.kubernetes.io/controller-uid"], new_uid,
+        "the selector is generated for the new Job"
+    );
+    assert_eq!(
+        again["metadata"]["annotations"]["wasmwatch.io/recreate-job"],
+        "true"
+    );
+    assert_eq!(
+        exec.restart(&w, &h1, "again").await,
+        Ok(RestartOutcome::AlreadyAtContent)
+    );
+    assert_eq!(
+        server.get("jobs.batch", NS, "migrate").unwrap()["metadata"]["uid"],
+        new_uid
+    );
+}
+
+async fn create_rollout(client: &Client, name: &str, containers: Value) -> WorkloadRef {
+    let w = workload(rollout(), name);
+    create_dyn(
+        client,
+        &w.kind,
+        name,
+        json!({
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": name}},
+            "template": pod_template(name, containers),
+        }),
+    )
+    .await;
+    w
+}
+
+/// An Argo Rollout (a custom resource: a merge patch, since strategic
+/// merge patches are refused) gets the content on its pod template, once.
+#[tokio::test]
+async fn a_rollout_restarts_once_per_content() {
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    let w = create_rollout(
+        &client,
+        "web",
+        json!([{"name": "app", "image": "example/app:1"}]),
+    )
+    .await;
+    let h1 = format!("configmap/orders:{}", "1".repeat(64));
+    let h2 = format!("configmap/orders:{}", "2".repeat(64));
+    let stored = || server.get("rollouts.argoproj.io", NS, "web").unwrap();
+    assert_eq!(
+        exec.restart(&w, &h1, "changed").await,
+        Ok(RestartOutcome::Restarted)
+    );
+    assert_eq!(generation(&stored()), 2);
+    assert_eq!(
+        template_annotation(&stored(), &hash_annotation_key(&h1)).as_deref(),
+        Some(h1.as_str())
+    );
+    assert_eq!(
+        exec.restart(&w, &h1, "again").await,
+        Ok(RestartOutcome::AlreadyAtContent)
+    );
+    assert_eq!(generation(&stored()), 2);
+    assert_eq!(
+        exec.restart(&w, &h2, "changed").await,
+        Ok(RestartOutcome::Restarted)
+    );
+    assert_eq!(generation(&stored()), 3);
+    assert!(stored()["spec"].get("restartAt").is_none());
+}
+
+/// restart-at (a plugin's choice, or Reloader's `rollout-strategy:
+/// restart` on the Rollout): `spec.restartAt`, the content on the
+/// Rollout's own annotations, the template untouched; once per content.
+#[tokio::test]
+async fn restart_at_sets_a_rollouts_restart_time_once_per_content() {
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    let w = create_rollout(
+        &client,
+        "web",
+        json!([{"name": "app", "image": "example/app:1"}]),
+    )
+    .await;
+    let stored = || server.get("rollouts.argoproj.io", NS, "web").unwrap();
+    let before = stored();
+    let h1 = format!("configmap/orders:{}", "1".repeat(64));
+    let key = hash_annotation_key(&h1);
+    let restart_at = |h: &str| {
+        let h = h.to_string();
+        let exec = &exec;
+        let w = &w;
+        async move {
+            exec.restart_with(w, &[(h.as_str(), None)], "r", RestartStrategy::RestartAt)
+                .await
+        }
+    };
+    assert_eq!(restart_at(&h1).await, Ok(vec![true]));
+    let after = stored();
+    let at = after["spec"]["restartAt"].as_str().unwrap().to_string();
+    assert!(at.parse::<Timestamp>().is_ok(), "{at}");
+    assert_eq!(
+        after["metadata"]["annotations"][&key].as_str(),
+        Some(h1.as_str())
+    );
+    assert_eq!(after["spec"]["template"], before["spec"]["template"]);
+    assert_eq!(restart_at(&h1).await, Ok(vec![false]), "the same content");
+    // A template restart of the same content is not needed either.
+    assert_eq!(
+        exec.restart(&w, &h1, "r").await,
+        Ok(RestartOutcome::AlreadyAtContent)
+    );
+    assert_eq!(
+        stored()["metadata"]["resourceVersion"],
+        after["metadata"]["resourceVersion"]
+    );
+
+    // Reloader's annotation on the Rollout chooses restart-at.
+    annotate(
+        &client,
+        &w.kind,
+        "web",
+        "reloader.stakater.com/rollout-strategy",
+        "restart",
+    )
+    .await;
+    let h2 = format!("configmap/orders:{}", "2".repeat(64));
+    assert_eq!(
+        exec.restart(&w, &h2, "changed").await,
+        Ok(RestartOutcome::Restarted)
+    );
+    let last = stored();
+    assert_eq!(
+        last["metadata"]["annotations"][&key].as_str(),
+        Some(h2.as_str())
+    );
+    assert_eq!(last["spec"]["template"], before["spec"]["template"]);
+
+    // restart-at of another kind fails for good, naming it.
+    let d = workload(WorkloadKind::Deployment, "api");
+    create(&client, &d).await;
     let err = exec
-        .restart_with(
-            &web,
-            &[("configmap/c:1", None)],
-            "r",
-            RestartStrategy::RestartAt,
-        )
+        .restart_with(&d, &[(h1.as_str(), None)], "r", RestartStrategy::RestartAt)
         .await
         .unwrap_err();
     assert_eq!(
         err,
         ExecError::Permanent(
-            "restart of Deployment shop/web: strategy restart-at is not supported yet".into()
+            "restart of Deployment shop/api: strategy restart-at restarts Argo Rollouts only \
+             (argoproj.io/v1alpha1/Rollout); use annotations or env-vars"
+                .into()
+        )
+    );
+}
+
+/// env-vars on a custom resource: the variable set in its container, every
+/// other container and variable kept (the whole list read, changed and
+/// written with the version read as a precondition).
+#[tokio::test]
+async fn env_vars_on_a_rollout_keeps_the_other_containers_env() {
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    let w = create_rollout(
+        &client,
+        "web",
+        json!([
+            {"name": "sidecar", "image": "example/proxy:1",
+             "env": [{"name": "A", "value": "1"}]},
+            {"name": "app", "image": "example/app:1",
+             "envFrom": [{"configMapRef": {"name": "orders"}}],
+             "env": [{"name": "B", "value": "2"}]},
+        ]),
+    )
+    .await;
+    let containers = || {
+        server.get("rollouts.argoproj.io", NS, "web").unwrap()["spec"]["template"]["spec"]
+            ["containers"]
+            .clone()
+    };
+    let before = containers();
+    for digest in ["1", "2"] {
+        let h = format!("configmap/orders:{}", digest.repeat(64));
+        assert_eq!(
+            exec.restart_with(&w, &[(h.as_str(), None)], "r", RestartStrategy::EnvVars)
+                .await,
+            Ok(vec![true])
+        );
+        let after = containers();
+        assert_eq!(after[0], before[0], "the sidecar is untouched");
+        assert_eq!(
+            after[1]["env"],
+            json!([{"name": "B", "value": "2"},
+                   {"name": "STAKATER_ORDERS_CONFIGMAP", "value": digest.repeat(64)}])
+        );
+        assert_eq!(after[1]["envFrom"], before[1]["envFrom"]);
+        assert_eq!(
+            exec.restart_with(&w, &[(h.as_str(), None)], "r", RestartStrategy::EnvVars)
+                .await,
+            Ok(vec![false])
+        );
+    }
+}
+
+/// A kind the executor knows nothing about is found through discovery and
+/// restarted at `spec.template`; one without a pod template there, and one
+/// the API server does not serve, fail for good, naming why.
+#[tokio::test]
+async fn other_kinds_restart_at_spec_template_or_fail_naming_it() {
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    let kind = WorkloadKind::from_gvk("apps.kruise.io", "v1alpha1", "CloneSet");
+    let w = workload(kind.clone(), "web");
+    create_dyn(
+        &client,
+        &kind,
+        "web",
+        json!({
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": pod_template("web", json!([{"name": "app", "image": "example/app:1"}])),
+        }),
+    )
+    .await;
+    let h1 = format!("configmap/orders:{}", "1".repeat(64));
+    for _ in 0..2 {
+        // The second time the kind's resource is remembered.
+        let stored = || server.get("clonesets.apps.kruise.io", NS, "web").unwrap();
+        let first = template_annotation(&stored(), &hash_annotation_key(&h1)).is_none();
+        assert_eq!(
+            exec.restart(&w, &h1, "changed").await,
+            Ok(if first {
+                RestartOutcome::Restarted
+            } else {
+                RestartOutcome::AlreadyAtContent
+            })
+        );
+        assert_eq!(generation(&stored()), 2);
+        assert_eq!(
+            template_annotation(&stored(), &hash_annotation_key(&h1)).as_deref(),
+            Some(h1.as_str())
+        );
+    }
+
+    let pod = WorkloadKind::from_gvk("", "v1", "Pod");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "solo"},
+            "spec": {"containers": [{"name": "app", "image": "example/app:1"}]},
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let err = exec
+        .restart(&workload(pod, "solo"), &h1, "changed")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ExecError::Permanent(
+            "restart of v1/Pod shop/solo: it has no pod template at spec.template".into()
+        )
+    );
+    let thing = WorkloadKind::from_gvk("example.com", "v1", "Thing");
+    let err = exec
+        .restart(&workload(thing, "x"), &h1, "changed")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ExecError::Permanent(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .starts_with("restart of example.com/v1/Thing shop/x: "),
+        "{err}"
+    );
+    let ns = WorkloadKind::from_gvk("", "v1", "Namespace");
+    let err = exec
+        .restart(&workload(ns, "x"), &h1, "changed")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ExecError::Permanent(
+            "restart of v1/Namespace shop/x: kind Namespace is not namespaced, so it is not a \
+             workload"
+                .into()
         )
     );
 }

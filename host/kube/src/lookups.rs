@@ -2,14 +2,30 @@
 //! caches fed by watches, never by an API call per lookup.
 //!
 //! Data flow: one `kube::runtime::watcher` per kind (Deployments,
-//! StatefulSets, DaemonSets, Services, EndpointSlices) × namespace (or one
-//! cluster-wide), with the watcher's default backoff, feeds a [`Cache`] behind
-//! a `RwLock`. The [`Lookups`] methods are synchronous (they run inside a wasm
-//! call on a blocking thread) and only take the read lock.
+//! StatefulSets, DaemonSets, CronJobs, Jobs, Argo Rollouts, Services,
+//! EndpointSlices) × namespace (or one cluster-wide), with the watcher's
+//! default backoff, feeds a [`Cache`] behind a `RwLock`. The [`Lookups`]
+//! methods are synchronous (they run inside a wasm call on a blocking
+//! thread) and only take the read lock.
+//!
+//! Custom resource kinds ([`CustomKind`]: Argo Rollouts by default) are
+//! watched only when the API server's discovery lists them: each stream
+//! first asks `/apis/<group>/<version>`; a kind not served is skipped with
+//! one info log (and counts as listed for [`KubeLookups::ready`]). A CRD
+//! installed later is seen after wasmwatch restarts. Their objects are read
+//! as `metadata` and `spec.template` only.
+//!
+//! The pod template is at `spec.template` (Deployment, StatefulSet,
+//! DaemonSet, Job, Rollout) or `spec.jobTemplate.spec.template` (CronJob).
 //!
 //! The cache keeps only what the lookups return, in compact form: per
 //! workload its labels, annotations, pod-template annotations and the
-//! ConfigMaps/Secrets its pod template references (see [`crate::references`]);
+//! ConfigMaps/Secrets its pod template references with their uses (see
+//! [`crate::references`]); an index of the references, and one of the
+//! workloads carrying a named `reload` annotation (see
+//! [`wasmwatch_core::lookups::reload_annotations`]), which
+//! `workloads_referencing` returns beside the referencing ones when the
+//! annotation names the object;
 //! per Service its labels, annotations and ports; per EndpointSlice its ports
 //! and its ready endpoints (address and Pod name). Whole objects are parsed
 //! and dropped. The annotation `kubectl.kubernetes.io/last-applied-configuration`
@@ -24,6 +40,7 @@
 //! A relist (after an error or a 410) applies the listed objects as they come
 //! and, when the list is complete, removes the objects of that stream that
 //! were not listed: between the two, a deleted object may still be answered.
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
 use std::pin::pin;
@@ -32,6 +49,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use futures_util::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{PodTemplateSpec, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -45,7 +63,8 @@ use tracing::Instrument;
 use wasmwatch_core::ObjectKind;
 use wasmwatch_core::action::{WorkloadKind, WorkloadRef};
 use wasmwatch_core::lookups::{
-    Endpoint, Lookups, ObjectRef, ServiceInfo, ServicePort, WorkloadInfo,
+    Endpoint, Lookups, ObjectRef, ObjectUse, ServiceInfo, ServicePort, UseVia, WorkloadInfo,
+    reload_annotations, reload_value_names,
 };
 
 use crate::references::pod_spec_references;
@@ -88,6 +107,22 @@ impl KubeLookups {
         namespaces: Option<Vec<String>>,
         field_selector: Option<String>,
     ) -> Arc<KubeLookups> {
+        KubeLookups::start_with_custom(
+            client,
+            namespaces,
+            field_selector,
+            vec![CustomKind::rollout()],
+        )
+    }
+
+    /// [`KubeLookups::start_with`], watching these custom resource kinds
+    /// (each only if discovery lists it) instead of Argo Rollouts alone.
+    pub fn start_with_custom(
+        client: Client,
+        namespaces: Option<Vec<String>>,
+        field_selector: Option<String>,
+        custom: Vec<CustomKind>,
+    ) -> Arc<KubeLookups> {
         let scopes: Vec<Option<String>> = match namespaces {
             None => vec![None],
             Some(list) => {
@@ -95,8 +130,16 @@ impl KubeLookups {
                 unique.into_iter().map(Some).collect()
             }
         };
-        let cache = Arc::new(RwLock::new(Cache::default()));
-        let (pending_tx, pending) = watch::channel(scopes.len() * 5);
+        let mut cache = Cache::default();
+        let custom: Vec<CustomType> = custom
+            .into_iter()
+            .map(|kind| {
+                let rank = cache.register(kind.workload_kind());
+                CustomType { kind, rank }
+            })
+            .collect();
+        let cache = Arc::new(RwLock::new(cache));
+        let (pending_tx, pending) = watch::channel(scopes.len() * (7 + custom.len()));
         let pending_tx = Arc::new(pending_tx);
         let mut tasks = Vec::new();
         for scope in &scopes {
@@ -107,11 +150,46 @@ impl KubeLookups {
                 cache: &cache,
                 pending: &pending_tx,
             };
-            tasks.push(ctx.spawn::<Deployment>());
-            tasks.push(ctx.spawn::<StatefulSet>());
-            tasks.push(ctx.spawn::<DaemonSet>());
-            tasks.push(ctx.spawn::<Service>());
-            tasks.push(ctx.spawn::<EndpointSlice>());
+            tasks.push(ctx.spawn::<Deployment>(()));
+            tasks.push(ctx.spawn::<StatefulSet>(()));
+            tasks.push(ctx.spawn::<DaemonSet>(()));
+            tasks.push(ctx.spawn::<CronJob>(()));
+            tasks.push(ctx.spawn::<Job>(()));
+            tasks.push(ctx.spawn::<Service>(()));
+            tasks.push(ctx.spawn::<EndpointSlice>(()));
+        }
+        for dt in custom {
+            let streams: Vec<_> = scopes
+                .iter()
+                .map(|scope| {
+                    let ctx = StreamCtx {
+                        client: &client,
+                        scope,
+                        fields: field_selector.as_deref(),
+                        cache: &cache,
+                        pending: &pending_tx,
+                    };
+                    ctx.stream::<TemplatedObject>(dt.clone())
+                })
+                .collect();
+            let client = client.clone();
+            let pending = pending_tx.clone();
+            let span = tracing::info_span!("lookups-discovery", kind = %dt.kind);
+            tasks.push(tokio::spawn(
+                async move {
+                    if served(&client, &dt.kind).await {
+                        futures_util::future::join_all(streams).await;
+                    } else {
+                        tracing::info!(
+                            "the API server does not serve {}; its workloads are not looked up",
+                            dt.kind
+                        );
+                        let n = streams.len();
+                        pending.send_modify(|p| *p = p.saturating_sub(n));
+                    }
+                }
+                .instrument(span),
+            ));
         }
         Arc::new(KubeLookups {
             cache,
@@ -191,30 +269,49 @@ struct StreamCtx<'a> {
 }
 
 impl StreamCtx<'_> {
-    fn spawn<K: Cached>(&self) -> JoinHandle<()> {
-        let api: Api<K> = match self.scope {
-            None => Api::all(self.client.clone()),
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-        };
+    fn spawn<K: Cached>(&self, dt: K::DynamicType) -> JoinHandle<()> {
+        tokio::spawn(self.stream::<K>(dt))
+    }
+
+    /// The stream of kind `K` in this scope, not started.
+    fn stream<K: Cached>(&self, dt: K::DynamicType) -> impl Future<Output = ()> + Send + use<K> {
+        let api = K::api(self.client.clone(), self.scope.as_deref(), &dt);
         let span = tracing::info_span!(
             "lookups-watch",
-            kind = K::KIND,
+            kind = %K::kind(&dt),
             namespace = self.scope.as_deref().unwrap_or("*")
         );
         let mut config = watcher::Config::default();
         if let Some(fields) = self.fields {
             config = config.fields(fields);
         }
-        tokio::spawn(
-            run_stream(
-                api,
-                config,
-                self.scope.clone(),
-                self.cache.clone(),
-                self.pending.clone(),
-            )
-            .instrument(span),
+        run_stream(
+            api,
+            config,
+            self.scope.clone(),
+            self.cache.clone(),
+            self.pending.clone(),
+            dt,
         )
+        .instrument(span)
+    }
+}
+
+/// Whether discovery lists `kind`'s resource; retried with backoff (up to
+/// a minute apart) while discovery fails otherwise than with 404.
+async fn served(client: &Client, kind: &CustomKind) -> bool {
+    let group_version = format!("{}/{}", kind.group, kind.version);
+    let mut delay = std::time::Duration::from_millis(500);
+    loop {
+        match client.list_api_group_resources(&group_version).await {
+            Ok(list) => return list.resources.iter().any(|r| r.name == kind.plural),
+            Err(kube::Error::Api(status)) if status.code == 404 => return false,
+            Err(error) => {
+                tracing::warn!(%error, "discovery of {group_version} failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(60));
+            }
+        }
     }
 }
 
@@ -226,6 +323,7 @@ async fn run_stream<K: Cached>(
     scope: Option<String>,
     cache: Arc<RwLock<Cache>>,
     pending: Arc<watch::Sender<usize>>,
+    dt: K::DynamicType,
 ) {
     let mut stream = pin!(watcher(api, config).default_backoff());
     let mut state = StreamState::new(scope);
@@ -239,7 +337,7 @@ async fn run_stream<K: Cached>(
         };
         let first_list_done = {
             let mut cache = cache.write().unwrap_or_else(PoisonError::into_inner);
-            state.handle(event, &mut cache)
+            state.handle(event, &mut cache, &dt)
         };
         if first_list_done {
             pending.send_modify(|n| *n = n.saturating_sub(1));
@@ -266,21 +364,26 @@ impl StreamState {
     }
 
     /// Applies one event; true when it completed the stream's first list.
-    fn handle<K: Cached>(&mut self, event: Event<K>, cache: &mut Cache) -> bool {
+    fn handle<K: Cached>(
+        &mut self,
+        event: Event<K>,
+        cache: &mut Cache,
+        dt: &K::DynamicType,
+    ) -> bool {
         match event {
             Event::Init => self.listed.clear(),
             Event::InitApply(obj) => {
                 if let Some(key) = key_of(obj.meta()) {
                     self.listed.insert(key);
                 }
-                obj.apply_to(cache);
+                obj.apply_to(cache, dt);
             }
             Event::InitDone => {
                 // Whatever this stream had but the list did not have is gone.
                 let mut removed = 0usize;
-                for (ns, name) in cache.names::<K>(self.scope.as_deref()) {
+                for (ns, name) in cache.names::<K>(self.scope.as_deref(), dt) {
                     if !self.listed.contains(&(ns.clone(), name.clone())) {
-                        K::delete_from(cache, &ns, &name);
+                        K::delete_from(cache, dt, &ns, &name);
                         removed += 1;
                     }
                 }
@@ -290,10 +393,10 @@ impl StreamState {
                 self.listed_once = true;
                 return first;
             }
-            Event::Apply(obj) => obj.apply_to(cache),
+            Event::Apply(obj) => obj.apply_to(cache, dt),
             Event::Delete(obj) => {
                 if let Some((ns, name)) = key_of(obj.meta()) {
-                    K::delete_from(cache, &ns, &name);
+                    K::delete_from(cache, dt, &ns, &name);
                 }
             }
         }
@@ -321,9 +424,11 @@ pub struct CacheStats {
     pub endpoint_slices: usize,
 }
 
-/// A kind the cache is fed with.
+/// A kind the cache is fed with. `DynamicType` is `()` for the kinds of
+/// k8s-openapi; custom kinds are read through one type, with the kind as
+/// its dynamic type.
 pub trait Cached:
-    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    Resource<DynamicType: Clone + Send + Sync + 'static>
     + Clone
     + DeserializeOwned
     + Debug
@@ -331,14 +436,123 @@ pub trait Cached:
     + Sync
     + 'static
 {
-    /// For logs.
-    const KIND: &'static str;
+    /// The API of this kind in `namespace`, or in all namespaces.
+    fn api(client: Client, namespace: Option<&str>, dt: &Self::DynamicType) -> Api<Self>;
     /// Stores (or replaces) the compact form of this object.
-    fn apply_to(&self, cache: &mut Cache);
+    fn apply_to(&self, cache: &mut Cache, dt: &Self::DynamicType);
     /// Forgets the object of this kind with this namespace and name.
-    fn delete_from(cache: &mut Cache, namespace: &str, name: &str);
+    fn delete_from(cache: &mut Cache, dt: &Self::DynamicType, namespace: &str, name: &str);
     /// The names of the objects of this kind in one namespace.
-    fn names_in(ns: &Namespace) -> Vec<String>;
+    fn names_in(ns: &Namespace, dt: &Self::DynamicType) -> Vec<String>;
+}
+
+/// A custom resource kind with a pod template at `spec.template`, watched
+/// when the API server serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CustomKind {
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    /// The resource's plural name, as in its URL path (`rollouts`).
+    pub plural: String,
+}
+
+impl CustomKind {
+    /// Argo Rollouts' `argoproj.io/v1alpha1` Rollout.
+    pub fn rollout() -> CustomKind {
+        CustomKind {
+            group: "argoproj.io".into(),
+            version: "v1alpha1".into(),
+            kind: "Rollout".into(),
+            plural: "rollouts".into(),
+        }
+    }
+
+    fn workload_kind(&self) -> WorkloadKind {
+        WorkloadKind::from_gvk(&self.group, &self.version, &self.kind)
+    }
+}
+
+impl std::fmt::Display for CustomKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}/{}", self.plural, self.group, self.version)
+    }
+}
+
+/// The dynamic type of [`TemplatedObject`]: the kind and its index in the
+/// cache.
+#[derive(Debug, Clone)]
+pub struct CustomType {
+    kind: CustomKind,
+    rank: u8,
+}
+
+/// An object of a custom kind, as much as the cache reads of it: the rest
+/// is skipped while parsing.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct TemplatedObject {
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<TemplatedSpec>,
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+struct TemplatedSpec {
+    #[serde(default)]
+    template: Option<PodTemplateSpec>,
+}
+
+impl Resource for TemplatedObject {
+    type DynamicType = CustomType;
+    // Namespaced (the cache keeps namespaced workloads only), but read
+    // through the dynamic API's constructors.
+    type Scope = kube::core::DynamicResourceScope;
+
+    fn kind(dt: &CustomType) -> Cow<'_, str> {
+        Cow::Borrowed(&dt.kind.kind)
+    }
+
+    fn group(dt: &CustomType) -> Cow<'_, str> {
+        Cow::Borrowed(&dt.kind.group)
+    }
+
+    fn version(dt: &CustomType) -> Cow<'_, str> {
+        Cow::Borrowed(&dt.kind.version)
+    }
+
+    fn plural(dt: &CustomType) -> Cow<'_, str> {
+        Cow::Borrowed(&dt.kind.plural)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Cached for TemplatedObject {
+    fn api(client: Client, namespace: Option<&str>, dt: &CustomType) -> Api<Self> {
+        match namespace {
+            None => Api::all_with(client, dt),
+            Some(ns) => Api::namespaced_with(client, ns, dt),
+        }
+    }
+
+    fn apply_to(&self, cache: &mut Cache, dt: &CustomType) {
+        let template = self.spec.as_ref().and_then(|s| s.template.as_ref());
+        cache.apply_workload(dt.rank, &self.metadata, template);
+    }
+
+    fn delete_from(cache: &mut Cache, dt: &CustomType, namespace: &str, name: &str) {
+        cache.delete_workload(dt.rank, namespace, name);
+    }
+
+    fn names_in(ns: &Namespace, dt: &CustomType) -> Vec<String> {
+        ns.workload_names(dt.rank)
+    }
 }
 
 /// Sorted key-value pairs; an empty one does not allocate.
@@ -359,21 +573,22 @@ fn to_map(pairs: &Pairs) -> BTreeMap<String, String> {
         .collect()
 }
 
-const WORKLOAD_KINDS: [WorkloadKind; 3] = [
-    WorkloadKind::Deployment,
-    WorkloadKind::StatefulSet,
-    WorkloadKind::DaemonSet,
-];
+/// The cache's index (rank) of each kind of k8s-openapi it watches; custom
+/// kinds come after these ([`Cache::register`]).
+const DEPLOYMENT: u8 = 0;
+const STATEFULSET: u8 = 1;
+const DAEMONSET: u8 = 2;
+const CRONJOB: u8 = 3;
+const JOB: u8 = 4;
 
-/// The index of a cached kind; `None` for the kinds not cached (yet: any
-/// but the apps/v1 ones).
-fn rank(kind: &WorkloadKind) -> Option<u8> {
-    match kind {
-        WorkloadKind::Deployment => Some(0),
-        WorkloadKind::StatefulSet => Some(1),
-        WorkloadKind::DaemonSet => Some(2),
-        WorkloadKind::Other(_) => None,
-    }
+fn builtin_kinds() -> Vec<WorkloadKind> {
+    vec![
+        WorkloadKind::Deployment,
+        WorkloadKind::StatefulSet,
+        WorkloadKind::DaemonSet,
+        WorkloadKind::from_gvk("batch", "v1", "CronJob"),
+        WorkloadKind::from_gvk("batch", "v1", "Job"),
+    ]
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -381,7 +596,46 @@ struct WorkloadEntry {
     labels: Pairs,
     annotations: Pairs,
     template_annotations: Pairs,
-    references: Box<[(ObjectKind, Box<str>)]>,
+    references: Box<[CachedRef]>,
+}
+
+/// An [`ObjectRef`], compact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CachedRef {
+    kind: ObjectKind,
+    name: Box<str>,
+    uses: Box<[(UseVia, Option<Box<str>>)]>,
+}
+
+impl WorkloadEntry {
+    fn references(&self, kind: ObjectKind, name: &str) -> bool {
+        self.references
+            .iter()
+            .any(|r| r.kind == kind && *r.name == *name)
+    }
+
+    /// The object kinds a reload annotation of this workload (or its
+    /// template) names objects of.
+    fn named_kinds(&self) -> impl Iterator<Item = ObjectKind> + '_ {
+        [ObjectKind::ConfigMap, ObjectKind::Secret]
+            .into_iter()
+            .filter(|kind| self.reload_values(*kind).any(|v| !v.trim().is_empty()))
+    }
+
+    fn reload_values(&self, kind: ObjectKind) -> impl Iterator<Item = &str> + '_ {
+        let keys = reload_annotations(kind);
+        [&self.annotations, &self.template_annotations]
+            .into_iter()
+            .flat_map(|pairs| pairs.iter())
+            .filter(move |(k, _)| keys.contains(&&**k))
+            .map(|(_, v)| &**v)
+    }
+
+    /// Whether a reload annotation names object `kind`/`name`.
+    fn names_for_reload(&self, kind: ObjectKind, name: &str) -> bool {
+        self.reload_values(kind)
+            .any(|v| reload_value_names(v, name))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -407,10 +661,14 @@ struct ReadyEndpoint {
 /// The cached objects of one namespace.
 #[derive(Debug, Default)]
 pub struct Namespace {
-    /// Per workload kind (by [`rank`]), by name.
-    workloads: [BTreeMap<Box<str>, WorkloadEntry>; 3],
+    /// Per workload kind (by rank: [`Cache::register`]), by name; grown as
+    /// kinds are seen.
+    workloads: Vec<BTreeMap<Box<str>, WorkloadEntry>>,
     /// (referenced kind, referenced name, workload kind rank, workload name).
     referencing: BTreeSet<(ObjectKind, Box<str>, u8, Box<str>)>,
+    /// (object kind, workload kind rank, workload name) of the workloads
+    /// whose reload annotation for that kind of object is not empty.
+    named: BTreeSet<(ObjectKind, u8, Box<str>)>,
     services: BTreeMap<Box<str>, ServiceEntry>,
     slices: BTreeMap<Box<str>, SliceEntry>,
     /// (service name, slice name).
@@ -418,6 +676,37 @@ pub struct Namespace {
 }
 
 impl Namespace {
+    fn workload_names(&self, rank: u8) -> Vec<String> {
+        self.workloads
+            .get(rank as usize)
+            .into_iter()
+            .flat_map(|m| m.keys().map(|k| k.to_string()))
+            .collect()
+    }
+
+    fn workloads_mut(&mut self, rank: u8) -> &mut BTreeMap<Box<str>, WorkloadEntry> {
+        let r = rank as usize;
+        if self.workloads.len() <= r {
+            self.workloads.resize_with(r + 1, BTreeMap::new);
+        }
+        &mut self.workloads[r]
+    }
+
+    fn workload(&self, rank: u8, name: &str) -> Option<&WorkloadEntry> {
+        self.workloads.get(rank as usize)?.get(name)
+    }
+
+    /// Removes workload `name` (of rank `r`, as `old`) from the indexes.
+    fn unindex(&mut self, r: u8, name: &str, old: &WorkloadEntry) {
+        for cached in old.references.iter() {
+            self.referencing
+                .remove(&(cached.kind, cached.name.clone(), r, Box::from(name)));
+        }
+        for kind in old.named_kinds() {
+            self.named.remove(&(kind, r, Box::from(name)));
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.workloads.iter().all(BTreeMap::is_empty)
             && self.services.is_empty()
@@ -427,20 +716,46 @@ impl Namespace {
 
 /// The lookups' state: no I/O; fed by [`Cached::apply_to`] and
 /// [`Cached::delete_from`] (the watches, or tests directly).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Cache {
     namespaces: HashMap<Box<str>, Namespace>,
+    /// The workload kinds, by rank.
+    kinds: Vec<WorkloadKind>,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Cache {
+            namespaces: HashMap::new(),
+            kinds: builtin_kinds(),
+        }
+    }
 }
 
 impl Cache {
     /// Stores (or replaces) the compact form of `obj`.
-    pub fn apply<K: Cached>(&mut self, obj: &K) {
-        obj.apply_to(self);
+    pub fn apply<K: Cached<DynamicType = ()>>(&mut self, obj: &K) {
+        obj.apply_to(self, &());
     }
 
     /// Forgets an object.
-    pub fn delete<K: Cached>(&mut self, namespace: &str, name: &str) {
-        K::delete_from(self, namespace, name);
+    pub fn delete<K: Cached<DynamicType = ()>>(&mut self, namespace: &str, name: &str) {
+        K::delete_from(self, &(), namespace, name);
+    }
+
+    /// The rank of a workload kind, added if new.
+    fn register(&mut self, kind: WorkloadKind) -> u8 {
+        match self.kinds.iter().position(|k| *k == kind) {
+            Some(r) => r as u8,
+            None => {
+                self.kinds.push(kind);
+                u8::try_from(self.kinds.len() - 1).expect("fewer than 256 workload kinds")
+            }
+        }
+    }
+
+    fn rank(&self, kind: &WorkloadKind) -> Option<u8> {
+        self.kinds.iter().position(|k| k == kind).map(|r| r as u8)
     }
 
     fn ns_mut(&mut self, ns: &str) -> &mut Namespace {
@@ -462,12 +777,12 @@ impl Cache {
 
     /// (namespace, name) of every object of kind `K` in `scope` (a namespace,
     /// or all when `None`).
-    fn names<K: Cached>(&self, scope: Option<&str>) -> Vec<(String, String)> {
+    fn names<K: Cached>(&self, scope: Option<&str>, dt: &K::DynamicType) -> Vec<(String, String)> {
         self.namespaces
             .iter()
             .filter(|(ns, _)| scope.is_none_or(|s| s == &***ns))
             .flat_map(|(ns, n)| {
-                K::names_in(n)
+                K::names_in(n, dt)
                     .into_iter()
                     .map(move |name| (ns.to_string(), name))
             })
@@ -487,13 +802,8 @@ impl Cache {
         stats
     }
 
-    fn apply_workload(
-        &mut self,
-        kind: WorkloadKind,
-        meta: &ObjectMeta,
-        template: Option<&PodTemplateSpec>,
-    ) {
-        let (Some(ns), Some(name), Some(r)) = (&meta.namespace, &meta.name, rank(&kind)) else {
+    fn apply_workload(&mut self, r: u8, meta: &ObjectMeta, template: Option<&PodTemplateSpec>) {
+        let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
             return;
         };
         let references = template
@@ -501,7 +811,15 @@ impl Cache {
             .map(pod_spec_references)
             .unwrap_or_default()
             .into_iter()
-            .map(|r| (r.kind, Box::from(r.name)))
+            .map(|r| CachedRef {
+                kind: r.kind,
+                name: Box::from(r.name),
+                uses: r
+                    .uses
+                    .into_iter()
+                    .map(|u| (u.via, u.key.map(Box::from)))
+                    .collect(),
+            })
             .collect();
         let entry = WorkloadEntry {
             labels: pairs(meta.labels.as_ref(), &[]),
@@ -515,32 +833,33 @@ impl Cache {
             references,
         };
         let n = self.ns_mut(ns);
-        let old = n.workloads[r as usize].get(name.as_str());
-        if old == Some(&entry) {
+        let old = n.workloads_mut(r).remove(name.as_str());
+        if old.as_ref() == Some(&entry) {
+            n.workloads_mut(r).insert(Box::from(name.as_str()), entry);
             return;
         }
         if let Some(old) = old {
-            for (k, obj) in old.references.iter() {
-                n.referencing
-                    .remove(&(*k, obj.clone(), r, Box::from(name.as_str())));
-            }
+            n.unindex(r, name, &old);
         }
-        for (k, obj) in entry.references.iter() {
-            n.referencing
-                .insert((*k, obj.clone(), r, Box::from(name.as_str())));
+        for cached in entry.references.iter() {
+            n.referencing.insert((
+                cached.kind,
+                cached.name.clone(),
+                r,
+                Box::from(name.as_str()),
+            ));
         }
-        n.workloads[r as usize].insert(Box::from(name.as_str()), entry);
+        for kind in entry.named_kinds() {
+            n.named.insert((kind, r, Box::from(name.as_str())));
+        }
+        n.workloads_mut(r).insert(Box::from(name.as_str()), entry);
     }
 
-    fn delete_workload(&mut self, kind: WorkloadKind, ns: &str, name: &str) {
-        let Some(r) = rank(&kind) else {
-            return;
-        };
+    fn delete_workload(&mut self, r: u8, ns: &str, name: &str) {
         self.with_existing_ns(ns, |n| {
-            if let Some(old) = n.workloads[r as usize].remove(name) {
-                for (k, obj) in old.references.iter() {
-                    n.referencing.remove(&(*k, obj.clone(), r, Box::from(name)));
-                }
+            let old = n.workloads.get_mut(r as usize).and_then(|m| m.remove(name));
+            if let Some(old) = old {
+                n.unindex(r, name, &old);
             }
         });
     }
@@ -646,10 +965,13 @@ impl Cache {
     /// One workload as cached.
     pub fn workload(&self, r: &WorkloadRef) -> Option<WorkloadInfo> {
         let n = self.namespaces.get(r.namespace.as_str())?;
-        let entry = n.workloads[rank(&r.kind)? as usize].get(r.name.as_str())?;
+        let entry = n.workload(self.rank(&r.kind)?, r.name.as_str())?;
         Some(workload_info(r.clone(), entry))
     }
 
+    /// The workloads whose pod templates reference object `kind`/`name`
+    /// (by kind, then name), then those a reload annotation names it in
+    /// without a reference (likewise ordered).
     pub fn workloads_referencing(
         &self,
         kind: ObjectKind,
@@ -659,20 +981,31 @@ impl Cache {
         let Some(n) = self.namespaces.get(namespace) else {
             return Vec::new();
         };
+        let info = |r: u8, wname: &str, entry: &WorkloadEntry| {
+            let workload = WorkloadRef {
+                kind: self.kinds[r as usize].clone(),
+                namespace: namespace.to_string(),
+                name: wname.to_string(),
+            };
+            workload_info(workload, entry)
+        };
         let from = (kind, Box::from(name), 0u8, Box::from(""));
-        n.referencing
+        let referencing = n
+            .referencing
             .range(from..)
             .take_while(|(k, obj, _, _)| *k == kind && &**obj == name)
-            .filter_map(|(_, _, r, wname)| {
-                let entry = n.workloads[*r as usize].get(wname)?;
-                let workload = WorkloadRef {
-                    kind: WORKLOAD_KINDS[*r as usize].clone(),
-                    namespace: namespace.to_string(),
-                    name: wname.to_string(),
-                };
-                Some(workload_info(workload, entry))
-            })
-            .collect()
+            .filter_map(|(_, _, r, wname)| Some(info(*r, wname, n.workload(*r, wname)?)));
+        let named = n
+            .named
+            .range((kind, 0u8, Box::from(""))..)
+            .take_while(|(k, _, _)| *k == kind)
+            .filter_map(|(_, r, wname)| {
+                let entry = n.workload(*r, wname)?;
+                let only_named =
+                    !entry.references(kind, name) && entry.names_for_reload(kind, name);
+                only_named.then(|| info(*r, wname, entry))
+            });
+        referencing.chain(named).collect()
     }
 
     pub fn service(&self, namespace: &str, name: &str) -> Option<ServiceInfo> {
@@ -744,11 +1077,17 @@ fn workload_info(workload: WorkloadRef, e: &WorkloadEntry) -> WorkloadInfo {
         references: e
             .references
             .iter()
-            .map(|(kind, name)| ObjectRef {
-                kind: *kind,
-                name: name.to_string(),
-                // Not cached yet (see `crate::references`): the whole object.
-                keys: Vec::new(),
+            .map(|r| ObjectRef {
+                kind: r.kind,
+                name: r.name.to_string(),
+                uses: r
+                    .uses
+                    .iter()
+                    .map(|(via, key)| ObjectUse {
+                        via: *via,
+                        key: key.as_deref().map(str::to_string),
+                    })
+                    .collect(),
             })
             .collect(),
     }
@@ -764,67 +1103,86 @@ fn service_info(namespace: &str, name: &str, s: &ServiceEntry) -> ServiceInfo {
     }
 }
 
+fn typed_api<K>(client: Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+{
+    match namespace {
+        None => Api::all(client),
+        Some(ns) => Api::namespaced(client, ns),
+    }
+}
+
+/// `Cached` for a kind of k8s-openapi: its rank and where its pod
+/// template is (a closure from the object to `Option<&PodTemplateSpec>`).
 macro_rules! workload_kind {
-    ($ty:ty, $kind:expr) => {
+    ($ty:ty, $rank:expr, $template:expr) => {
         impl Cached for $ty {
-            const KIND: &'static str = stringify!($ty);
-
-            fn apply_to(&self, cache: &mut Cache) {
-                let template = Some(&self.spec.template);
-                cache.apply_workload($kind, &self.metadata, template);
+            fn api(client: Client, namespace: Option<&str>, _: &()) -> Api<Self> {
+                typed_api(client, namespace)
             }
 
-            fn delete_from(cache: &mut Cache, namespace: &str, name: &str) {
-                cache.delete_workload($kind, namespace, name);
+            fn apply_to(&self, cache: &mut Cache, _: &()) {
+                let template: fn(&$ty) -> Option<&PodTemplateSpec> = $template;
+                cache.apply_workload($rank, &self.metadata, template(self));
             }
 
-            fn names_in(ns: &Namespace) -> Vec<String> {
-                let Some(r) = rank(&$kind) else {
-                    return Vec::new();
-                };
-                ns.workloads[r as usize]
-                    .keys()
-                    .map(|k| k.to_string())
-                    .collect()
+            fn delete_from(cache: &mut Cache, _: &(), namespace: &str, name: &str) {
+                cache.delete_workload($rank, namespace, name);
+            }
+
+            fn names_in(ns: &Namespace, _: &()) -> Vec<String> {
+                ns.workload_names($rank)
             }
         }
     };
 }
 
-workload_kind!(Deployment, WorkloadKind::Deployment);
-workload_kind!(StatefulSet, WorkloadKind::StatefulSet);
-workload_kind!(DaemonSet, WorkloadKind::DaemonSet);
+workload_kind!(Deployment, DEPLOYMENT, |d| Some(&d.spec.template));
+workload_kind!(StatefulSet, STATEFULSET, |s| Some(&s.spec.template));
+workload_kind!(DaemonSet, DAEMONSET, |d| Some(&d.spec.template));
+workload_kind!(Job, JOB, |j| j.spec.as_ref().map(|s| &s.template));
+workload_kind!(CronJob, CRONJOB, |c| c
+    .spec
+    .job_template
+    .spec
+    .as_ref()
+    .map(|s| &s.template));
 
 impl Cached for Service {
-    const KIND: &'static str = "Service";
+    fn api(client: Client, namespace: Option<&str>, _: &()) -> Api<Self> {
+        typed_api(client, namespace)
+    }
 
-    fn apply_to(&self, cache: &mut Cache) {
+    fn apply_to(&self, cache: &mut Cache, _: &()) {
         cache.apply_service(self);
     }
 
-    fn delete_from(cache: &mut Cache, namespace: &str, name: &str) {
+    fn delete_from(cache: &mut Cache, _: &(), namespace: &str, name: &str) {
         cache.with_existing_ns(namespace, |n| {
             n.services.remove(name);
         });
     }
 
-    fn names_in(ns: &Namespace) -> Vec<String> {
+    fn names_in(ns: &Namespace, _: &()) -> Vec<String> {
         ns.services.keys().map(|k| k.to_string()).collect()
     }
 }
 
 impl Cached for EndpointSlice {
-    const KIND: &'static str = "EndpointSlice";
+    fn api(client: Client, namespace: Option<&str>, _: &()) -> Api<Self> {
+        typed_api(client, namespace)
+    }
 
-    fn apply_to(&self, cache: &mut Cache) {
+    fn apply_to(&self, cache: &mut Cache, _: &()) {
         cache.apply_slice(self);
     }
 
-    fn delete_from(cache: &mut Cache, namespace: &str, name: &str) {
+    fn delete_from(cache: &mut Cache, _: &(), namespace: &str, name: &str) {
         cache.delete_slice(namespace, name);
     }
 
-    fn names_in(ns: &Namespace) -> Vec<String> {
+    fn names_in(ns: &Namespace, _: &()) -> Vec<String> {
         ns.slices.keys().map(|k| k.to_string()).collect()
     }
 }
@@ -1001,22 +1359,22 @@ mod tests {
         }));
         cache.apply(&other);
         let mut state = StreamState::new(Some("ns".into()));
-        assert!(!state.handle::<Deployment>(Event::Init, &mut cache));
-        assert!(!state.handle(Event::InitApply(deployment("a", "one")), &mut cache));
-        assert!(!state.handle(Event::InitApply(deployment("b", "one")), &mut cache));
+        assert!(!state.handle::<Deployment>(Event::Init, &mut cache, &()));
+        assert!(!state.handle(Event::InitApply(deployment("a", "one")), &mut cache, &()));
+        assert!(!state.handle(Event::InitApply(deployment("b", "one")), &mut cache, &()));
         assert!(
-            state.handle::<Deployment>(Event::InitDone, &mut cache),
+            state.handle::<Deployment>(Event::InitDone, &mut cache, &()),
             "first list done"
         );
-        assert!(!state.handle(Event::Apply(deployment("c", "one")), &mut cache));
+        assert!(!state.handle(Event::Apply(deployment("c", "one")), &mut cache, &()));
         assert_eq!(cache.stats().workloads, 4);
 
         // After an error the watcher lists again: b was deleted meanwhile.
-        assert!(!state.handle::<Deployment>(Event::Init, &mut cache));
-        assert!(!state.handle(Event::InitApply(deployment("a", "one")), &mut cache));
-        assert!(!state.handle(Event::InitApply(deployment("c", "one")), &mut cache));
+        assert!(!state.handle::<Deployment>(Event::Init, &mut cache, &()));
+        assert!(!state.handle(Event::InitApply(deployment("a", "one")), &mut cache, &()));
+        assert!(!state.handle(Event::InitApply(deployment("c", "one")), &mut cache, &()));
         assert!(
-            !state.handle::<Deployment>(Event::InitDone, &mut cache),
+            !state.handle::<Deployment>(Event::InitDone, &mut cache, &()),
             "not the first"
         );
         let found = cache.workloads_referencing(ObjectKind::ConfigMap, "ns", "one");
@@ -1032,7 +1390,120 @@ mod tests {
             "another stream's namespace is kept"
         );
 
-        assert!(!state.handle(Event::Delete(deployment("a", "one")), &mut cache));
+        assert!(!state.handle(Event::Delete(deployment("a", "one")), &mut cache, &()));
         assert_eq!(cache.stats().workloads, 2);
+    }
+
+    #[test]
+    fn named_reload_annotations_select_workloads_without_references_and_follow_updates() {
+        let mut cache = Cache::default();
+        let named = |name: &str, ann: serde_json::Value, tmpl: serde_json::Value| -> Deployment {
+            obj(serde_json::json!({
+                "metadata": {"namespace": "ns", "name": name, "annotations": ann},
+                "spec": {"selector": {}, "template": {
+                    "metadata": {"annotations": tmpl},
+                    "spec": {"containers": [{"name": "c"}]}
+                }}
+            }))
+        };
+        cache.apply(&deployment("uses", "one"));
+        cache.apply(&named(
+            "meta",
+            serde_json::json!({"configmap.reloader.stakater.com/reload": "x, on.*"}),
+            serde_json::json!({}),
+        ));
+        cache.apply(&named(
+            "tmpl",
+            serde_json::json!({}),
+            serde_json::json!({"wasmwatch.io/reload-configmaps": "one"}),
+        ));
+        // Names the object it references: returned once, as referencing.
+        let both: Deployment = obj(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": "both",
+                "annotations": {"configmap.reloader.stakater.com/reload": "one"}},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [
+                {"name": "c", "envFrom": [{"configMapRef": {"name": "one"}}]}
+            ]}}}
+        }));
+        cache.apply(&both);
+        cache.apply(&named(
+            "secret",
+            serde_json::json!({"secret.reloader.stakater.com/reload": "one"}),
+            serde_json::json!({}),
+        ));
+        let found = cache.workloads_referencing(ObjectKind::ConfigMap, "ns", "one");
+        assert_eq!(names(&found), ["both", "uses", "meta", "tmpl"]);
+        assert!(found[2].references.is_empty());
+        assert_eq!(
+            found[0].references[0].uses,
+            [ObjectUse {
+                via: UseVia::EnvFrom,
+                key: None
+            }]
+        );
+        assert_eq!(
+            names(&cache.workloads_referencing(ObjectKind::ConfigMap, "ns", "other")),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            names(&cache.workloads_referencing(ObjectKind::ConfigMap, "ns", "only")),
+            ["meta"]
+        );
+        assert_eq!(
+            names(&cache.workloads_referencing(ObjectKind::Secret, "ns", "one")),
+            ["secret"]
+        );
+
+        // The annotation goes: so does the workload.
+        cache.apply(&named("meta", serde_json::json!({}), serde_json::json!({})));
+        assert_eq!(
+            names(&cache.workloads_referencing(ObjectKind::ConfigMap, "ns", "one")),
+            ["both", "uses", "tmpl"]
+        );
+        cache.delete::<Deployment>("ns", "tmpl");
+        cache.delete::<Deployment>("ns", "both");
+        assert_eq!(
+            names(&cache.workloads_referencing(ObjectKind::ConfigMap, "ns", "one")),
+            ["uses"]
+        );
+        for name in ["uses", "meta", "secret"] {
+            cache.delete::<Deployment>("ns", name);
+        }
+        assert_eq!(cache.stats(), CacheStats::default());
+    }
+
+    #[test]
+    fn cronjobs_and_jobs_are_read_at_their_templates() {
+        let mut cache = Cache::default();
+        let pod = serde_json::json!({"containers": [{"name": "c", "env": [
+            {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "k"}}}
+        ]}]});
+        let cronjob: CronJob = obj(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": "nightly"},
+            "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": {
+                "metadata": {"annotations": {"t": "cj"}}, "spec": pod.clone()
+            }}}}
+        }));
+        let job: Job = obj(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": "once"},
+            "spec": {"template": {"spec": pod}}
+        }));
+        cache.apply(&cronjob);
+        cache.apply(&job);
+        let found = cache.workloads_referencing(ObjectKind::ConfigMap, "ns", "cfg");
+        let kinds: Vec<String> = found.iter().map(|w| w.workload.kind.to_string()).collect();
+        assert_eq!(kinds, ["batch/v1/CronJob", "batch/v1/Job"]);
+        assert_eq!(found[0].template_annotations["t"], "cj");
+        assert_eq!(
+            found[1].references[0].uses,
+            [ObjectUse {
+                via: UseVia::Env,
+                key: Some("k".into())
+            }]
+        );
+        assert_eq!(cache.workload(&found[0].workload).as_ref(), Some(&found[0]));
+        cache.delete::<CronJob>("ns", "nightly");
+        cache.delete::<Job>("ns", "once");
+        assert_eq!(cache.stats(), CacheStats::default());
     }
 }

@@ -1,29 +1,42 @@
-//! The ConfigMaps and Secrets a pod template references.
+//! The ConfigMaps and Secrets a pod template references, and how it uses
+//! each (WIT 0.3.0's `workload-info.uses`).
 //!
 //! The places Stakater Reloader looks at, in containers and init containers:
 //! volumes (`configMap`, `secret`, projected `configMap`/`secret` sources),
 //! env `valueFrom.configMapKeyRef` / `secretKeyRef`, and `envFrom`
 //! `configMapRef` / `secretRef`. Optional references count as references.
-use std::collections::BTreeSet;
+//! A volume (or projected source) with `items` uses those keys; without,
+//! the whole object; so does `envFrom`.
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Container, KeyToPath, PodSpec};
 use wasmwatch_core::ObjectKind;
-use wasmwatch_core::lookups::ObjectRef;
+use wasmwatch_core::lookups::{ObjectRef, ObjectUse, UseVia};
 
-/// Every ConfigMap and Secret `spec` references, deduplicated, sorted by
-/// kind (ConfigMaps first) then name.
+type Found<'a> = BTreeMap<(ObjectKind, &'a str), BTreeSet<(UseVia, Option<&'a str>)>>;
+
+/// Every ConfigMap and Secret `spec` references, once each, sorted by kind
+/// (ConfigMaps first) then name, each with its uses sorted.
 pub fn pod_spec_references(spec: &PodSpec) -> Vec<ObjectRef> {
-    let mut found: BTreeSet<(ObjectKind, &str)> = BTreeSet::new();
+    let mut found: Found<'_> = BTreeMap::new();
     for volume in spec.volumes.iter().flatten() {
         if let Some(cm) = &volume.config_map {
-            found.insert((ObjectKind::ConfigMap, &cm.name));
+            volume_use(
+                &mut found,
+                ObjectKind::ConfigMap,
+                &cm.name,
+                cm.items.as_deref(),
+            );
         }
-        if let Some(name) = volume
-            .secret
-            .as_ref()
-            .and_then(|s| s.secret_name.as_deref())
+        if let Some(secret) = &volume.secret
+            && let Some(name) = secret.secret_name.as_deref()
         {
-            found.insert((ObjectKind::Secret, name));
+            volume_use(
+                &mut found,
+                ObjectKind::Secret,
+                name,
+                secret.items.as_deref(),
+            );
         }
         let sources = volume
             .projected
@@ -31,10 +44,20 @@ pub fn pod_spec_references(spec: &PodSpec) -> Vec<ObjectRef> {
             .flat_map(|p| p.sources.iter().flatten());
         for source in sources {
             if let Some(cm) = &source.config_map {
-                found.insert((ObjectKind::ConfigMap, &cm.name));
+                volume_use(
+                    &mut found,
+                    ObjectKind::ConfigMap,
+                    &cm.name,
+                    cm.items.as_deref(),
+                );
             }
             if let Some(secret) = &source.secret {
-                found.insert((ObjectKind::Secret, &secret.name));
+                volume_use(
+                    &mut found,
+                    ObjectKind::Secret,
+                    &secret.name,
+                    secret.items.as_deref(),
+                );
             }
         }
     }
@@ -49,39 +72,79 @@ pub fn pod_spec_references(spec: &PodSpec) -> Vec<ObjectRef> {
         .into_iter()
         // An empty name is not a reference to anything (the API rejects it
         // for most forms, but a template is not validated everywhere).
-        .filter(|(_, name)| !name.is_empty())
-        .map(|(kind, name)| ObjectRef {
+        .filter(|((_, name), _)| !name.is_empty())
+        .map(|((kind, name), uses)| ObjectRef {
             kind,
             name: name.to_string(),
-            // TODO(issue 20, WIT 0.3.0 `referenced-keys`): the keys used,
-            // from env `configMapKeyRef.key`/`secretKeyRef.key` and volume
-            // and projected `items[].key` above (empty when any use takes
-            // the whole object: `envFrom`, a volume without `items`), kept
-            // in `lookups::WorkloadEntry.references`. Empty reads as the
-            // whole object.
-            keys: Vec::new(),
+            uses: uses
+                .into_iter()
+                .map(|(via, key)| ObjectUse {
+                    via,
+                    key: key.map(str::to_string),
+                })
+                .collect(),
         })
         .collect()
 }
 
-fn container_references<'a>(c: &'a Container, found: &mut BTreeSet<(ObjectKind, &'a str)>) {
+fn add<'a>(
+    found: &mut Found<'a>,
+    kind: ObjectKind,
+    name: &'a str,
+    via: UseVia,
+    key: Option<&'a str>,
+) {
+    found.entry((kind, name)).or_default().insert((via, key));
+}
+
+/// A volume or projected source of object `kind`/`name`: its `items`' keys,
+/// or the whole object without any.
+fn volume_use<'a>(
+    found: &mut Found<'a>,
+    kind: ObjectKind,
+    name: &'a str,
+    items: Option<&'a [KeyToPath]>,
+) {
+    match items {
+        Some(items) if !items.is_empty() => {
+            for item in items {
+                add(found, kind, name, UseVia::Volume, Some(&item.key));
+            }
+        }
+        _ => add(found, kind, name, UseVia::Volume, None),
+    }
+}
+
+fn container_references<'a>(c: &'a Container, found: &mut Found<'a>) {
     for var in c.env.iter().flatten() {
         let Some(from) = &var.value_from else {
             continue;
         };
         if let Some(r) = &from.config_map_key_ref {
-            found.insert((ObjectKind::ConfigMap, &r.name));
+            add(
+                found,
+                ObjectKind::ConfigMap,
+                &r.name,
+                UseVia::Env,
+                Some(&r.key),
+            );
         }
         if let Some(r) = &from.secret_key_ref {
-            found.insert((ObjectKind::Secret, &r.name));
+            add(
+                found,
+                ObjectKind::Secret,
+                &r.name,
+                UseVia::Env,
+                Some(&r.key),
+            );
         }
     }
     for from in c.env_from.iter().flatten() {
         if let Some(r) = &from.config_map_ref {
-            found.insert((ObjectKind::ConfigMap, &r.name));
+            add(found, ObjectKind::ConfigMap, &r.name, UseVia::EnvFrom, None);
         }
         if let Some(r) = &from.secret_ref {
-            found.insert((ObjectKind::Secret, &r.name));
+            add(found, ObjectKind::Secret, &r.name, UseVia::EnvFrom, None);
         }
     }
 }
@@ -178,5 +241,86 @@ mod tests {
     fn a_template_without_references_has_none() {
         let spec = serde_json::json!({"containers": [{"name": "app", "image": "x"}]});
         assert!(refs(spec).is_empty());
+    }
+
+    type Uses = Vec<(UseVia, Option<String>)>;
+
+    fn uses(spec: serde_json::Value) -> Vec<(ObjectKind, String, Uses)> {
+        let spec: PodSpec = serde_json::from_value(spec).unwrap();
+        pod_spec_references(&spec)
+            .into_iter()
+            .map(|r| {
+                let uses = r.uses.into_iter().map(|u| (u.via, u.key)).collect();
+                (r.kind, r.name, uses)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_reference_says_how_it_is_used_and_which_keys() {
+        use UseVia::{Env, EnvFrom, Volume};
+        let spec = serde_json::json!({
+            "volumes": [
+                {"name": "a", "configMap": {"name": "cm", "items": [
+                    {"key": "b.yaml", "path": "b"}, {"key": "a.yaml", "path": "a"}
+                ]}},
+                {"name": "b", "configMap": {"name": "whole", "items": []}},
+                {"name": "c", "secret": {"secretName": "tls", "items": [{"key": "tls.crt", "path": "crt"}]}},
+                {"name": "d", "projected": {"sources": [
+                    {"configMap": {"name": "cm", "items": [{"key": "a.yaml", "path": "again"}]}},
+                    {"secret": {"name": "tls"}},
+                    {"configMap": {"name": "proj", "items": [{"key": "k", "path": "k"}]}}
+                ]}}
+            ],
+            "containers": [{
+                "name": "app",
+                "env": [
+                    {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "level"}}},
+                    {"name": "B", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+                    {"name": "C", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}
+                ],
+                "envFrom": [{"configMapRef": {"name": "whole"}}, {"secretRef": {"name": "db"}}]
+            }],
+            "initContainers": [{
+                "name": "init",
+                "env": [{"name": "I", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "init"}}}]
+            }]
+        });
+        let key = |k: &str| Some(k.to_string());
+        assert_eq!(
+            uses(spec),
+            vec![
+                (
+                    ObjectKind::ConfigMap,
+                    "cm".into(),
+                    vec![
+                        (Env, key("init")),
+                        (Env, key("level")),
+                        (Volume, key("a.yaml")),
+                        (Volume, key("b.yaml")),
+                    ]
+                ),
+                (
+                    ObjectKind::ConfigMap,
+                    "proj".into(),
+                    vec![(Volume, key("k"))]
+                ),
+                (
+                    ObjectKind::ConfigMap,
+                    "whole".into(),
+                    vec![(EnvFrom, None), (Volume, None)]
+                ),
+                (
+                    ObjectKind::Secret,
+                    "db".into(),
+                    vec![(Env, key("password")), (EnvFrom, None)]
+                ),
+                (
+                    ObjectKind::Secret,
+                    "tls".into(),
+                    vec![(Volume, None), (Volume, key("tls.crt"))]
+                ),
+            ]
+        );
     }
 }

@@ -5,16 +5,19 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use wasmwatch_apiserver::{Config, Failure, Server, ServerHandle};
 use wasmwatch_core::action::{WorkloadKind, WorkloadRef};
-use wasmwatch_core::lookups::{Endpoint, ServicePort, WorkloadInfo};
+use wasmwatch_core::lookups::{Endpoint, ObjectUse, ServicePort, UseVia, WorkloadInfo};
 use wasmwatch_core::{Lookups, ObjectKind};
-use wasmwatch_kube::lookups::{Cache, KubeLookups};
+use wasmwatch_kube::lookups::{Cache, CustomKind, KubeLookups};
 
 // ---- helpers -------------------------------------------------------------
 
@@ -282,7 +285,8 @@ async fn workloads_referencing_answers_every_way_of_referencing_and_follows_chan
     })
     .await;
 
-    // Updated: the StatefulSet stops referencing env-cm, starts referencing new-cm.
+    // Updated: the StatefulSet stops referencing env-cm, starts referencing
+    // new-cm, and names Secret shared in a reload annotation instead.
     patch::<StatefulSet>(
         &client,
         "team",
@@ -296,7 +300,12 @@ async fn workloads_referencing_answers_every_way_of_referencing_and_follows_chan
     eventually("an update moves the references", || {
         referencing(&lookups, CM, "team", "env-cm") == [(DEP, "late".into())]
             && referencing(&lookups, CM, "team", "new-cm") == [(STS, "envs".into())]
-            && referencing(&lookups, SEC, "team", "shared").len() == 2
+            && referencing(&lookups, SEC, "team", "shared")
+                == [
+                    (DEP, "vols".into()),
+                    (DS, "init".into()),
+                    (STS, "envs".into()),
+                ]
     })
     .await;
     let envs = lookups.workload(&wref(STS, "team", "envs")).unwrap();
@@ -304,6 +313,7 @@ async fn workloads_referencing_answers_every_way_of_referencing_and_follows_chan
         envs.annotations["secret.reloader.stakater.com/reload"],
         "shared"
     );
+    assert_eq!(refs(&envs), [(CM, "new-cm")], "named, not referenced");
 
     // Deleted.
     delete::<DaemonSet>(&client, "team", "init").await;
@@ -316,9 +326,309 @@ async fn workloads_referencing_answers_every_way_of_referencing_and_follows_chan
     .await;
     assert_eq!(
         referencing(&lookups, SEC, "team", "shared"),
-        [(DEP, "vols".into())]
+        [(DEP, "vols".into()), (STS, "envs".into())]
     );
     assert_eq!(lookups.stats().workloads, 3);
+    drop(server);
+}
+
+// ---- other kinds, uses, named reloads -----------------------------------
+
+fn rollouts(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Rollout");
+    Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
+}
+
+fn cronjob_kind() -> WorkloadKind {
+    WorkloadKind::from_gvk("batch", "v1", "CronJob")
+}
+
+fn job_kind() -> WorkloadKind {
+    WorkloadKind::from_gvk("batch", "v1", "Job")
+}
+
+fn rollout_kind() -> WorkloadKind {
+    WorkloadKind::from_gvk("argoproj.io", "v1alpha1", "Rollout")
+}
+
+/// The uses of object `kind`/`name` by `w`, written `env:key`, `env-from`,
+/// `volume`, `volume:key`; `None` when `w` does not reference it.
+fn uses_of(w: &WorkloadInfo, kind: ObjectKind, name: &str) -> Option<Vec<String>> {
+    let r = w.reference(kind, name)?;
+    Some(
+        r.uses
+            .iter()
+            .map(|ObjectUse { via, key }| {
+                let via = match via {
+                    UseVia::Env => "env",
+                    UseVia::EnvFrom => "env-from",
+                    UseVia::Volume => "volume",
+                };
+                match key {
+                    Some(k) => format!("{via}:{k}"),
+                    None => via.to_string(),
+                }
+            })
+            .collect(),
+    )
+}
+
+/// CronJobs (at their job template), Jobs and Argo Rollouts are looked up
+/// like the apps/v1 kinds, each reference with its uses (env keys, volume
+/// and projected `items` keys, whole-object uses); workloads a reload
+/// annotation names come after the referencing ones, without a reference.
+#[tokio::test]
+async fn cronjobs_jobs_and_rollouts_are_found_with_their_uses_and_named_workloads_too() {
+    let (server, client) = server().await;
+    namespace(&client, "batch").await;
+    create::<CronJob>(
+        &client,
+        "batch",
+        json!({
+            "metadata": {"name": "nightly", "annotations": {"reloader.stakater.com/auto": "true"}},
+            "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": {
+                "metadata": {"annotations": {"t": "cron"}},
+                "spec": {
+                    "restartPolicy": "OnFailure",
+                    "volumes": [{"name": "cfg", "configMap": {"name": "cfg",
+                        "items": [{"key": "b.yaml", "path": "b"}, {"key": "a.yaml", "path": "a"}]}}],
+                    "containers": [{"name": "run", "image": "run", "env": [
+                        {"name": "L", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "level"}}}
+                    ]}]
+                }
+            }}}}
+        }),
+    )
+    .await;
+    create::<Job>(
+        &client,
+        "batch",
+        json!({
+            "metadata": {"name": "once"},
+            "spec": {"template": {"spec": {
+                "restartPolicy": "Never",
+                "volumes": [{"name": "p", "projected": {"sources": [
+                    {"secret": {"name": "creds", "items": [
+                        {"key": "user", "path": "u"}, {"key": "pass", "path": "p"}]}},
+                    {"configMap": {"name": "cfg"}}
+                ]}}],
+                "containers": [{"name": "run", "image": "run",
+                    "envFrom": [{"configMapRef": {"name": "cfg"}}]}]
+            }}}
+        }),
+    )
+    .await;
+    let rollout: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+        "metadata": {"name": "canary", "labels": {"app": "canary"}},
+        "spec": {
+            "selector": {"matchLabels": {"app": "canary"}},
+            "strategy": {"canary": {"steps": [{"setWeight": 20}]}},
+            "template": {
+                "metadata": {"labels": {"app": "canary"}},
+                "spec": {
+                    "volumes": [{"name": "creds", "secret": {"secretName": "creds"}}],
+                    "containers": [{"name": "app", "image": "app", "env": [
+                        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}
+                    ]}]
+                }
+            }
+        }
+    }))
+    .unwrap();
+    rollouts(&client, "batch")
+        .create(&PostParams::default(), &rollout)
+        .await
+        .unwrap();
+    // Named in a reload annotation (the workload's; the pod template's),
+    // not referenced.
+    create::<Deployment>(
+        &client,
+        "batch",
+        workload(
+            "named",
+            json!({"configmap.reloader.stakater.com/reload": "other, cfg"}),
+            json!({}),
+            json!({"containers": [{"name": "app", "image": "app"}]}),
+        ),
+    )
+    .await;
+    create::<StatefulSet>(
+        &client,
+        "batch",
+        workload(
+            "pattern",
+            json!({}),
+            json!({"wasmwatch.io/reload-configmaps": "c.g"}),
+            json!({"containers": [{"name": "app", "image": "app"}]}),
+        ),
+    )
+    .await;
+
+    let lookups = KubeLookups::start(client.clone(), None);
+    ready(&lookups).await;
+
+    let cfg = lookups.workloads_referencing(CM, "batch", "cfg");
+    assert_eq!(
+        names(&cfg),
+        [
+            (cronjob_kind(), "nightly"),
+            (job_kind(), "once"),
+            (DEP, "named"),
+            (STS, "pattern")
+        ]
+    );
+    let nightly = &cfg[0];
+    assert_eq!(
+        uses_of(nightly, CM, "cfg").unwrap(),
+        ["env:level", "volume:a.yaml", "volume:b.yaml"]
+    );
+    assert_eq!(nightly.template_annotations["t"], "cron");
+    assert_eq!(nightly.annotations["reloader.stakater.com/auto"], "true");
+    assert_eq!(uses_of(&cfg[1], CM, "cfg").unwrap(), ["env-from", "volume"]);
+    for named in &cfg[2..] {
+        assert_eq!(uses_of(named, CM, "cfg"), None, "{:?}", named.workload);
+        assert!(named.references.is_empty());
+    }
+
+    let creds = lookups.workloads_referencing(SEC, "batch", "creds");
+    assert_eq!(
+        names(&creds),
+        [(job_kind(), "once"), (rollout_kind(), "canary")]
+    );
+    assert_eq!(
+        uses_of(&creds[0], SEC, "creds").unwrap(),
+        ["volume:pass", "volume:user"]
+    );
+    assert_eq!(
+        uses_of(&creds[1], SEC, "creds").unwrap(),
+        ["env:token", "volume"]
+    );
+    assert_eq!(creds[1].labels["app"], "canary");
+    assert_eq!(
+        lookups
+            .workload(&wref(rollout_kind(), "batch", "canary"))
+            .as_ref(),
+        Some(&creds[1])
+    );
+    // A named reload of the other kind does not count.
+    assert!(referencing(&lookups, SEC, "batch", "cfg").is_empty());
+
+    // Changes follow: the Rollout (a merge patch: a custom resource) moves
+    // to another Secret; the Job goes; the CronJob's job template drops
+    // one item.
+    rollouts(&client, "batch")
+        .patch(
+            "canary",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": {"spec": {
+                "volumes": [{"name": "creds", "secret": {"secretName": "creds-2",
+                    "items": [{"key": "token", "path": "t"}]}}],
+                "containers": [{"name": "app", "image": "app"}]
+            }}}})),
+        )
+        .await
+        .unwrap();
+    delete::<Job>(&client, "batch", "once").await;
+    patch::<CronJob>(
+        &client,
+        "batch",
+        "nightly",
+        json!({"spec": {"jobTemplate": {"spec": {"template": {"spec": {
+            "volumes": [{"name": "cfg", "configMap": {"name": "cfg",
+                "items": [{"key": "a.yaml", "path": "a"}]}}]
+        }}}}}}),
+    )
+    .await;
+    eventually("the changes reach the cache", || {
+        let creds2 = lookups.workloads_referencing(SEC, "batch", "creds-2");
+        let cfg = lookups.workloads_referencing(CM, "batch", "cfg");
+        referencing(&lookups, SEC, "batch", "creds").is_empty()
+            && creds2.len() == 1
+            && uses_of(&creds2[0], SEC, "creds-2") == Some(vec!["volume:token".into()])
+            && names(&cfg)
+                == [
+                    (cronjob_kind(), "nightly"),
+                    (DEP, "named"),
+                    (STS, "pattern"),
+                ]
+            && uses_of(&cfg[0], CM, "cfg") == Some(vec!["env:level".into(), "volume:a.yaml".into()])
+    })
+    .await;
+
+    // The annotation goes: so does the named workload.
+    patch::<Deployment>(
+        &client,
+        "batch",
+        "named",
+        json!({"metadata": {"annotations": {"configmap.reloader.stakater.com/reload": null}}}),
+    )
+    .await;
+    eventually("a workload no longer named is not returned", || {
+        referencing(&lookups, CM, "batch", "cfg")
+            == [(cronjob_kind(), "nightly".into()), (STS, "pattern".into())]
+    })
+    .await;
+    drop(server);
+}
+
+/// A custom kind the API server does not serve (another group, or a
+/// served group without that resource) is skipped after one discovery
+/// request, never listed or watched; the lookups are ready and answer as
+/// usual.
+#[tokio::test]
+async fn custom_kinds_the_api_server_does_not_serve_are_skipped() {
+    let (server, client) = server().await;
+    create::<Deployment>(
+        &client,
+        "default",
+        workload("w", json!({}), json!({}), env_pod()),
+    )
+    .await;
+    let widget = CustomKind {
+        group: "example.com".into(),
+        version: "v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    let analysis = CustomKind {
+        group: "argoproj.io".into(),
+        version: "v1alpha1".into(),
+        kind: "AnalysisRun".into(),
+        plural: "analysisruns".into(),
+    };
+    server.clear_requests();
+    let lookups =
+        KubeLookups::start_with_custom(client.clone(), None, None, vec![widget, analysis]);
+    ready(&lookups).await;
+    assert_eq!(
+        referencing(&lookups, CM, "default", "env-cm"),
+        [(DEP, "w".into())]
+    );
+    // The seven kinds of k8s-openapi, nothing else.
+    server.wait_for_watches(7).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.open_watches(), 7);
+    let discovery: Vec<(String, u16)> = server
+        .non_resource_requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/apis/"))
+        .map(|r| (r.path, r.code))
+        .collect();
+    assert!(
+        discovery.contains(&("/apis/example.com/v1".into(), 404)),
+        "{discovery:?}"
+    );
+    assert!(
+        discovery.contains(&("/apis/argoproj.io/v1alpha1".into(), 200)),
+        "{discovery:?}"
+    );
+    let custom: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.group == "example.com" || r.group == "argoproj.io")
+        .collect();
+    assert!(custom.is_empty(), "{custom:?}");
     drop(server);
 }
 
@@ -560,9 +870,11 @@ async fn only_the_given_namespaces_are_watched() {
         Some(vec!["a".into(), "b".into(), "a".into()]),
     );
     ready(&lookups).await;
-    // 2 namespaces × 5 kinds, the duplicate "a" watched once.
-    server.wait_for_watches(10).await;
-    assert_eq!(server.open_watches(), 10);
+    // 2 namespaces × 8 kinds (Deployments, StatefulSets, DaemonSets,
+    // CronJobs, Jobs, Rollouts, Services, EndpointSlices), the duplicate "a"
+    // watched once.
+    server.wait_for_watches(16).await;
+    assert_eq!(server.open_watches(), 16);
     for ns in ["a", "b"] {
         assert_eq!(referencing(&lookups, CM, ns, "env-cm"), [(DEP, "w".into())]);
         assert!(lookups.service(ns, "s").is_some());
@@ -645,11 +957,11 @@ async fn the_caches_heal_after_failures_and_expired_history() {
     }
     let faults = server.faults().clone();
     // The first lists fail: the watches retry with backoff.
-    faults.fail_next(5, Failure::Internal);
+    faults.fail_next(8, Failure::Internal);
     let lookups = KubeLookups::start(client.clone(), None);
     ready(&lookups).await;
     assert_eq!(referencing(&lookups, CM, "default", "env-cm").len(), 2);
-    server.wait_for_watches(5).await;
+    server.wait_for_watches(8).await;
 
     // Watches end, their history is gone (a resume gets 410: relist) and
     // their re-watch requests (the only traffic now) fail, so they back off;
@@ -657,7 +969,7 @@ async fn the_caches_heal_after_failures_and_expired_history() {
     // tell (if a watch wins the race, it sees the delete as an event: the
     // sweep itself is unit-tested in the lib).
     faults.compact_history();
-    faults.fail_next(5, Failure::Internal);
+    faults.fail_next(8, Failure::Internal);
     faults.close_watches();
     eventually("the watches are closed", || server.open_watches() == 0).await;
     let api: Api<Deployment> = Api::default_namespaced(client.clone());
@@ -707,7 +1019,7 @@ async fn dropping_the_lookups_ends_its_watches() {
     let (server, client) = server().await;
     let lookups = KubeLookups::start(client, None);
     ready(&lookups).await;
-    server.wait_for_watches(5).await;
+    server.wait_for_watches(8).await;
     drop(lookups);
     let mut count = server.watch_count();
     tokio::time::timeout(Duration::from_secs(10), count.wait_for(|n| *n == 0))

@@ -68,7 +68,7 @@ pub mod v2 {
 }
 
 /// `wasmwatch:plugin/plugin@0.3.0` (wit/0.3.0/plugin.wit): open workload
-/// kinds, referenced keys, a restart's strategy.
+/// kinds, how workloads use the object, a restart's strategy.
 pub mod v3 {
     world!("../../wit/0.3.0");
 

@@ -189,14 +189,28 @@ pub mod v2 {
         }
     }
 
-    /// The workloads a 0.2.0 plugin can name: the apps/v1 kinds (the
-    /// lookups return no others yet; any other would be left out).
+    /// The workloads a 0.2.0 plugin sees of a lookup's answer: those
+    /// whose pod templates reference the object (not those only a reload
+    /// annotation names, which 0.2.0 cannot tell apart), of the apps/v1
+    /// kinds (the only ones 0.2.0 can name).
+    pub fn visible(
+        found: Vec<core_lookups::WorkloadInfo>,
+        kind: ObjectKind,
+        name: &str,
+    ) -> Vec<core_lookups::WorkloadInfo> {
+        found
+            .into_iter()
+            .filter(|w| w.workload.kind.is_apps_v1() && w.reference(kind, name).is_some())
+            .collect()
+    }
+
+    /// The workloads as 0.2.0 has them ([`visible`] ones only).
     pub fn workloads_to_wit(
         found: Vec<core_lookups::WorkloadInfo>,
-        _kind: ObjectKind,
-        _name: &str,
+        kind: ObjectKind,
+        name: &str,
     ) -> Vec<wit::WorkloadInfo> {
-        found
+        visible(found, kind, name)
             .into_iter()
             .filter_map(|w| {
                 let kind = match w.workload.kind {
@@ -224,7 +238,7 @@ pub mod v2 {
     }
 }
 
-/// WIT 0.3.0: workloads by group/version/kind, referenced keys, a
+/// WIT 0.3.0: workloads by group/version/kind, how they use the object, a
 /// restart's strategy.
 pub mod v3 {
     use super::*;
@@ -252,8 +266,18 @@ pub mod v3 {
         }
     }
 
-    /// The workloads referencing object `kind`/`name`, with the keys of it
-    /// each one uses.
+    /// Every workload of a lookup's answer (0.3.0 tells the named-only
+    /// ones apart by `referenced`).
+    pub fn visible(
+        found: Vec<core_lookups::WorkloadInfo>,
+        _kind: ObjectKind,
+        _name: &str,
+    ) -> Vec<core_lookups::WorkloadInfo> {
+        found
+    }
+
+    /// The workloads referencing object `kind`/`name` (or naming it in a
+    /// reload annotation: `referenced` false), with how each uses it.
     pub fn workloads_to_wit(
         found: Vec<core_lookups::WorkloadInfo>,
         kind: ObjectKind,
@@ -266,14 +290,12 @@ pub mod v3 {
                     .references
                     .iter()
                     .find(|r| r.kind == kind && r.name == name);
-                // Every workload the lookups return today references the
-                // object; `false` is for workloads a named `reload`
-                // annotation selects (issue 20, not looked up yet).
+                // Not referenced: selected by a reload annotation naming
+                // the object.
                 let referenced = reference.is_some();
-                // The kube lookups do not keep the keys yet (TODO in
-                // wasmwatch-kube's `references`): empty there, the whole
-                // object.
-                let referenced_keys = reference.map(|r| r.keys.clone()).unwrap_or_default();
+                let uses = reference
+                    .map(|r| r.uses.iter().map(use_to_wit).collect())
+                    .unwrap_or_default();
                 let (group, version, kind) = w.workload.kind.gvk();
                 wit::WorkloadInfo {
                     workload: wit::WorkloadRef {
@@ -287,20 +309,32 @@ pub mod v3 {
                     annotations: key_values_owned(w.annotations),
                     template_annotations: key_values_owned(w.template_annotations),
                     referenced,
-                    referenced_keys,
+                    uses,
                 }
             })
             .collect()
     }
 
-    /// [`super::workload_size`] with the kind's strings and the keys.
+    fn use_to_wit(u: &core_lookups::ObjectUse) -> wit::ObjectUse {
+        wit::ObjectUse {
+            via: match u.via {
+                core_lookups::UseVia::Env => wit::UseVia::Env,
+                core_lookups::UseVia::EnvFrom => wit::UseVia::EnvFrom,
+                core_lookups::UseVia::Volume => wit::UseVia::Volume,
+            },
+            key: u.key.clone(),
+        }
+    }
+
+    /// [`super::workload_size`] with the kind's strings and the uses (an
+    /// upper bound: only the object's reference is copied).
     pub fn workload_size(w: &core_lookups::WorkloadInfo) -> usize {
         let (group, version, kind) = w.workload.kind.gvk();
         let keys: usize = w
             .references
             .iter()
-            .flat_map(|r| &r.keys)
-            .map(|k| 8 + k.len())
+            .flat_map(|r| &r.uses)
+            .map(|u| 16 + u.key.as_ref().map_or(0, String::len))
             .sum();
         super::workload_size(w) + group.len() + version.len() + kind.len() + keys
     }

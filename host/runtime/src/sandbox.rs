@@ -398,6 +398,9 @@ macro_rules! host_interface {
                     .plugin
                     .lookups
                     .workloads_referencing(kind, &namespace, &name);
+                // What this world sees of it (0.2.0: referencing apps/v1
+                // workloads only), before its size counts.
+                let found = convert::$v::visible(found, kind, &name);
                 let found =
                     self.fits("workloads-referencing", found, convert::$v::workload_size)?;
                 Ok(convert::$v::workloads_to_wit(found, kind, &name))

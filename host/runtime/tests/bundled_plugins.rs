@@ -488,7 +488,7 @@ fn workload(
             .map(|(kind, name)| ObjectRef {
                 kind: *kind,
                 name: name.to_string(),
-                keys: vec![],
+                uses: vec![],
             })
             .collect(),
     }

@@ -509,7 +509,7 @@ fn host_lookups_reach_the_plugin() {
             references: vec![ObjectRef {
                 kind: ObjectKind::ConfigMap,
                 name: "orders".into(),
-                keys: vec![],
+                uses: vec![],
             }],
         }],
         services: vec![service("orders"), service("db")],

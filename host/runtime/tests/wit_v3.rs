@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use wasmwatch_core::action::{Action, RestartStrategy, WorkloadKind, WorkloadRef};
-use wasmwatch_core::lookups::{ObjectRef, StaticLookups, WorkloadInfo};
+use wasmwatch_core::lookups::{ObjectRef, ObjectUse, StaticLookups, UseVia, WorkloadInfo};
 use wasmwatch_core::{ChangeEvent, ChangeType, Manifest, ObjectKind, ObjectSnapshot, Verdict};
 use wasmwatch_runtime::{CheckedAction, Plugin, Runtime, RuntimeConfig};
 use wasmwatch_testkit::pin;
@@ -54,7 +54,24 @@ fn orders_changed() -> ChangeEvent {
     )
 }
 
-fn workload(kind: WorkloadKind, name: &str, keys: &[&str]) -> WorkloadInfo {
+/// A use: `env:key`, `env-from`, `volume`, `volume:key`.
+fn object_use(text: &str) -> ObjectUse {
+    let (via, key) = match text.split_once(':') {
+        Some((via, key)) => (via, Some(key.to_string())),
+        None => (text, None),
+    };
+    let via = match via {
+        "env" => UseVia::Env,
+        "env-from" => UseVia::EnvFrom,
+        "volume" => UseVia::Volume,
+        other => panic!("{other}"),
+    };
+    ObjectUse { via, key }
+}
+
+/// A workload referencing Secret orders and ConfigMap orders, using the
+/// latter as `uses` say.
+fn workload(kind: WorkloadKind, name: &str, uses: &[&str]) -> WorkloadInfo {
     WorkloadInfo {
         workload: WorkloadRef {
             kind,
@@ -68,12 +85,12 @@ fn workload(kind: WorkloadKind, name: &str, keys: &[&str]) -> WorkloadInfo {
             ObjectRef {
                 kind: ObjectKind::Secret,
                 name: "orders".into(),
-                keys: vec!["password".into()],
+                uses: vec![object_use("env:password")],
             },
             ObjectRef {
                 kind: ObjectKind::ConfigMap,
                 name: "orders".into(),
-                keys: keys.iter().map(|k| k.to_string()).collect(),
+                uses: uses.iter().map(|u| object_use(u)).collect(),
             },
         ],
     }
@@ -130,36 +147,76 @@ fn bundled_0_2_0_components_load_as_0_2_0_and_the_test_plugin_as_0_3_0() {
     assert_eq!(v3(StaticLookups::default(), "{}", "[]").world(), V3);
 }
 
+/// A workload of kind `kind` that references nothing; a reload annotation
+/// (on it or, `template`, on its pod template) names ConfigMap orders.
+fn named_only(kind: WorkloadKind, name: &str, template: bool) -> WorkloadInfo {
+    let annotation = [(
+        "configmap.reloader.stakater.com/reload".to_string(),
+        "other, ord.*".to_string(),
+    )]
+    .into();
+    let mut w = WorkloadInfo {
+        references: vec![],
+        ..workload(kind, name, &[])
+    };
+    if template {
+        w.template_annotations = annotation;
+    } else {
+        w.annotations = annotation;
+    }
+    w
+}
+
 /// The lookup answers with the workloads' group/version/kind, whether the
-/// pod template references the object, and which of its keys; the
-/// plugin's restarts of what it found are today's restarts.
+/// pod template references the object, and how it uses it; workloads a
+/// reload annotation names come last, not referenced. The plugin's
+/// restarts of what it found are today's restarts.
 #[test]
-fn a_0_3_0_plugin_sees_kinds_and_referenced_keys_and_restarts_as_before() {
+fn a_0_3_0_plugin_sees_kinds_uses_and_named_workloads_and_restarts_as_before() {
     let lookups = StaticLookups {
         workloads: vec![
-            workload(WorkloadKind::Deployment, "api", &["a.yaml", "b"]),
-            workload(WorkloadKind::StatefulSet, "db", &[]),
+            workload(
+                WorkloadKind::Deployment,
+                "api",
+                &["env:level", "volume:a.yaml", "volume:b"],
+            ),
+            workload(WorkloadKind::StatefulSet, "db", &["env-from", "volume"]),
             // Another object's workload is not returned.
             WorkloadInfo {
                 references: vec![],
                 ..workload(WorkloadKind::DaemonSet, "agent", &[])
             },
+            named_only(
+                WorkloadKind::from_gvk("batch", "v1", "CronJob"),
+                "nightly",
+                true,
+            ),
         ],
         ..Default::default()
     };
-    let plugin = v3(lookups, "{}", "[shop]");
+    let plugin = v3(
+        lookups,
+        "{}",
+        "{namespaces: [shop], kinds: [Deployment, StatefulSet]}",
+    );
     let actions = decide(&plugin);
     let want = [
         restart(
             WorkloadKind::Deployment,
             "api",
-            "ConfigMap shop/orders changed (referenced: true, keys: a.yaml,b)",
+            "ConfigMap shop/orders changed (referenced: true, uses: env:level,volume:a.yaml,volume:b)",
             None,
         ),
         restart(
             WorkloadKind::StatefulSet,
             "db",
-            "ConfigMap shop/orders changed (referenced: true, keys: )",
+            "ConfigMap shop/orders changed (referenced: true, uses: env-from,volume)",
+            None,
+        ),
+        restart(
+            WorkloadKind::from_gvk("batch", "v1", "CronJob"),
+            "nightly",
+            "ConfigMap shop/orders changed (referenced: false, uses: )",
             None,
         ),
     ];
@@ -167,7 +224,46 @@ fn a_0_3_0_plugin_sees_kinds_and_referenced_keys_and_restarts_as_before() {
         actions.iter().map(|c| &c.action).collect::<Vec<_>>(),
         want.iter().collect::<Vec<_>>()
     );
-    assert!(actions.iter().all(|c| c.verdict == Verdict::Allowed));
+    assert!(actions[..2].iter().all(|c| c.verdict == Verdict::Allowed));
+    assert!(
+        refusal(&actions[2]).contains("kind batch/v1/CronJob not granted"),
+        "{:?}",
+        actions[2].verdict
+    );
+}
+
+/// A 0.2.0 plugin does not see the workloads a reload annotation names
+/// without a reference: bundled rollout-restart restarts what references
+/// the object, as before.
+#[test]
+fn a_0_2_0_plugin_does_not_see_workloads_only_named_in_a_reload_annotation() {
+    let mut referencing = workload(WorkloadKind::Deployment, "api", &["env:level"]);
+    referencing.annotations = [(
+        "configmap.reloader.stakater.com/reload".to_string(),
+        "orders".to_string(),
+    )]
+    .into();
+    let lookups = StaticLookups {
+        workloads: vec![
+            referencing,
+            named_only(WorkloadKind::Deployment, "named", false),
+            named_only(WorkloadKind::StatefulSet, "named-in-template", true),
+        ],
+        ..Default::default()
+    };
+    let plugin = load(
+        lookups,
+        "name: p\n    module: {module:rollout-restart}\n    sha256: {sha256:rollout-restart}\n    config: {}\n    capabilities: {restart: [shop]}",
+    );
+    assert_eq!(plugin.world(), V2);
+    let restarted: Vec<String> = decide(&plugin)
+        .into_iter()
+        .filter_map(|c| match c.action {
+            Action::Restart { workload, .. } => Some(workload.name),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(restarted, ["api"]);
 }
 
 /// A restart the plugin names by group/version/kind: apps/v1 is today's
@@ -202,7 +298,7 @@ fn a_0_3_0_restart_of_an_apps_v1_deployment_is_todays_restart() {
     );
     assert_eq!(actions[0].verdict, Verdict::Allowed);
 
-    // restart-at is refused for now, naming it.
+    // restart-at is refused but for Argo Rollouts, naming it.
     let config =
         "{kind: {group: apps, version: v1, kind: Deployment}, name: api, strategy: restart-at}";
     let actions = decide(&v3(StaticLookups::default(), config, "[shop]"));
@@ -217,14 +313,13 @@ fn a_0_3_0_restart_of_an_apps_v1_deployment_is_todays_restart() {
     );
     assert_eq!(
         refusal(&actions[0]),
-        "restarting Deployment shop/api: strategy restart-at is not supported yet \
-         (annotations or env-vars are)"
+        "restarting Deployment shop/api: strategy restart-at restarts Argo Rollouts only \
+         (argoproj.io/v1alpha1/Rollout); use annotations or env-vars"
     );
 }
 
 /// Another kind comes out by group/version/kind; it is refused unless
-/// granted by name, and, granted, refused as a kind the host cannot restart
-/// yet. Both verdicts name the kind.
+/// granted by name (the verdict names the kind), and allowed when granted.
 #[test]
 fn a_0_3_0_restart_of_another_kind_names_it() {
     for (group, version, kind, written) in [
@@ -271,12 +366,6 @@ fn a_0_3_0_restart_of_another_kind_names_it() {
         let granted = format!("{{namespaces: [shop], kinds: [Deployment, \"{written}\"]}}");
         let actions = decide(&v3(StaticLookups::default(), &config, &granted));
         assert_eq!(actions[0].action, want);
-        assert_eq!(
-            refusal(&actions[0]),
-            format!(
-                "restarting {written} shop/nightly: wasmwatch cannot restart kind {written} yet \
-                 (it restarts Deployment, StatefulSet, DaemonSet)"
-            )
-        );
+        assert_eq!(actions[0].verdict, Verdict::Allowed);
     }
 }

@@ -637,9 +637,12 @@ impl Service {
                 watch_stats.push((*kind, wl.stats(), 0u64, 0u64));
                 let (loop_tx, loop_rx) = mpsc::channel(256);
                 tasks.push(AbortOnDrop(tokio::spawn(wl.run(loop_tx).instrument(span))));
-                streams.push(futures_util::stream::unfold(loop_rx, move |mut rx| async move {
-                    rx.recv().await.map(|o| ((id, o), rx))
-                }).boxed());
+                streams.push(
+                    futures_util::stream::unfold(loop_rx, move |mut rx| async move {
+                        rx.recv().await.map(|o| ((id, o), rx))
+                    })
+                    .boxed(),
+                );
             }
         }
         // Ends (`None`) when every loop has ended.

@@ -66,10 +66,10 @@ async fn orders_annotated(
     .await;
 }
 
-/// A replica, once its watches are open (the lookups' five and the
+/// A replica, once its watches are open (the lookups' eight and the
 /// watched kind's): changes from then on are its to handle.
 async fn start(e: &TestEnv) -> Replica {
-    replica_watching(e, 6).await
+    replica_watching(e, 9).await
 }
 
 fn data(v: &str) -> BTreeMap<String, DataValue> {

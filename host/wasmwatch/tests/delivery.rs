@@ -22,8 +22,9 @@ use wasmwatch_testkit::brokers;
 const NS: &str = "shop";
 const SPRING_LABEL: &str = "spring.cloud.kubernetes.config";
 /// Watch streams a replica opens besides its ConfigMap/Secret watches: the
-/// lookups' Deployments, StatefulSets, DaemonSets, Services, EndpointSlices.
-const LOOKUP_WATCHES: usize = 5;
+/// lookups' Deployments, StatefulSets, DaemonSets, CronJobs, Jobs, Argo
+/// Rollouts (served by the test API server), Services, EndpointSlices.
+const LOOKUP_WATCHES: usize = 8;
 
 const HTTP_MANIFEST: &str = "apiVersion: wasmwatch.io/v1alpha1
 kind: PluginManifest

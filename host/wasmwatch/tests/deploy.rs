@@ -1547,9 +1547,9 @@ async fn host_requests(
     let a = replica(&kubeconfig, &manifest_path, "replica-a").await;
     eventually(long, "replica-a leads", || a.leading()).await;
     let b = replica(&kubeconfig, &manifest_path, "replica-b").await;
-    // Each replica's lookups (5 kinds) and the leader's ConfigMap and Secret
+    // Each replica's lookups (8 kinds) and the leader's ConfigMap and Secret
     // watches at least.
-    let watches = 2 * 5 + 2;
+    let watches = 2 * 8 + 2;
     tokio::time::timeout(long, server.wait_for_watches(watches))
         .await
         .unwrap_or_else(|_| panic!("{overlay}: {watches} watches open"));

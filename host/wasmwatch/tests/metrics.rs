@@ -249,7 +249,8 @@ plugins:
         cms.create(&PostParams::default(), &cm).await.unwrap();
     }
     let _r = Replica::start(&e.kubeconfig, &e.manifest, "replica-a");
-    e.server.wait_for_watches(6).await;
+    // The lookups' eight and ConfigMaps'.
+    e.server.wait_for_watches(9).await;
     let events: Api<Event> = Api::namespaced(e.client.clone(), "shop");
     let on = |name: &'static str| {
         let events = events.clone();

@@ -190,7 +190,7 @@ async fn reloader_metrics_and_events_as_reloader_writes_them() {
             "envFrom": [{"configMapRef": {"name": "orders-config"}}]}]}),
     )
     .await;
-    // Ready, and its watches open (the lookups' five and ConfigMaps').
+    // Ready, and its watches open (the lookups' eight and ConfigMaps').
     let before = e.server.open_watches();
     let (k, m) = (e.kubeconfig.clone(), e.manifest.clone());
     let r = tokio::task::spawn_blocking(move || Replica::start(&k, &m, "r"))
@@ -198,7 +198,7 @@ async fn reloader_metrics_and_events_as_reloader_writes_them() {
         .unwrap();
     tokio::time::timeout(
         Duration::from_secs(15),
-        e.server.wait_for_watches(before + 6),
+        e.server.wait_for_watches(before + 9),
     )
     .await
     .expect("the watches open");

@@ -270,8 +270,8 @@ async fn dry_run_prints_exactly_the_actions_run_executes_for_the_same_change() {
     // baseline, then gets the same change.
     greet(&cms, "hello").await;
     let replica = Replica::start(&e.kubeconfig, &e.manifest, "solo");
-    // ConfigMaps, and the lookups' five kinds.
-    e.server.wait_for_watches(6).await;
+    // ConfigMaps, and the lookups' eight kinds.
+    e.server.wait_for_watches(9).await;
     greet(&cms, "hi").await;
     let mut reports: Vec<serde_json::Value> = Vec::new();
     eventually(Duration::from_secs(15), "both actions done", || {

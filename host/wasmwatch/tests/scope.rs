@@ -107,10 +107,10 @@ fn hash(v: &str) -> String {
     format!("configmap/settings:{}", data_digest(&data, None))
 }
 
-/// A replica, once its watches are open: the lookups' five, the
+/// A replica, once its watches are open: the lookups' eight, the
 /// ConfigMaps', and `more` (the Namespaces' with a selector).
 async fn start(e: &TestEnv, more: usize) -> Replica {
-    replica_watching(e, 6 + more).await
+    replica_watching(e, 9 + more).await
 }
 
 /// `kubectl label namespace NS CHANGE --overwrite` (`k=v`, or `k-` to

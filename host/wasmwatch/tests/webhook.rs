@@ -136,7 +136,7 @@ async fn orders(client: &kube::Client) -> (i64, BTreeMap<String, String>) {
 
 /// ConfigMap `shop/orders` (`v: 1`) and a Deployment `orders` using it,
 /// annotated `reloader.stakater.com/auto: "true"`, and a replica watching
-/// them. The replica, once its watches are open (the lookups' five and
+/// them. The replica, once its watches are open (the lookups' eight and
 /// the ConfigMaps').
 async fn shop(e: &TestEnv) -> Replica {
     let c = &e.client;
@@ -157,7 +157,7 @@ async fn shop(e: &TestEnv) -> Replica {
     }))
     .unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();
-    replica_watching(e, 6).await
+    replica_watching(e, 9).await
 }
 
 /// Sets `v` of ConfigMap `shop/orders`; the object as patched.

@@ -462,7 +462,7 @@ pub fn normalised_objects(
 
 /// A replica of `e`'s manifest, started off the async threads (it blocks
 /// until ready), once `watches` more watch streams are open (the lookups'
-/// five, one per watched kind and scope, the Namespaces' with a selector):
+/// eight, one per watched kind and scope, the Namespaces' with a selector):
 /// changes from then on are its to handle.
 pub async fn replica_watching(e: &TestEnv, watches: usize) -> Replica {
     let before = e.server.open_watches();

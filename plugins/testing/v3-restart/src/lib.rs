@@ -2,9 +2,10 @@
 //! `wasmwatch:plugin/plugin@0.3.0`). For every change it asks
 //! `workloads-referencing` and restarts each workload found, as the lookup
 //! named it (group, version, kind), with the reason
-//! `<Kind> <namespace>/<name> changed (referenced: <bool>, keys: <k1,k2>)`
-//! so that a test sees what the lookup answered. Config (JSON, all
-//! optional):
+//! `<Kind> <namespace>/<name> changed (referenced: <bool>, uses: <uses>)`,
+//! `<uses>` each use as `env:<key>`, `env-from` or `volume[:<key>]`
+//! (without a key: the whole object), comma-separated, so that a test sees
+//! what the lookup answered. Config (JSON, all optional):
 //!
 //! - `{"kind": {"group": "batch", "version": "v1", "kind": "CronJob"},
 //!   "name": "nightly"}`: restart that workload (in the event's namespace)
@@ -15,7 +16,9 @@ wit_bindgen::generate!({ path: "../../../wit/0.3.0", world: "plugin" });
 
 use serde_json::Value;
 use wasmwatch::plugin::host;
-use wasmwatch::plugin::types::{ObjectKind, RestartStrategy, RestartWorkload, WorkloadRef};
+use wasmwatch::plugin::types::{
+    ObjectKind, ObjectUse, RestartStrategy, RestartWorkload, UseVia, WorkloadRef,
+};
 
 struct P;
 
@@ -64,6 +67,19 @@ fn parse(json: &str) -> Result<Config, String> {
     Ok(Config { fixed, strategy })
 }
 
+/// `env:key`, `env-from`, `volume` or `volume:key`.
+fn use_text(u: &ObjectUse) -> String {
+    let via = match u.via {
+        UseVia::Env => "env",
+        UseVia::EnvFrom => "env-from",
+        UseVia::Volume => "volume",
+    };
+    match &u.key {
+        Some(key) => format!("{via}:{key}"),
+        None => via.to_string(),
+    }
+}
+
 impl Guest for P {
     fn check_config(config: String) -> Result<(), String> {
         parse(&config).map(drop)
@@ -99,10 +115,11 @@ impl Guest for P {
             host::workloads_referencing(event.kind, &event.namespace, &event.name)
                 .into_iter()
                 .map(|w| {
+                    let uses: Vec<String> = w.uses.iter().map(use_text).collect();
                     let reason = format!(
-                        "{object} changed (referenced: {}, keys: {})",
+                        "{object} changed (referenced: {}, uses: {})",
                         w.referenced,
-                        w.referenced_keys.join(",")
+                        uses.join(",")
                     );
                     restart(w.workload, reason)
                 })
