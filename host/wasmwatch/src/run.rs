@@ -231,6 +231,9 @@ pub async fn run(
             metrics: Some(metrics.clone()),
         },
     ));
+    // Set now, not only when the task first runs: a scrape right after the
+    // ready line read 0 with HA off when the task had not run yet.
+    metrics.leader.set(i64::from(leadership.borrow().leading));
     tokio::spawn(track_leadership(leadership.clone(), metrics.clone()));
     tracing::info!(identity = %options.identity, "admin port listening on http://{admin_addr}");
     tokio::pin!(shutdown);
