@@ -137,11 +137,15 @@ struct RunArgs {
     /// How often the leader writes its checkpoints when they moved (1ms to 1h).
     #[arg(long, default_value = "2s", value_parser = checkpoint_interval)]
     checkpoint_interval: HumanDuration,
-    /// Threads that run the host's tasks and the plugins (default: the CPUs
-    /// this process may use, at most 2). Plugin calls of different objects
-    /// run in parallel up to this many; one thread costs the least CPU per
-    /// change at low rates (no thread wakes another), which `bench compare`
-    /// measured as about a quarter less at 100 changes/s on 2 cores.
+    /// Threads that run the host's tasks and the plugins (default 1).
+    /// Plugin calls of different objects run in parallel on up to this many.
+    /// One thread did more with less: in `bench compare` (2 cores, the API
+    /// server on the same machine) it cost about a quarter less CPU per
+    /// change at 100 changes/s than 2, and handled 17,100-17,700 changes/s
+    /// from the in-process writer against 9,200-11,700 (no thread wakes
+    /// another for each change). Deadlines do not depend on it: a separate
+    /// thread advances the plugins' epoch, and a running plugin yields at
+    /// every tick.
     #[arg(long, env = "WASMWATCH_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=256))]
     worker_threads: Option<u16>,
     /// How to reach registries for `oci://` modules.
@@ -149,17 +153,12 @@ struct RunArgs {
     registry: crate::oci::RegistryArgs,
 }
 
-/// The runtime of `run`: `threads` workers, else the CPUs this process may
-/// use (cgroup quotas included) up to 2. Tokio's default is every CPU of
-/// the node: on a 64-core node, 64 threads for a controller that mostly
-/// waits, and every change would wake some of them for nothing.
+/// The runtime of `run`: `threads` workers (default 1, see
+/// `--worker-threads`). Tokio's default is a worker per CPU of the node: 64
+/// threads on a 64-core node for a controller that mostly waits, and each
+/// change woke some of them for nothing.
 fn run_runtime(threads: Option<u16>) -> std::io::Result<tokio::runtime::Runtime> {
-    let threads = threads.map(usize::from).unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(2)
-    });
+    let threads = threads.map_or(1, usize::from);
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .enable_all()
