@@ -2,8 +2,10 @@
 //! 0.3.0 plugin (plugins/testing/v3-restart) loads, its workload lookups
 //! carry the new fields, and its restarts come out as core restarts (the
 //! apps/v1 kinds as today's, other kinds by group/version/kind, refused
-//! naming the kind). The bundled 0.2.0 plugins' behaviour is covered by
-//! tests/bundled_plugins.rs; here only which world they load as.
+//! naming the kind). The bundled plugins' behaviour (the Rust ones on
+//! 0.3.0, the JS and Python ones on 0.2.0) is covered by
+//! tests/bundled_plugins.rs; here which world they load as, and what each
+//! world's rollout-restart makes of workloads named without a reference.
 use std::path::Path;
 use std::sync::Arc;
 
@@ -130,11 +132,13 @@ fn refusal(c: &CheckedAction) -> &str {
 }
 
 #[test]
-fn bundled_0_2_0_components_load_as_0_2_0_and_the_test_plugin_as_0_3_0() {
-    for (module, config) in [
-        ("rollout-restart", "{}"),
-        ("http-refresh", "{}"),
-        ("bus-refresh", "{connection: rabbit}"),
+fn bundled_rust_components_load_as_0_3_0_the_js_and_python_ones_as_0_2_0() {
+    for (module, config, world) in [
+        ("rollout-restart", "{}", V3),
+        ("http-refresh", "{}", V3),
+        ("bus-refresh", "{connection: rabbit}", V3),
+        ("js/rollout-restart", "{}", V2),
+        ("python/http-refresh", "{}", V2),
     ] {
         let plugin = load(
             StaticLookups::default(),
@@ -142,7 +146,7 @@ fn bundled_0_2_0_components_load_as_0_2_0_and_the_test_plugin_as_0_3_0() {
                 "name: p\n    module: {{module:{module}}}\n    sha256: {{sha256:{module}}}\n    config: {config}"
             ),
         );
-        assert_eq!(plugin.world(), V2, "{module}");
+        assert_eq!(plugin.world(), world, "{module}");
     }
     assert_eq!(v3(StaticLookups::default(), "{}", "[]").world(), V3);
 }
@@ -232,38 +236,55 @@ fn a_0_3_0_plugin_sees_kinds_uses_and_named_workloads_and_restarts_as_before() {
     );
 }
 
-/// A 0.2.0 plugin does not see the workloads a reload annotation names
-/// without a reference: bundled rollout-restart restarts what references
-/// the object, as before.
+/// A 0.2.0 plugin (the JS rollout-restart) does not see the workloads a
+/// reload annotation names without a reference: it restarts what
+/// references the object, as before. The Rust rollout-restart (0.3.0)
+/// restarts them too, as Reloader does, of every kind granted.
 #[test]
-fn a_0_2_0_plugin_does_not_see_workloads_only_named_in_a_reload_annotation() {
+fn workloads_only_named_in_a_reload_annotation_restart_from_0_3_0_only() {
     let mut referencing = workload(WorkloadKind::Deployment, "api", &["env:level"]);
     referencing.annotations = [(
         "configmap.reloader.stakater.com/reload".to_string(),
         "orders".to_string(),
     )]
     .into();
-    let lookups = StaticLookups {
+    let lookups = || StaticLookups {
         workloads: vec![
-            referencing,
+            referencing.clone(),
             named_only(WorkloadKind::Deployment, "named", false),
             named_only(WorkloadKind::StatefulSet, "named-in-template", true),
+            named_only(
+                WorkloadKind::from_gvk("batch", "v1", "CronJob"),
+                "nightly",
+                false,
+            ),
         ],
         ..Default::default()
     };
-    let plugin = load(
-        lookups,
-        "name: p\n    module: {module:rollout-restart}\n    sha256: {sha256:rollout-restart}\n    config: {}\n    capabilities: {restart: [shop]}",
+    let restarted = |module: &str, world: &str| -> Vec<String> {
+        let plugin = load(
+            lookups(),
+            &format!(
+                "name: p\n    module: {{module:{module}}}\n    sha256: {{sha256:{module}}}\n    config: {{}}\n    capabilities: {{restart: {{namespaces: [shop], kinds: [Deployment, StatefulSet, batch/v1/CronJob]}}}}"
+            ),
+        );
+        assert_eq!(plugin.world(), world, "{module}");
+        decide(&plugin)
+            .into_iter()
+            .filter_map(|c| match c.action {
+                Action::Restart { workload, .. } => {
+                    assert_eq!(c.verdict, Verdict::Allowed, "{workload:?}");
+                    Some(workload.name)
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(restarted("js/rollout-restart", V2), ["api"]);
+    assert_eq!(
+        restarted("rollout-restart", V3),
+        ["api", "named", "named-in-template", "nightly"]
     );
-    assert_eq!(plugin.world(), V2);
-    let restarted: Vec<String> = decide(&plugin)
-        .into_iter()
-        .filter_map(|c| match c.action {
-            Action::Restart { workload, .. } => Some(workload.name),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(restarted, ["api"]);
 }
 
 /// A restart the plugin names by group/version/kind: apps/v1 is today's

@@ -9,7 +9,8 @@
 //!   build.sh                    builds NAME.wasm and pins it
 //!   tests/example.event.yaml    a fixture event ...
 //!   tests/example.expected.json ... and the decision expected for it
-//!   wit/plugin.wit              the contract
+//!   wit/plugin.wit              the contract (0.2.0: Python, JS)
+//!   wit/0.3.0/plugin.wit        the contract the Rust SDK builds on (0.3.0)
 //!   sdk/                        the language's SDK
 //!   src/lib.rs | app.py | app.js, Cargo.toml | package.json
 //! ```
@@ -52,6 +53,8 @@ const COMMON: Files = files![
 ];
 
 const RUST: Files = files![
+    // The Rust SDK's world (0.3.0); Python and JS build on wit/plugin.wit.
+    "wit/0.3.0/plugin.wit" => "../../../wit/0.3.0/plugin.wit",
     "Cargo.toml" => "../templates/rust/Cargo.toml",
     ".cargo/config.toml" => "../templates/rust/cargo-config.toml",
     "src/lib.rs" => "../templates/rust/lib.rs",
@@ -164,7 +167,7 @@ fn project(lang: Lang, name: &str) -> Vec<(String, String, bool)> {
             let text = if path.starts_with("sdk/") {
                 // The SDK's own text stays as it is, but for where the
                 // Rust SDK finds the WIT in the project.
-                text.replace("path: \"../../wit\"", "path: \"../wit\"")
+                text.replace("path: \"../../wit/", "path: \"../wit/")
             } else {
                 fill(text)
             };

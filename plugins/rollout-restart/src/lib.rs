@@ -1,9 +1,11 @@
-//! rollout-restart: Reloader-compatible rolling restarts.
+//! rollout-restart: Reloader-compatible rolling restarts (WIT 0.3.0).
 //!
-//! For a changed ConfigMap or Secret it asks the host for the Deployments,
-//! StatefulSets and DaemonSets whose pod templates reference the object
-//! (`workloads-referencing`) and returns a `restart` action for each one whose
-//! annotations ask for it, with the rules of Stakater Reloader:
+//! For a changed ConfigMap or Secret it asks the host for the workloads whose
+//! pod templates reference the object, and those a named `reload`
+//! annotation selects without a reference (`workloads-referencing`: every
+//! kind the host watches, Deployments, StatefulSets, DaemonSets, CronJobs,
+//! Jobs and Argo Rollouts), and returns a `restart` action for each one
+//! whose annotations ask for it, with the rules of Stakater Reloader:
 //!
 //! 1. `reloader.stakater.com/ignore: "true"` on the changed object: nothing
 //!    restarts.
@@ -16,14 +18,24 @@
 //! 4. Named: `configmap.reloader.stakater.com/reload: "a,b"` /
 //!    `secret.reloader.stakater.com/reload`. Each entry is a regular
 //!    expression matched against the whole name (`^(?:entry)$`); an invalid
-//!    one is compared literally.
+//!    one is compared literally. As in Reloader, this restarts the workload
+//!    also when its pod template does not reference the object (the host
+//!    returns it with `referenced: false`; it finds it by Reloader's and our
+//!    annotation names, not by names renamed through `annotations`).
 //! 5. Search: `reloader.stakater.com/search: "true"` on the workload and
-//!    `reloader.stakater.com/match: "true"` on the changed object.
+//!    `reloader.stakater.com/match: "true"` on the changed object (only
+//!    workloads that reference the object).
 //! 6. Auto: `reloader.stakater.com/auto: "true"` (ConfigMaps and Secrets), or
 //!    `configmap.reloader.stakater.com/auto: "true"` /
-//!    `secret.reloader.stakater.com/auto: "true"` (that kind only).
+//!    `secret.reloader.stakater.com/auto: "true"` (that kind only; only
+//!    workloads that reference the object).
 //! 7. With config `autoReloadAll: true`, every referencing workload restarts
 //!    unless it says `auto: "false"` (or the kind's `auto: "false"`).
+//! 8. With config `keyAware: true`, a workload whose pod template uses the
+//!    object only through specific keys (env `configMapKeyRef` /
+//!    `secretKeyRef`, volume `items`) restarts only when one of those keys
+//!    is in the event's `changed-keys`; a use of the whole object (`envFrom`,
+//!    a volume without `items`) always counts.
 //!
 //! The same annotations under `wasmwatch.io/` (these win when both are set):
 //!
@@ -40,11 +52,12 @@
 //! | `exclude-configmaps` | `configmaps.exclude.reloader.stakater.com/reload`  |
 //! | `exclude-secrets`    | `secrets.exclude.reloader.stakater.com/reload`     |
 //!
-//! Limitation: `workloads-referencing` returns only workloads whose pod
-//! templates reference the object, so a named reload annotation restarts a
-//! workload only if it also references the object (Reloader likewise updates
-//! only containers that use it). Kinds other than Deployment, StatefulSet and
-//! DaemonSet (CronJob, Argo Rollout) are not covered.
+//! How each kind restarts is the host's (exec::workload): a CronJob records
+//! the content on its job template and starts no Job, a Job is re-created
+//! only when annotated `wasmwatch.io/recreate-job: "true"`, an Argo Rollout
+//! annotated `reloader.stakater.com/rollout-strategy: restart` gets
+//! `spec.restartAt`. Kinds other than the apps/v1 ones must be granted
+//! (`capabilities.restart.kinds`).
 //!
 //! Each action carries `reason` (`ConfigMap shop/orders changed`, `created`,
 //! `deleted`) and `content-hash` = `configmap/<name>:<digest>` (`secret/...`;
@@ -52,8 +65,8 @@
 //! content of the object.
 //!
 //! Config (JSON), all optional, defaults as Reloader's flags:
-//! `{"reloadOnCreate": false, "reloadOnDelete": false, "autoReloadAll": false}`.
-//! Modifications and resyncs always count.
+//! `{"reloadOnCreate": false, "reloadOnDelete": false, "autoReloadAll": false,
+//! "keyAware": false}`. Modifications and resyncs always count.
 //!
 //! `annotations` renames Reloader's annotations as its flags do
 //! (`--auto-annotation`, `--configmap-auto-annotation`,
@@ -84,7 +97,7 @@
 use regex_lite::Regex;
 use wasmwatch_plugin_sdk::{
     Action, ChangeEvent, ChangeType, EventExt, Guest, HttpMethod, KeyValue, LogLevel, ObjectKind,
-    WorkloadInfo, WorkloadKind, WorkloadRef, action, host, log, lookup, parse_config,
+    WorkloadExt, WorkloadInfo, WorkloadRef, action, host, log, lookup, parse_config,
 };
 
 const PLUGIN: &str = "rollout-restart";
@@ -98,6 +111,10 @@ struct Config {
     reload_on_delete: bool,
     #[serde(default)]
     auto_reload_all: bool,
+    /// Restart a workload that uses only some keys of the object only when
+    /// one of them changed.
+    #[serde(default)]
+    key_aware: bool,
     #[serde(default)]
     mode: Option<String>,
     #[serde(default)]
@@ -534,6 +551,12 @@ fn decide(
     {
         return Some("named");
     }
+    // Search, auto and autoReloadAll need a pod template that uses the
+    // object (Reloader: a container that uses it); only a named reload
+    // restarts a workload that does not reference it.
+    if !workload.referenced {
+        return None;
+    }
     if names.is_true(ann, Ann::Search, kind) && names.is_true(&event.annotations, Ann::Match, kind)
     {
         return Some("search/match");
@@ -547,14 +570,6 @@ fn decide(
         return Some("autoReloadAll");
     }
     None
-}
-
-fn workload_kind(kind: WorkloadKind) -> &'static str {
-    match kind {
-        WorkloadKind::Deployment => "Deployment",
-        WorkloadKind::StatefulSet => "StatefulSet",
-        WorkloadKind::DaemonSet => "DaemonSet",
-    }
 }
 
 /// `change` as the WIT names it.
@@ -605,7 +620,7 @@ fn notification(event: &ChangeEvent, workloads: &[WorkloadRef]) -> String {
         workloads: workloads
             .iter()
             .map(|w| Workload {
-                kind: workload_kind(w.kind),
+                kind: &w.kind,
                 namespace: &w.namespace,
                 name: &w.name,
             })
@@ -636,11 +651,7 @@ fn alert_message(event: &ChangeEvent, w: &WorkloadRef, info: Option<&str>) -> St
     };
     let message = format!(
         "Reloader detected changes in *{}* of type *{object_type}* in namespace *{}*. Hence reloaded *{}* of type *{}* in namespace *{}*",
-        event.name,
-        event.namespace,
-        w.name,
-        workload_kind(w.kind),
-        w.namespace
+        event.name, event.namespace, w.name, w.kind, w.namespace
     );
     match info {
         Some(info) => format!("{info} : {message}"),
@@ -716,14 +727,20 @@ impl Guest for RolloutRestart {
                 .into_iter()
                 .filter_map(|w| {
                     let why = decide(&config, &names, &event, &w)?;
+                    if config.key_aware && !w.uses_any_of(&event.changed_keys) {
+                        log(
+                            LogLevel::Debug,
+                            &format!(
+                                "not restarting {}: it uses none of the changed keys ({})",
+                                w.describe(),
+                                event.changed_keys.join(", ")
+                            ),
+                        );
+                        return None;
+                    }
                     log(
                         LogLevel::Debug,
-                        &format!(
-                            "{doing} {} {}/{} ({why})",
-                            workload_kind(w.workload.kind),
-                            w.workload.namespace,
-                            w.workload.name
-                        ),
+                        &format!("{doing} {} ({why})", w.describe()),
                     );
                     Some(w.workload)
                 })
@@ -812,7 +829,9 @@ mod tests {
 
     fn deployment(name: &str) -> WorkloadRef {
         WorkloadRef {
-            kind: WorkloadKind::Deployment,
+            group: "apps".into(),
+            version: "v1".into(),
+            kind: "Deployment".into(),
             namespace: "shop".into(),
             name: name.into(),
         }
@@ -1052,6 +1071,73 @@ mod tests {
             err(r#"{"annotations":{"reload":"x"}}"#).starts_with(
                 "rollout-restart config: unknown field `reload`, expected one of `auto`, `configmapAuto`"
             )
+        );
+    }
+
+    fn info(kind: &str, referenced: bool, annotations: &[(&str, &str)]) -> WorkloadInfo {
+        WorkloadInfo {
+            workload: WorkloadRef {
+                kind: kind.into(),
+                ..deployment("w")
+            },
+            labels: vec![],
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| KeyValue {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            template_annotations: vec![],
+            referenced,
+            uses: vec![],
+        }
+    }
+
+    #[test]
+    fn only_a_named_reload_restarts_a_workload_that_does_not_reference_the_object() {
+        let s = settings(r#"{"autoReloadAll": true}"#).unwrap();
+        let decide = |w: &WorkloadInfo| decide(&s.config, &s.names, &event(), w);
+        let named = [("configmap.reloader.stakater.com/reload", "ord.*")];
+        let auto = [("reloader.stakater.com/auto", "true")];
+        assert_eq!(decide(&info("CronJob", false, &named)), Some("named"));
+        assert_eq!(decide(&info("CronJob", true, &named)), Some("named"));
+        assert_eq!(decide(&info("Rollout", false, &auto)), None);
+        assert_eq!(decide(&info("Rollout", true, &auto)), Some("auto"));
+        assert_eq!(decide(&info("Job", false, &[])), None);
+        assert_eq!(decide(&info("Job", true, &[])), Some("autoReloadAll"));
+    }
+
+    #[test]
+    fn key_aware_counts_only_the_keys_a_workload_uses() {
+        use wasmwatch_plugin_sdk::{ObjectUse, UseVia};
+        let with = |uses: &[(UseVia, Option<&str>)]| WorkloadInfo {
+            uses: uses
+                .iter()
+                .map(|(via, key)| ObjectUse {
+                    via: *via,
+                    key: key.map(str::to_string),
+                })
+                .collect(),
+            ..info("Deployment", true, &[])
+        };
+        let changed = ["a".to_string(), "b".to_string()];
+        let env_c = with(&[(UseVia::Env, Some("c"))]);
+        assert!(env_c.uses_only_keys());
+        assert!(!env_c.uses_any_of(&changed));
+        assert!(
+            with(&[(UseVia::Env, Some("c")), (UseVia::Volume, Some("b"))]).uses_any_of(&changed)
+        );
+        assert!(with(&[(UseVia::Env, Some("c")), (UseVia::EnvFrom, None)]).uses_any_of(&changed));
+        assert!(with(&[(UseVia::Volume, None)]).uses_any_of(&changed));
+        // Uses not known, or selected by name only: the whole object.
+        assert!(with(&[]).uses_any_of(&changed));
+        assert!(
+            WorkloadInfo {
+                referenced: false,
+                ..env_c.clone()
+            }
+            .uses_any_of(&changed)
         );
     }
 

@@ -2,7 +2,7 @@
 //! against the plugin's capabilities before executing it.
 use crate::{
     Action, BusPublish, EmitEvent, EventType, Header, HttpCall, HttpMethod, RefreshService,
-    RestartWorkload, WorkloadRef,
+    RestartStrategy, RestartWorkload, WorkloadRef,
 };
 
 /// One HTTP call to `url`, with `headers` (name, value) and an optional
@@ -79,7 +79,10 @@ pub fn publish_json(
 }
 
 /// Roll `workload`'s pods. The host records `content_hash` and never
-/// restarts the same workload twice for the same hash. Needs `restart`.
+/// restarts the same workload twice for the same hash. Needs `restart`
+/// (and, for kinds other than the apps/v1 ones, the kind granted:
+/// `restart: {namespaces: [...], kinds: [batch/v1/CronJob]}`). The
+/// plugin's `delivery.restartStrategy` applies.
 pub fn restart(
     workload: WorkloadRef,
     reason: impl Into<String>,
@@ -89,6 +92,25 @@ pub fn restart(
         workload,
         reason: reason.into(),
         content_hash: content_hash.into(),
+        strategy: None,
+    })
+}
+
+/// [`restart`] with `strategy` instead of the plugin's
+/// `delivery.restartStrategy` (`RestartAt`: an Argo Rollout's
+/// `spec.restartAt`, refused for other kinds). A workload's
+/// `wasmwatch.io/reload-strategy` annotation still wins.
+pub fn restart_with(
+    workload: WorkloadRef,
+    reason: impl Into<String>,
+    content_hash: impl Into<String>,
+    strategy: RestartStrategy,
+) -> Action {
+    Action::Restart(RestartWorkload {
+        workload,
+        reason: reason.into(),
+        content_hash: content_hash.into(),
+        strategy: Some(strategy),
     })
 }
 

@@ -1,10 +1,12 @@
 //! wasmwatch-plugin-sdk: write a wasmwatch plugin in a few lines of Rust.
 //!
-//! The crate runs `wit-bindgen` on `wit/plugin.wit` (world
-//! `wasmwatch:plugin/plugin@0.2.0`) and re-exports the generated types, the
+//! The crate runs `wit-bindgen` on `wit/0.3.0/plugin.wit` (world
+//! `wasmwatch:plugin/plugin@0.3.0`) and re-exports the generated types, the
 //! [`Guest`] trait and the [`host`] imports, plus a few helpers:
 //!
 //! - [`EventExt`]: annotation/label lookup, data values as text, kind checks;
+//! - [`WorkloadExt`]: a workload's kind by group/version/kind, and whether
+//!   a change touched what it uses;
 //! - [`action`]: builders for the actions a plugin returns;
 //! - [`parse_config`]: the plugin's JSON config into your `Deserialize` type;
 //! - [`spring`]: Spring Cloud Kubernetes target-app resolution.
@@ -28,12 +30,20 @@
 //!
 //! wasmwatch_plugin_sdk::export!(Hello with_types_in wasmwatch_plugin_sdk);
 //! ```
+//!
+//! Since 0.3.0 a [`WorkloadRef`] names its kind by `group`, `version` and
+//! `kind` (strings: `apps`/`v1`/`Deployment`, `batch`/`v1`/`CronJob`,
+//! `argoproj.io`/`v1alpha1`/`Rollout`), and `workloads-referencing` tells
+//! whether each workload's pod template references the object
+//! (`referenced`) and how it uses it (`uses`). A plugin that must stay on
+//! 0.2.0 runs `wit_bindgen::generate!` on `wit/plugin.wit` itself
+//! (plugins/testing/inert does).
 
 /// The `wit-bindgen` output; everything in it is re-exported at the crate root.
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "../../wit/0.3.0",
         world: "plugin",
         pub_export_macro: true,
         default_bindings_module: "wasmwatch_plugin_sdk",
@@ -119,6 +129,68 @@ pub fn lookup<'a>(list: &'a [KeyValue], key: &str) -> Option<&'a str> {
 /// Writes a line to the host's log, tagged with the plugin's name.
 pub fn log(level: LogLevel, message: &str) {
     host::log(level, message)
+}
+
+/// Convenient access to a [`WorkloadRef`] and a [`WorkloadInfo`].
+pub trait WorkloadExt {
+    /// The workload's reference.
+    fn workload_ref(&self) -> &WorkloadRef;
+    /// Whether the workload is of `group`/`version`/`kind`.
+    fn is_kind(&self, group: &str, version: &str, kind: &str) -> bool {
+        let w = self.workload_ref();
+        w.group == group && w.version == version && w.kind == kind
+    }
+    /// `apiVersion` as Kubernetes writes it: `apps/v1`, or `v1` for the
+    /// core group.
+    fn api_version(&self) -> String {
+        let w = self.workload_ref();
+        if w.group.is_empty() {
+            w.version.clone()
+        } else {
+            format!("{}/{}", w.group, w.version)
+        }
+    }
+    /// `Kind namespace/name`, for logs and reasons.
+    fn describe(&self) -> String {
+        let w = self.workload_ref();
+        format!("{} {}/{}", w.kind, w.namespace, w.name)
+    }
+}
+
+impl WorkloadExt for WorkloadRef {
+    fn workload_ref(&self) -> &WorkloadRef {
+        self
+    }
+}
+
+impl WorkloadExt for WorkloadInfo {
+    fn workload_ref(&self) -> &WorkloadRef {
+        &self.workload
+    }
+}
+
+impl WorkloadInfo {
+    /// Whether the pod template uses the object only through specific keys
+    /// (env `configMapKeyRef`/`secretKeyRef`, volume `items`): then a change
+    /// that touches none of them leaves the workload's pods as they are.
+    /// False when a use takes the whole object (`envFrom`, a volume without
+    /// `items`), when nothing is known of the uses, or when the workload is
+    /// not referenced (selected by a named `reload` annotation).
+    pub fn uses_only_keys(&self) -> bool {
+        self.referenced && !self.uses.is_empty() && self.uses.iter().all(|u| u.key.is_some())
+    }
+
+    /// Whether the change touches what the workload uses: one of the keys
+    /// it uses is in `changed_keys` (the event's `changed-keys`), or it uses
+    /// the whole object (see [`WorkloadInfo::uses_only_keys`]).
+    pub fn uses_any_of(&self, changed_keys: &[String]) -> bool {
+        !self.uses_only_keys()
+            || self
+                .uses
+                .iter()
+                .filter_map(|u| u.key.as_deref())
+                .any(|k| changed_keys.iter().any(|c| c == k))
+    }
 }
 
 /// Convenient access to a [`ChangeEvent`].
