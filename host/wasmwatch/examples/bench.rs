@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! cargo build --release -p wasmwatch --bins --examples
-//! /var/tmp/wasmwatch-target/release/examples/bench [latency|throughput|throughput-in-process|burst|startup|startup-python|memory|all]
+//! /var/tmp/wasmwatch-target/release/examples/bench [latency|throughput|throughput-in-process|burst|startup|startup-python|memory|workloads|all]
 //! /var/tmp/wasmwatch-target/release/examples/bench compare [N]
 //! ```
 //!
@@ -23,6 +23,15 @@
 //! - `burst`: 100,000 changes from the in-process writer over 1,000 objects;
 //!   how long until all are handled, and the replica's peak RSS (work in
 //!   flight is bounded, issue 19).
+//! - `workloads` (not part of `all`; issue 20): 10,000 workloads with real
+//!   pod templates (env `configMapKeyRef`, a `configMap` volume; half opted
+//!   in with `reloader.stakater.com/auto`) over 200 ConfigMaps in 10
+//!   namespaces, cached by a replica running rollout-restart granted every
+//!   kind: (a) the three apps/v1 kinds only, (b) six kinds mixed (+ batch/v1
+//!   CronJob and Job, Argo Rollout), each on a fresh API server. Idle RSS
+//!   with the caches filled, events handled per second over a burst of
+//!   5,000 changes from the in-process writer (restarts included), peak
+//!   RSS, and the ratios mixed / apps-only. See `bench/workloads.rs`.
 //! - `compare [N]` (not part of `all`): wasmwatch against a kube-rs informer
 //!   baseline (the peer of issue 24, a process of this binary) on the same
 //!   API server, ConfigMaps, apps and load, in one run: CPU per change,
@@ -50,6 +59,8 @@ use wasmwatch_apiserver::{Config, Server, ServerHandle};
 mod baseline;
 #[path = "bench/compare.rs"]
 mod compare;
+#[path = "bench/workloads.rs"]
+mod workloads;
 
 fn wasmwatch_bin() -> PathBuf {
     // Another build of the host, for before/after comparisons.
@@ -741,5 +752,10 @@ async fn main() {
     }
     if all || what == "memory" {
         memory().await;
+    }
+    if what == "workloads" {
+        // Issue 20: 10,000 workloads of the three apps/v1 kinds cached,
+        // then of six kinds mixed.
+        workloads::workloads().await;
     }
 }
