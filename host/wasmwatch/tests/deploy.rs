@@ -30,6 +30,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use wasmwatch_core::action::WorkloadKind;
 use wasmwatch_core::{Manifest, ObjectKind};
 
 const NAMESPACE: &str = "wasmwatch";
@@ -396,6 +397,24 @@ fn all_rules(i: &Install) -> Vec<PolicyRule> {
         .collect()
 }
 
+/// What restarting a workload of `kind` calls: (API group, resource,
+/// verbs). A Job's pod template cannot change, so one that opts in is
+/// deleted and created again; the other kinds are patched.
+fn restart_calls(
+    kind: &WorkloadKind,
+) -> Option<(&'static str, &'static str, &'static [&'static str])> {
+    const PATCH: &[&str] = &["get", "patch"];
+    Some(match kind.gvk() {
+        ("apps", "v1", "Deployment") => ("apps", "deployments", PATCH),
+        ("apps", "v1", "StatefulSet") => ("apps", "statefulsets", PATCH),
+        ("apps", "v1", "DaemonSet") => ("apps", "daemonsets", PATCH),
+        ("batch", "v1", "CronJob") => ("batch", "cronjobs", PATCH),
+        ("batch", "v1", "Job") => ("batch", "jobs", &["get", "create", "delete"]),
+        ("argoproj.io", "v1alpha1", "Rollout") => ("argoproj.io", "rollouts", PATCH),
+        _ => return None,
+    })
+}
+
 fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
     // No wildcards, no non-resource URLs, no aggregation.
     for r in all_rules(i) {
@@ -444,14 +463,20 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
     }
 
     let g = Grants::of(i);
-    // Exactly these writes, nothing else: restarts (patch of the pod template),
-    // core/v1 Events (created, patched when they repeat), the digest key Secret (created once), and the Leases. The test
-    // `the_rbac_allows_exactly_the_calls_the_host_makes` checks the host
-    // really makes each of them.
+    // Exactly these writes, nothing else: restarts (a patch of the pod
+    // template, of a CronJob's job template, of a Rollout's; a Job that opts
+    // in deleted and created again), core/v1 Events (created, patched when
+    // they repeat), the digest key Secret (created once), and the Leases.
+    // The test `the_rbac_allows_exactly_the_calls_the_host_makes` checks
+    // the host really makes each of them.
     let expected: BTreeSet<(String, String, String, bool)> = [
         ("apps", "daemonsets", "patch", false),
         ("apps", "deployments", "patch", false),
         ("apps", "statefulsets", "patch", false),
+        ("batch", "cronjobs", "patch", false),
+        ("batch", "jobs", "create", false),
+        ("batch", "jobs", "delete", false),
+        ("argoproj.io", "rollouts", "patch", false),
         ("", "events", "create", false),
         ("", "events", "patch", false),
         ("", "secrets", "create", false),
@@ -553,12 +578,18 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
                 );
             }
         }
+        // The lookups watch every workload kind rollout-restart may find
+        // (Rollouts when the API server serves them), Services and
+        // EndpointSlices.
         for (group, res) in [
             ("", "services"),
             ("discovery.k8s.io", "endpointslices"),
             ("apps", "deployments"),
             ("apps", "statefulsets"),
             ("apps", "daemonsets"),
+            ("batch", "cronjobs"),
+            ("batch", "jobs"),
+            ("argoproj.io", "rollouts"),
         ] {
             for v in read {
                 assert!(
@@ -568,20 +599,71 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
             }
         }
     }
+    // Restarts: every kind a plugin may restart, in every namespace it may
+    // restart in, has the calls its restart makes; and every write on a
+    // workload kind the RBAC grants is one a granted restart needs.
+    let mut restart_writes: BTreeSet<(String, String, String)> = BTreeSet::new();
     for p in &manifest.plugins {
-        for n in &p.capabilities.restart.namespaces {
-            let scope = (n.0 != "*").then_some(n.0.as_str());
-            for res in ["deployments", "statefulsets", "daemonsets"] {
-                for v in ["get", "patch"] {
+        let grant = &p.capabilities.restart;
+        if grant.is_empty() {
+            continue;
+        }
+        let kinds: Vec<WorkloadKind> = if grant.kinds.is_empty() {
+            // The list form: the apps/v1 kinds.
+            vec![
+                WorkloadKind::Deployment,
+                WorkloadKind::StatefulSet,
+                WorkloadKind::DaemonSet,
+            ]
+        } else {
+            grant
+                .kinds
+                .iter()
+                .map(|k| {
+                    assert_ne!(
+                        k, "*",
+                        "{overlay}: plugin {} may restart any kind, which no RBAC rule can follow: \
+                         name the kinds",
+                        p.name
+                    );
+                    WorkloadKind::parse(k).unwrap_or_else(|e| panic!("{overlay}: {e}"))
+                })
+                .collect()
+        };
+        for kind in &kinds {
+            let (group, res, verbs) = restart_calls(kind).unwrap_or_else(|| {
+                panic!(
+                    "{overlay}: plugin {} may restart {kind:?}, which this test \
+                    knows no RBAC for",
+                    p.name
+                )
+            });
+            for v in verbs {
+                if WRITE_VERBS.contains(v) {
+                    restart_writes.insert((group.to_string(), res.to_string(), v.to_string()));
+                }
+                for n in &grant.namespaces {
+                    let scope = (n.0 != "*").then_some(n.0.as_str());
                     assert!(
-                        g.allows(scope, "apps", res, v, Some("app")),
-                        "{overlay}: plugin {} may restart in {}, RBAC lacks {v} {res}",
+                        g.allows(scope, group, res, v, Some("app")),
+                        "{overlay}: plugin {} may restart {kind:?} in {}, RBAC lacks {v} {group}/{res}",
                         p.name,
                         n.0
                     );
                 }
             }
         }
+    }
+    for (group, res, verb, _) in g.writes() {
+        if ["apps", "batch", "argoproj.io"].contains(&group.as_str()) {
+            assert!(
+                restart_writes.contains(&(group.clone(), res.clone(), verb.clone())),
+                "{overlay}: {verb} {group}/{res} granted, but no plugin's capabilities.restart \
+                 grants a kind that needs it (granted: {restart_writes:?})"
+            );
+        }
+    }
+    for p in &manifest.plugins {
         for n in &p.capabilities.refresh {
             let scope = (n.0 != "*").then_some(n.0.as_str());
             assert!(g.allows(scope, "discovery.k8s.io", "endpointslices", "list", None));
@@ -1450,7 +1532,8 @@ async fn host_requests(
     );
 
     // ---- setup, by the test: namespaces, an app behind a Service with two
-    // pods, three workloads asking for restarts, their ConfigMaps and Secret.
+    // pods, six workloads asking for restarts (one of each kind the shipped
+    // rollout-restart may restart), their ConfigMaps and Secret.
     for n in [lease_ns, ns] {
         if server.get("namespaces", "", n).is_none() {
             common::namespace(&setup, n).await;
@@ -1478,7 +1561,7 @@ async fn host_requests(
         "ledger",
         json!({}),
         auto.clone(),
-        json!({"containers": [container]}),
+        json!({"containers": [container.clone()]}),
     )
     .await;
     common::workload(
@@ -1492,6 +1575,33 @@ async fn host_requests(
             "volumes": [{"name": "token", "secret": {"secretName": "app-secret"}}]}),
     )
     .await;
+    // A CronJob (restarted through its job template), a Job that opts in to
+    // being re-created, and an Argo Rollout, each using app-config.
+    let run_once = json!({"metadata": {"labels": {"app": "batch"}},
+        "spec": {"containers": [container.clone()], "restartPolicy": "Never"}});
+    for o in [
+        json!({"apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": "nightly", "namespace": ns, "annotations": auto.clone()},
+            "spec": {"schedule": "0 3 * * *",
+                "jobTemplate": {"spec": {"template": run_once.clone()}}}}),
+        json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "migrate", "namespace": ns, "annotations": {
+                "reloader.stakater.com/auto": "true", "wasmwatch.io/recreate-job": "true"}},
+            "spec": {"template": run_once}}),
+        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+            "metadata": {"name": "storefront", "namespace": ns, "annotations": auto.clone()},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "storefront"}},
+                "template": {"metadata": {"labels": {"app": "storefront"}},
+                    "spec": {"containers": [container.clone()]}}}}),
+    ] {
+        common::apply(&setup, o).await;
+    }
+    let job_uid = |server: &wasmwatch_apiserver::ServerHandle| {
+        server
+            .get("jobs.batch", ns, "migrate")
+            .and_then(|j| j["metadata"]["uid"].as_str().map(str::to_string))
+    };
+    let first_job = job_uid(&server).expect("Job migrate");
     for o in [
         json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "orders", "namespace": ns,
@@ -1563,8 +1673,9 @@ async fn host_requests(
     })
     .await;
 
-    // 3. rollout-restart: get + patch of a Deployment, a StatefulSet and (for
-    //    a Secret) a DaemonSet, with Reloaded Events.
+    // 3. rollout-restart: get + patch of a Deployment, a StatefulSet, (for
+    //    a Secret) a DaemonSet, a CronJob's job template and an Argo
+    //    Rollout; a Job deleted and created again; Reloaded Events.
     set_cm("app-config", "2").await;
     secrets
         .patch(
@@ -1578,6 +1689,8 @@ async fn host_requests(
         ("deployments.apps", "web"),
         ("statefulsets.apps", "ledger"),
         ("daemonsets.apps", "agent"),
+        ("cronjobs.batch", "nightly"),
+        ("rollouts.argoproj.io", "storefront"),
     ] {
         eventually(long, &format!("{resource} {name} restarted"), || {
             let g = generation(&server, resource, ns, name);
@@ -1585,8 +1698,14 @@ async fn host_requests(
         })
         .await;
     }
-    eventually(long, "three Reloaded Events", || async {
-        events_with_reason(&server, "Reloaded") >= 3
+    eventually(long, "Job migrate re-created", || {
+        let uid = job_uid(&server);
+        let first_job = first_job.clone();
+        async move { uid.is_some_and(|u| u != first_job) }
+    })
+    .await;
+    eventually(long, "six Reloaded Events", || async {
+        events_with_reason(&server, "Reloaded") >= 6
     })
     .await;
 
@@ -1844,7 +1963,8 @@ fn check_host_against_rbac(
 /// (HA, its watched kinds and namespaces, its Lease names in the
 /// Deployment's namespace) go through every kind of call the host makes
 /// (election, checkpoints and index shards, watches, the lookups' caches,
-/// an http-refresh, rollout restarts of the three workload kinds, Events, a
+/// an http-refresh, rollout restarts of the six workload kinds the shipped
+/// rollout-restart may restart (a Job re-created), Events, a
 /// 410 relist, a SIGTERM handover and release); every request they made
 /// must be allowed by the overlay's rules, and every permission granted
 /// must have been used.
