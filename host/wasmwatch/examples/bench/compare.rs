@@ -134,7 +134,8 @@ fn clock_ticks() -> u64 {
 }
 
 /// `BENCH_PERF=DIR`: a cpu-clock profile (perf from Debian's linux-perf,
-/// call graphs) of the watcher's process over one phase, written to
+/// call graphs) of the watcher's process over one phase (paced, burst,
+/// paced at the large size), written to
 /// `DIR/<who>-<phase>.data`; stopped with SIGINT when dropped.
 struct Profile(Option<Child>);
 
@@ -753,7 +754,9 @@ async fn run(r: usize, work: &Path, big: usize) -> (Sample, [f64; 3]) {
         put(&mut s, "to_watch", who, ms(p.to_watch));
         let (rss, _) = rss_kib(p.pid());
         put(&mut s, "rss", who, rss as f64 / 1024.0);
+        let prof = Profile::start(p.pid(), who, &format!("paced-big-r{r}"));
         let m = paced(&b, Some(p.pid()), &format!("r{r}q{n}")).await;
+        drop(prof);
         put(&mut s, "cpu_big", who, us_per(m.cpu, PACED));
         put(&mut s, "p99_big", who, ms(m.p99));
         let (_, peak) = rss_kib(p.pid());
