@@ -191,17 +191,7 @@ async fn reloader_metrics_and_events_as_reloader_writes_them() {
     )
     .await;
     // Ready, and its watches open (the lookups' eight and ConfigMaps').
-    let before = e.server.open_watches();
-    let (k, m) = (e.kubeconfig.clone(), e.manifest.clone());
-    let r = tokio::task::spawn_blocking(move || Replica::start(&k, &m, "r"))
-        .await
-        .unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(15),
-        e.server.wait_for_watches(before + 9),
-    )
-    .await
-    .expect("the watches open");
+    let r = replica_watching(&e, 9).await;
     let mut reports = Vec::new();
 
     // 1. From the start: both series at 0, the by-namespace family named
