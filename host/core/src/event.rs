@@ -336,6 +336,71 @@ impl ChangeEvent {
     }
 }
 
+/// How a change folds into an earlier change of the same object that no
+/// plugin has decided yet ([`ChangeEvent::folded`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Folded {
+    /// They stay two changes: another object (or another uid of it), or a
+    /// deletion on either side.
+    Apart,
+    /// The newer change, as it is, stands for both.
+    AsNewer,
+    /// The newer change with another change type or more changed keys.
+    Changed(ChangeEvent),
+}
+
+impl ChangeEvent {
+    /// The one change that stands for `older` (not decided yet) followed
+    /// by `newer`, as a controller's work queue folds a key queued twice
+    /// (client-go's `workqueue`): the newer content, the union of both
+    /// changes' keys (a key changed and changed back is still listed, so a
+    /// plugin acting only on changed keys misses none), `Added` when the
+    /// older was (the plugin never saw the object), `Resynced` when either
+    /// was (the history in between is unknown), a replay when either was.
+    /// A deletion is never folded, on either side: a plugin sees an object
+    /// go, and a re-created object (another uid) is another object.
+    pub fn folded(older: &ChangeEvent, newer: &ChangeEvent) -> Folded {
+        let (a, b) = (&older.object, &newer.object);
+        if a.kind != b.kind
+            || a.namespace != b.namespace
+            || a.name != b.name
+            || a.uid != b.uid
+            || matches!(older.change, ChangeType::Deleted)
+            || matches!(newer.change, ChangeType::Deleted | ChangeType::Added)
+        {
+            return Folded::Apart;
+        }
+        let change = match (older.change, newer.change) {
+            (ChangeType::Added, _) => ChangeType::Added,
+            (ChangeType::Resynced, _) | (_, ChangeType::Resynced) => ChangeType::Resynced,
+            _ => ChangeType::Modified,
+        };
+        let changed_keys = if change == ChangeType::Added {
+            b.data.keys().cloned().collect()
+        } else {
+            let mut keys: Vec<String> = older
+                .changed_keys
+                .iter()
+                .chain(&newer.changed_keys)
+                .cloned()
+                .collect();
+            keys.sort();
+            keys.dedup();
+            keys
+        };
+        let replay = older.replay || newer.replay;
+        if change == newer.change && changed_keys == newer.changed_keys && replay == newer.replay {
+            return Folded::AsNewer;
+        }
+        Folded::Changed(ChangeEvent {
+            change,
+            changed_keys,
+            replay,
+            ..newer.clone()
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,5 +466,68 @@ mod tests {
         assert_eq!(e.to_string(), "data.k is not valid base64");
         let e = ObjectSnapshot::from_json(&cm(json!({"x": 1}))).unwrap_err();
         assert_eq!(e.to_string(), "data.x must be a string");
+    }
+
+    fn change(change: ChangeType, uid: &str, data: Value, keys: &[&str]) -> ChangeEvent {
+        let mut o = cm(data);
+        o["metadata"]["uid"] = json!(uid);
+        let mut e = ChangeEvent::new(change, ObjectSnapshot::from_json(&o).unwrap(), None);
+        e.changed_keys = keys.iter().map(|k| k.to_string()).collect();
+        e
+    }
+
+    #[test]
+    fn a_waiting_change_folds_into_the_next_with_the_newer_content_and_every_key() {
+        use ChangeType::*;
+        let older = change(Modified, "u1", json!({"x": "2", "y": "1"}), &["x"]);
+        let newer = change(Modified, "u1", json!({"x": "2", "y": "2"}), &["y"]);
+        let Folded::Changed(f) = ChangeEvent::folded(&older, &newer) else {
+            panic!("not folded")
+        };
+        assert_eq!(f.change, Modified);
+        assert_eq!(f.changed_keys, vec!["x", "y"]);
+        assert_eq!(f.object, newer.object);
+        assert_eq!(f.digest, newer.digest);
+        // The same key again: the newer change stands for both, no copy.
+        let again = change(Modified, "u1", json!({"x": "3", "y": "1"}), &["x"]);
+        assert_eq!(ChangeEvent::folded(&older, &again), Folded::AsNewer);
+        // Added then changed: still an addition, of the newer content.
+        let added = change(Added, "u1", json!({"x": "1", "gone": "1"}), &["x", "gone"]);
+        let Folded::Changed(f) = ChangeEvent::folded(&added, &again) else {
+            panic!("not folded")
+        };
+        assert_eq!(
+            (f.change, f.changed_keys),
+            (Added, vec!["x".into(), "y".into()])
+        );
+        // A relist's change keeps saying the history is unknown.
+        let resynced = change(Resynced, "u1", json!({"x": "2"}), &["x"]);
+        let Folded::Changed(f) = ChangeEvent::folded(&resynced, &again) else {
+            panic!("not folded")
+        };
+        assert_eq!(f.change, Resynced);
+        // A replayed change makes the fold a replay.
+        let mut replayed = older.clone();
+        replayed.replay = true;
+        let Folded::Changed(f) = ChangeEvent::folded(&replayed, &again) else {
+            panic!("not folded")
+        };
+        assert!(f.replay);
+    }
+
+    #[test]
+    fn deletions_and_other_objects_are_never_folded() {
+        use ChangeType::*;
+        let m = change(Modified, "u1", json!({"x": "1"}), &["x"]);
+        let deleted = change(Deleted, "u1", json!({"x": "1"}), &["x"]);
+        let recreated = change(Added, "u2", json!({"x": "1"}), &["x"]);
+        let other_uid = change(Modified, "u2", json!({"x": "1"}), &["x"]);
+        assert_eq!(ChangeEvent::folded(&m, &deleted), Folded::Apart);
+        assert_eq!(ChangeEvent::folded(&deleted, &recreated), Folded::Apart);
+        assert_eq!(ChangeEvent::folded(&m, &other_uid), Folded::Apart);
+        assert_eq!(ChangeEvent::folded(&m, &recreated), Folded::Apart);
+        let mut other_name = m.clone();
+        other_name.object.name = "other".into();
+        assert_eq!(ChangeEvent::folded(&m, &other_name), Folded::Apart);
     }
 }

@@ -29,7 +29,7 @@ pub mod units;
 
 pub use action::Action;
 pub use capability::{Capabilities, Verdict};
-pub use event::{ChangeEvent, ChangeType, DataValue, ObjectKind, ObjectSnapshot};
+pub use event::{ChangeEvent, ChangeType, DataValue, Folded, ObjectKind, ObjectSnapshot};
 pub use lookups::{Lookups, StaticLookups};
 pub use manifest::Manifest;
 pub use scope::Scope;

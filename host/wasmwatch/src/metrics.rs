@@ -172,6 +172,8 @@ pub struct Metrics {
     pub events_received: Labelled<Counter>,
     pub events_handled: Labelled<Counter>,
     pub plugin_invocations: Labelled<Counter>,
+    /// Changes folded into a plugin's waiting call on the same object.
+    pub changes_folded: Labelled<Counter>,
     pub plugin_duration: Labelled<Histogram>,
     pub actions: Labelled<Counter>,
     pub action_retries: Labelled<Counter>,
@@ -247,6 +249,14 @@ impl Metrics {
                 "wasmwatch_plugin_invocations",
                 "Plugin calls, per plugin and outcome (ok, error).",
                 &["plugin", "outcome"],
+            ),
+            changes_folded: counters(
+                r,
+                "wasmwatch_changes_folded",
+                "Changes decided together with a newer change of the same object \
+                 (they arrived while the plugin's call on it still waited for its turn), \
+                 per plugin.",
+                &["plugin"],
             ),
             plugin_duration: register(
                 r,
@@ -626,6 +636,7 @@ mod tests {
             &m.events_received,
             &m.events_handled,
             &m.plugin_invocations,
+            &m.changes_folded,
             &m.actions,
             &m.action_retries,
             &m.dead_letters,
@@ -648,6 +659,7 @@ mod tests {
             [
                 "wasmwatch_action_retries_total",
                 "wasmwatch_actions_total",
+                "wasmwatch_changes_folded_total",
                 "wasmwatch_checkpoint_lag_seconds",
                 "wasmwatch_checkpoint_lag_versions",
                 "wasmwatch_checkpoint_writes_total",

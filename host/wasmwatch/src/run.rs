@@ -21,7 +21,7 @@
 //! its watches, saves what is complete, and only then releases the lease.
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::Instrument;
 use wasmwatch_core::action::EventType;
 use wasmwatch_core::digest::DigestKey;
-use wasmwatch_core::{Action, ChangeEvent, Lookups, Manifest, ObjectKind};
+use wasmwatch_core::{Action, ChangeEvent, Folded, Lookups, Manifest, ObjectKind};
 use wasmwatch_exec::executors::{Executors, describe_action};
 use wasmwatch_exec::pipeline::{
     Execute, Outcome, PauseOf, Pipeline, PipelineConfig, Policy, Report, Submission,
@@ -653,7 +653,7 @@ impl Service {
         // Each loop has its part of the claimed index now.
         drop(indexes);
 
-        let (done_tx, mut done) = mpsc::unbounded_channel::<Ticket>();
+        let (done_tx, mut done) = mpsc::unbounded_channel::<Tickets>();
         let on_report = {
             let metrics = self.metrics.clone();
             let print = self.options.reports;
@@ -694,7 +694,10 @@ impl Service {
         // The plugin calls of this term, and per plugin and object the
         // latest call's turn (see `dispatch`).
         let mut calls = tokio::task::JoinSet::new();
-        let mut order: HashMap<OrderKey, oneshot::Receiver<()>> = HashMap::new();
+        let mut order: HashMap<OrderKey, Turn> = HashMap::new();
+        // Effects of inputs fed on the way to the next one (the other
+        // tickets of a folded call).
+        let mut pending_effects: Vec<Effect> = Vec::new();
         let end = loop {
             let input = tokio::select! {
                 biased;
@@ -714,10 +717,20 @@ impl Service {
                     }
                     continue;
                 }
-                Some(ticket) = done.recv() => Input::Finished(ticket),
+                Some(tickets) = done.recv() => {
+                    // A call that stood for several changes (folded while
+                    // waiting for its turn) finishes each of them.
+                    let (last, folded) = tickets.split_last().expect("a call has a ticket");
+                    let mut effects = Vec::new();
+                    for t in folded {
+                        effects.extend(term.handle(Input::Finished(*t), Instant::now()));
+                    }
+                    pending_effects = effects;
+                    Input::Finished(*last)
+                }
                 _ = tokio::time::sleep_until(term.wake_at()) => {
                     // Forget the turns of calls that are over.
-                    order.retain(|_, turn| matches!(turn.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+                    order.retain(|_, turn| matches!(turn.done.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
                     self.update_metrics(&term, &pipeline, &mut watch_stats);
                     if may_act() {
                         Input::Tick
@@ -739,7 +752,8 @@ impl Service {
                 },
             };
             let mut effects: std::collections::VecDeque<Effect> =
-                term.handle(input, Instant::now()).into();
+                std::mem::take(&mut pending_effects).into();
+            effects.extend(term.handle(input, Instant::now()));
             let mut ended = None;
             while let Some(effect) = effects.pop_front() {
                 match effect {
@@ -790,9 +804,11 @@ impl Service {
         calls.abort_all();
         drop(calls);
         drop(pipeline);
-        while let Ok(ticket) = done.try_recv() {
-            if let Some(kind) = term.finish_late(ticket) {
-                metrics.events_handled.inc(&[kind.as_str()]);
+        while let Ok(tickets) = done.try_recv() {
+            for ticket in tickets {
+                if let Some(kind) = term.finish_late(ticket) {
+                    metrics.events_handled.inc(&[kind.as_str()]);
+                }
             }
         }
         if let (
@@ -818,7 +834,7 @@ impl Service {
     fn update_metrics(
         &self,
         term: &Term,
-        pipeline: &Pipeline<Ticket>,
+        pipeline: &Pipeline<Tickets>,
         watch_stats: &mut [(
             ObjectKind,
             Arc<wasmwatch_kube::watchloop::WatchStats>,
@@ -851,17 +867,22 @@ impl Service {
     /// other plugins nor this loop (nor shutdown). Per plugin and object,
     /// `order` chains the calls: a change is decided, and its actions
     /// submitted, only after the plugin's decision on the previous change
-    /// of the same object.
+    /// of the same object. A change arriving while the plugin's last call
+    /// on the object still waits for its turn folds into that call
+    /// ([`ChangeEvent::folded`]): one decision on the newer content stands
+    /// for both, and finishes both tickets. So a backlog costs one call per
+    /// object, not one per change, as a controller's work queue holds a key
+    /// once however often it is added (issue 24).
     #[allow(clippy::too_many_arguments)]
     fn dispatch(
         self: &Arc<Self>,
         event: ChangeEvent,
         ticket: Ticket,
         plugins: &[usize],
-        pipeline: &Pipeline<Ticket>,
-        done: &mpsc::UnboundedSender<Ticket>,
+        pipeline: &Pipeline<Tickets>,
+        done: &mpsc::UnboundedSender<Tickets>,
         calls: &mut tokio::task::JoinSet<()>,
-        order: &mut HashMap<OrderKey, oneshot::Receiver<()>>,
+        order: &mut HashMap<OrderKey, Turn>,
     ) {
         let event = Arc::new(event);
         for &index in plugins {
@@ -872,25 +893,30 @@ impl Service {
                 event.object.namespace.clone(),
                 event.object.name.clone(),
             );
-            let (turn_done, turn) = oneshot::channel::<()>();
-            let previous = order.insert(key, turn);
+            if let Some(last) = order.get(&key)
+                && fold(&last.waiting, &event, ticket)
+            {
+                self.metrics.changes_folded.inc(&[loaded.plugin.name()]);
+                continue;
+            }
+            let (turn_done, done_rx) = oneshot::channel::<()>();
+            let waiting = Arc::new(Mutex::new(Some(Waiting {
+                event: event.clone(),
+                tickets: vec![ticket],
+            })));
+            let previous = order
+                .insert(
+                    key,
+                    Turn {
+                        done: done_rx,
+                        waiting: waiting.clone(),
+                    },
+                )
+                .map(|t| t.done);
             let call = PluginCall {
                 plugin: loaded.plugin.clone(),
                 policy: loaded.policy,
-                origin: Origin {
-                    kind: event.object.kind,
-                    namespace: event.object.namespace.clone(),
-                    name: event.object.name.clone(),
-                    uid: event.object.uid.clone(),
-                    resource_version: event.object.resource_version.clone(),
-                    plugin: loaded.plugin.name().to_string(),
-                    unkeyed_digest: event
-                        .unkeyed_digest
-                        .as_ref()
-                        .map(|plain| (event.digest.clone(), plain.clone())),
-                },
-                event: event.clone(),
-                ticket,
+                waiting,
                 submit: pipeline.submitter(),
                 done: done.clone(),
                 executors: self.executors.clone(),
@@ -902,6 +928,41 @@ impl Service {
             );
         }
     }
+}
+
+/// Folds `event` (with its `ticket`) into the call `waiting` stands for,
+/// if that call has not started deciding and the two fold; false: it needs
+/// a call of its own.
+fn fold(waiting: &Mutex<Option<Waiting>>, event: &Arc<ChangeEvent>, ticket: Ticket) -> bool {
+    let mut waiting = waiting.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(w) = waiting.as_mut() else {
+        return false;
+    };
+    w.event = match ChangeEvent::folded(&w.event, event) {
+        Folded::Apart => return false,
+        Folded::AsNewer => event.clone(),
+        Folded::Changed(e) => Arc::new(e),
+    };
+    w.tickets.push(ticket);
+    true
+}
+
+/// The changes a call stands for, in order: its own first, then those
+/// folded into it while it waited.
+type Tickets = Vec<Ticket>;
+
+/// The latest call of a plugin on an object.
+struct Turn {
+    /// Sent (or dropped) when the call is over.
+    done: oneshot::Receiver<()>,
+    /// What it will decide; taken (`None`) when it starts deciding.
+    waiting: Arc<Mutex<Option<Waiting>>>,
+}
+
+/// A call's change while it waits for its turn.
+struct Waiting {
+    event: Arc<ChangeEvent>,
+    tickets: Tickets,
 }
 
 /// Plugin calls in flight (waiting for their turn, deciding, retrying)
@@ -950,24 +1011,23 @@ type OrderKey = (usize, ObjectKind, String, String);
 struct PluginCall {
     plugin: Arc<Plugin>,
     policy: Policy,
-    origin: Origin,
-    event: Arc<ChangeEvent>,
-    ticket: Ticket,
-    submit: wasmwatch_exec::pipeline::Submitter<Ticket>,
-    done: mpsc::UnboundedSender<Ticket>,
+    waiting: Arc<Mutex<Option<Waiting>>>,
+    submit: wasmwatch_exec::pipeline::Submitter<Tickets>,
+    done: mpsc::UnboundedSender<Tickets>,
     executors: Arc<Executors>,
     metrics: Arc<Metrics>,
 }
 
 impl PluginCall {
     /// Waits for the plugin's previous call on the same object (`previous`),
-    /// decides, submits the allowed actions, then lets the next call on the
-    /// object go (`turn_done`). A failed call is retried per the plugin's
-    /// delivery policy, then dead-lettered, holding its turn: a newer
-    /// change's decision must not be submitted before an older one's (its
-    /// actions would run first and the older content land last), and it
-    /// cannot be skipped either (a plugin may act only on the keys a change
-    /// touched).
+    /// takes the change (with whatever folded into it meanwhile), decides,
+    /// submits the allowed actions, then lets the next call on the object
+    /// go (`turn_done`). A failed call is retried per the plugin's delivery
+    /// policy, then dead-lettered, holding its turn: a newer change's
+    /// decision must not be submitted before an older one's (its actions
+    /// would run first and the older content land last), and it cannot be
+    /// skipped either (a plugin may act only on the keys a change touched;
+    /// a change folded in carries its keys along).
     async fn run(self, previous: Option<oneshot::Receiver<()>>, turn_done: oneshot::Sender<()>) {
         // Released when this call is over, whichever way it ends.
         let _turn = turn_done;
@@ -975,12 +1035,32 @@ impl PluginCall {
             // Sent or dropped: either way the previous call is over.
             let _ = previous.await;
         }
+        let Some(Waiting { event, tickets }) = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        let origin = Origin {
+            kind: event.object.kind,
+            namespace: event.object.namespace.clone(),
+            name: event.object.name.clone(),
+            uid: event.object.uid.clone(),
+            resource_version: event.object.resource_version.clone(),
+            plugin: self.plugin.name().to_string(),
+            unkeyed_digest: event
+                .unkeyed_digest
+                .as_ref()
+                .map(|plain| (event.digest.clone(), plain.clone())),
+        };
         let name = self.plugin.name();
-        let object = format!("{}/{}", self.origin.namespace, self.origin.name);
-        let result = self.decide().await;
+        let object = format!("{}/{}", origin.namespace, origin.name);
+        let result = self.decide(&event).await;
         let error = match result {
             Ok(decision) => {
-                self.submit_decision(decision);
+                self.submit_decision(decision, tickets, origin);
                 return;
             }
             Err(e) => e,
@@ -992,9 +1072,9 @@ impl PluginCall {
                 return;
             }
             tokio::time::sleep(wasmwatch_exec::pipeline::retry_delay(&self.policy, attempt)).await;
-            match self.decide().await {
+            match self.decide(&event).await {
                 Ok(decision) => {
-                    self.submit_decision(decision);
+                    self.submit_decision(decision, tickets, origin);
                     return;
                 }
                 Err(e) => tracing::warn!(plugin = name, attempt, "plugin failed again: {e}"),
@@ -1010,13 +1090,16 @@ impl PluginCall {
         if self.done.is_closed() {
             return;
         }
-        let _ = self.done.send(self.ticket);
-        self.executors.dead_letter(&self.origin, &action, &error);
+        let _ = self.done.send(tickets);
+        self.executors.dead_letter(&origin, &action, &error);
     }
 
-    async fn decide(&self) -> Result<wasmwatch_runtime::Decision, wasmwatch_runtime::PluginError> {
+    async fn decide(
+        &self,
+        event: &ChangeEvent,
+    ) -> Result<wasmwatch_runtime::Decision, wasmwatch_runtime::PluginError> {
         let started = Instant::now();
-        let result = self.plugin.handle(&self.event).await;
+        let result = self.plugin.handle(event).await;
         let outcome = if result.is_ok() { "ok" } else { "error" };
         let name = self.plugin.name();
         self.metrics.plugin_invocations.inc(&[name, outcome]);
@@ -1026,10 +1109,15 @@ impl PluginCall {
         result
     }
 
-    fn submit_decision(&self, decision: wasmwatch_runtime::Decision) {
+    fn submit_decision(
+        &self,
+        decision: wasmwatch_runtime::Decision,
+        tickets: Tickets,
+        origin: Origin,
+    ) {
         self.submit.submit(Submission {
-            ticket: self.ticket,
-            origin: self.origin.clone(),
+            ticket: tickets,
+            origin,
             actions: decision.allowed().cloned().collect(),
             policy: self.policy,
         });

@@ -337,3 +337,89 @@ async fn the_env_vars_strategy_sets_reloaders_variable() {
     );
     drop(replica);
 }
+
+/// Issue 24's work-queue rule: changes of one object that arrive while the
+/// plugin's call on it still waits for its turn (the call before is
+/// deciding) are decided together, once, on the newest content. Without the
+/// fold, each of the 9 changes is a call of 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_waiting_for_a_busy_plugin_fold_into_one_call_on_the_newest_content() {
+    let e = test_env(
+        "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+watch: {kinds: [ConfigMap], namespaces: [shop]}
+ha: {enabled: false}
+plugins:
+  - name: spy
+    module: {module:misbehave}
+    sha256: {sha256:misbehave}
+    events: {kinds: [ConfigMap]}
+    config: {mode: spy, hold_ms: 1000}
+    limits: {timeout: 5s}
+    capabilities: {events: true}
+    delivery: {debounce: 0s}
+",
+        "shop",
+    )
+    .await;
+    let c = &e.client;
+    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "shop");
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "orders"}, "data": {"v": "0"}
+    }))
+    .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let replica = start(&e).await;
+    let set = |v: usize| {
+        let cms = cms.clone();
+        async move {
+            let patch = serde_json::json!({"data": {"v": v.to_string()}});
+            cms.patch("orders", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
+    // The first change's call holds the plugin for 1 s; the next eight
+    // arrive meanwhile.
+    set(1).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    for v in 2..=9 {
+        set(v).await;
+    }
+    let handled = "wasmwatch_events_handled_total{kind=\"ConfigMap\"}";
+    eventually(Duration::from_secs(15), "all 9 changes handled", || async {
+        replica.metric(handled).await >= 9.0
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(c.clone(), "shop");
+    let mut seen: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("SawData"))
+        .map(|e| (e.count.unwrap_or(1), e.message.unwrap_or_default()))
+        .flat_map(|(n, m)| std::iter::repeat_n(m, n as usize))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        ["v=1", "v=9"],
+        "one call per turn, the second on the newest content"
+    );
+    assert_eq!(
+        replica
+            .metric("wasmwatch_plugin_invocations_total{plugin=\"spy\",outcome=\"ok\"}")
+            .await,
+        2.0
+    );
+    assert_eq!(
+        replica
+            .metric("wasmwatch_changes_folded_total{plugin=\"spy\"}")
+            .await,
+        7.0
+    );
+    assert_eq!(replica.metric(handled).await, 9.0);
+    drop(replica);
+}
