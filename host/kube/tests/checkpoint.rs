@@ -487,3 +487,57 @@ async fn the_next_leader_knows_which_scopes_the_stored_index_covers() {
     assert!(!claimed.covers(cm, &Scope::All));
     assert!(!claimed.covers(ObjectKind::Secret, &Scope::from_key("shop")));
 }
+
+/// Issue 24: a save does not read back the shards this term wrote (at 10k
+/// objects, reading ~8 shards of 200 KiB at every save was most of its
+/// cost): an unchanged shard costs no request, a changed one its write.
+#[tokio::test]
+async fn saves_write_over_the_shards_this_term_wrote_without_reading_them() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let mut a = store(&server, term("pod-a", 1));
+    let cps = a.claim().await.unwrap().checkpoints;
+    let lines: Vec<(String, u128)> = (0..6000).map(|i| (format!("shop/cm-{i}"), i)).collect();
+    let ix = |bump: u128| {
+        index(
+            &lines
+                .iter()
+                .map(|(a, b)| (a.as_str(), *b + bump))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let stream = |ix: ObjectIndex| StreamIndex {
+        kind: ObjectKind::ConfigMap,
+        scope: Scope::from_key("shop"),
+        index: ix,
+    };
+    a.save(&cps, &[stream(ix(0))]).await.unwrap();
+    let shard_requests = |server: &ServerHandle| -> Vec<String> {
+        server
+            .requests()
+            .into_iter()
+            .filter(|r| {
+                r.resource == "leases"
+                    && r.name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with("wasmwatch-state-index-"))
+            })
+            .map(|r| format!("{} {}", r.verb, r.name.unwrap()))
+            .collect()
+    };
+    let before = shard_requests(&server).len();
+    a.save(&cps, &[stream(ix(0))]).await.unwrap();
+    assert_eq!(
+        shard_requests(&server)[before..],
+        [] as [String; 0],
+        "unchanged"
+    );
+    a.save(&cps, &[stream(ix(1))]).await.unwrap();
+    let after = &shard_requests(&server)[before..];
+    assert!(!after.is_empty(), "every shard changed");
+    assert!(
+        after.iter().all(|r| r.starts_with("update ")),
+        "written, not read: {after:?}"
+    );
+    let claimed = store(&server, term("pod-b", 2)).claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], ix(1));
+}
