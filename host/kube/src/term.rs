@@ -36,9 +36,13 @@
 //!   shutdown, or when the watches are gone; [`Term::final_save`] is what is left to
 //!   write (the shell writes it only while the fence is still open).
 //!
+//! - One save at a time: while a `Save` is being written, the shell goes on
+//!   feeding every other input (changes are read and handled meanwhile; a
+//!   save of a large index must not hold them, issue 24), and the term asks
+//!   for no other `Save` until it was fed `Saved`. A save that came due
+//!   meanwhile (the interval, or a baseline's index) follows at once.
+//!
 //! Replays are marked by the watch loops (they know where they resumed).
-//! The shell must feed `Saved` for a `Save` before any other input (it
-//! awaits the write in place).
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
@@ -162,7 +166,12 @@ pub struct Term {
     /// A baseline must be stored before anything else: retry at.
     urgent: Option<Instant>,
     urgent_failures: u32,
+    /// A `Save` is being written (not fed `Saved` yet).
     saving: bool,
+    /// While saving: a save came due (the interval passed).
+    due_while_saving: bool,
+    /// While saving: a baseline's index came, to be stored next.
+    baseline_while_saving: Option<Instant>,
     ended: bool,
 }
 
@@ -193,6 +202,8 @@ impl Term {
             urgent: None,
             urgent_failures: 0,
             saving: false,
+            due_while_saving: false,
+            baseline_while_saving: None,
             ended: false,
         }
     }
@@ -210,11 +221,15 @@ impl Term {
     /// waits to be stored (nothing of the term is handled before it), nor
     /// once the term ended.
     pub fn wants_outputs(&self) -> bool {
-        !self.ended && self.urgent.is_none()
+        !self.ended && self.urgent.is_none() && self.baseline_while_saving.is_none()
     }
 
-    /// When the shell must feed [`Input::Tick`] next.
+    /// When the shell must feed [`Input::Tick`] next. While saving, only
+    /// the interval: what comes due meanwhile follows `Saved`.
     pub fn wake_at(&self) -> Instant {
+        if self.saving {
+            return self.next_save;
+        }
         self.urgent.unwrap_or(self.next_save).min(self.next_save)
     }
 
@@ -248,11 +263,15 @@ impl Term {
             Input::Finished(ticket) => self.finished(ticket, &mut out),
             Input::Tick => {
                 let due = now >= self.next_save || self.urgent.is_some_and(|at| now >= at);
-                if due && !self.saving {
+                if due {
                     if now >= self.next_save {
                         self.next_save = now + self.interval;
                     }
-                    self.save(&mut out);
+                    if self.saving {
+                        self.due_while_saving = true;
+                    } else {
+                        self.save(&mut out);
+                    }
                 }
             }
             Input::Saved(saved) => self.saved(saved, now, &mut out),
@@ -306,9 +325,12 @@ impl Term {
                 self.progress.index(id, index);
                 let stream = &mut self.streams[id];
                 if std::mem::take(&mut stream.baseline_unsaved) {
-                    // Stored at once, and nothing else read until it is.
-                    self.urgent = Some(now);
-                    if !self.saving {
+                    // Stored at once, and nothing else read until it is
+                    // (right after the save being written, if one is).
+                    if self.saving {
+                        self.baseline_while_saving = Some(now);
+                    } else {
+                        self.urgent = Some(now);
                         self.save(out);
                     }
                 }
@@ -359,17 +381,26 @@ impl Term {
 
     fn saved(&mut self, saved: Saved, now: Instant, out: &mut Vec<Effect>) {
         self.saving = false;
+        let due = std::mem::take(&mut self.due_while_saving);
+        let baseline = self.baseline_while_saving.take();
         match saved {
             Saved::Stored => {
                 self.unsaved = false;
                 self.indexes.clear();
                 let progress = &self.progress;
                 self.unreadable.retain(|k| !progress.has_checkpoints(*k));
-                self.urgent = None;
+                self.urgent = baseline;
                 self.urgent_failures = 0;
+                if due || baseline.is_some() {
+                    self.save(out);
+                }
             }
             Saved::Failed(_) => {
-                if self.urgent.is_some() {
+                if baseline.is_some() && self.urgent.is_none() {
+                    // Its own save: at once.
+                    self.urgent = baseline;
+                    self.save(out);
+                } else if self.urgent.is_some() {
                     self.urgent_failures += 1;
                     self.urgent = Some(now + crate::watchloop::backoff(self.urgent_failures));
                 }
@@ -385,11 +416,13 @@ impl Term {
     }
 
     /// After the term ended: the last save, if anything moved (the shell
-    /// writes it only while the fence is open). Tickets finished after the
+    /// writes it only while the fence is open, and only after the save it
+    /// was writing, if any, is over). Tickets finished after the
     /// end may still be fed as [`Input::Finished`] first (use
     /// [`Term::finish_late`]).
     pub fn final_save(&mut self) -> Option<Effect> {
         let mut out = Vec::new();
+        self.saving = false;
         self.save(&mut out);
         self.saving = false;
         out.pop()

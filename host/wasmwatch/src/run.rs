@@ -698,6 +698,10 @@ impl Service {
         // Effects of inputs fed on the way to the next one (the other
         // tickets of a folded call).
         let mut pending_effects: Vec<Effect> = Vec::new();
+        // The save being written (it holds the store until it is over):
+        // polled beside the other inputs, so that changes go on meanwhile
+        // (the term asks for one save at a time; issue 24).
+        let mut writing: Option<Writing> = None;
         let end = loop {
             let input = tokio::select! {
                 biased;
@@ -716,6 +720,11 @@ impl Service {
                         std::panic::resume_unwind(e.into_panic());
                     }
                     continue;
+                }
+                (s, saved) = async { writing.as_mut().expect("checked").await }, if writing.is_some() => {
+                    store = Some(s);
+                    writing = None;
+                    Input::Saved(saved)
                 }
                 Some(tickets) = done.recv() => {
                     // A call that stood for several changes (folded while
@@ -780,11 +789,15 @@ impl Service {
                         checkpoints,
                         indexes,
                     } => {
-                        let store = store
-                            .as_mut()
-                            .expect("a term without a store saves nothing");
-                        let saved = write(store, &checkpoints, &indexes, &*may_act, &metrics).await;
-                        effects.extend(term.handle(Input::Saved(saved), Instant::now()));
+                        let mut s = store
+                            .take()
+                            .expect("a term without a store saves nothing (or one save at a time)");
+                        let (may_act, metrics) = (may_act.clone(), metrics.clone());
+                        writing = Some(Box::pin(async move {
+                            let saved =
+                                write(&mut s, &checkpoints, &indexes, &*may_act, &metrics).await;
+                            (s, saved)
+                        }));
                     }
                     Effect::Received(kind) => metrics.events_received.inc(&[kind.as_str()]),
                     Effect::Handled(kind) => metrics.events_handled.inc(&[kind.as_str()]),
@@ -804,6 +817,14 @@ impl Service {
         calls.abort_all();
         drop(calls);
         drop(pipeline);
+        // The save being written ends first: one write at a time. One that
+        // found the state fenced leaves nothing more to write.
+        let mut fenced = false;
+        if let Some(w) = writing.take() {
+            let (s, saved) = w.await;
+            store = Some(s);
+            fenced = matches!(saved, Saved::Fenced(_) | Saved::NotActing);
+        }
         while let Ok(tickets) = done.try_recv() {
             for ticket in tickets {
                 if let Some(kind) = term.finish_late(ticket) {
@@ -818,6 +839,7 @@ impl Service {
                 indexes,
             }),
         ) = (store.as_mut(), term.final_save())
+            && !fenced
             && may_act()
         {
             match write(store, &checkpoints, &indexes, &*may_act, &metrics).await {
@@ -975,6 +997,10 @@ const CALLS_IN_FLIGHT: usize = 512;
 /// body written meanwhile. Not tickets: those legitimately wait out debounce
 /// windows, and one app's window must not stall the others.
 const QUEUED_JOBS: usize = 10_000;
+
+/// A save being written, with the store it gives back.
+type Writing =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (CheckpointStore, Saved)> + Send>>;
 
 /// Writes one save of the term; what it did, for [`Input::Saved`].
 async fn write(

@@ -351,3 +351,101 @@ async fn without_ha_nothing_is_saved_and_a_baseline_holds_nothing() {
     assert!(saves(&tick(&mut t, INTERVAL).await).is_empty());
     assert!(t.final_save().is_none());
 }
+
+/// Issue 24: a save being written holds nothing else. Changes are read,
+/// dispatched and finished meanwhile; no second save is asked for until the
+/// first is over, and one that came due meanwhile follows at once, with
+/// what moved meanwhile.
+#[tokio::test(start_paused = true)]
+async fn changes_go_on_while_a_save_is_written_and_a_save_due_meanwhile_follows_it() {
+    let mut t = term(stored("prod", "5"), &[]);
+    let s = t.stream(CM, Scope::from_key("prod"), Start::Resume);
+    feed(&mut t, vec![Input::Output(s, progress("6"))]);
+    let e = tick(&mut t, INTERVAL).await;
+    assert_eq!(saves(&e)[0].0.get(CM, &Scope::from_key("prod")), Some("6"));
+    // The write is slow: a change comes and is handled meanwhile.
+    assert!(t.wants_outputs());
+    let e = feed(&mut t, vec![Input::Output(s, change("a", Some("7")))]);
+    let [ticket] = dispatched(&e)[..] else {
+        panic!("{e:?}")
+    };
+    feed(
+        &mut t,
+        vec![
+            Input::Finished(ticket),
+            Input::Finished(ticket),
+            Input::Output(s, index(&["a"])),
+        ],
+    );
+    assert_eq!(t.checkpoints().get(CM, &Scope::from_key("prod")), Some("7"));
+    // The interval passes while the first save is still being written: no
+    // second save at once, and no tick wanted before the next interval.
+    let e = tick(&mut t, INTERVAL).await;
+    assert!(saves(&e).is_empty(), "one save at a time: {e:?}");
+    assert!(t.wake_at() > Instant::now(), "no busy ticking while saving");
+    // Over: the save that came due follows, with the change and its index.
+    let e = feed(&mut t, vec![Input::Saved(Saved::Stored)]);
+    let [(checkpoints, indexes)] = &saves(&e)[..] else {
+        panic!("{e:?}")
+    };
+    assert_eq!(checkpoints.get(CM, &Scope::from_key("prod")), Some("7"));
+    assert_eq!(indexes[0].index.len(), 1);
+    feed(&mut t, vec![Input::Saved(Saved::Stored)]);
+    assert!(
+        saves(&tick(&mut t, INTERVAL).await).is_empty(),
+        "nothing moved"
+    );
+}
+
+/// A baseline's index arriving while another save is written: nothing else
+/// is read from then on, and it is stored right after that save.
+#[tokio::test(start_paused = true)]
+async fn a_baseline_arriving_while_a_save_is_written_is_stored_right_after_it() {
+    let mut t = term(stored("prod", "5"), &[]);
+    let s = t.stream(CM, Scope::from_key("prod"), Start::Resume);
+    let b = t.stream(CM, Scope::from_key("new"), Start::Baseline);
+    feed(&mut t, vec![Input::Output(s, progress("6"))]);
+    assert_eq!(saves(&tick(&mut t, INTERVAL).await).len(), 1);
+    let e = feed(
+        &mut t,
+        vec![
+            Input::Output(b, listed("20")),
+            Input::Output(b, index(&["x"])),
+        ],
+    );
+    assert!(saves(&e).is_empty(), "one save at a time");
+    assert!(
+        !t.wants_outputs(),
+        "nothing read before the baseline is stored"
+    );
+    // The save being written fails: the baseline's save follows at once.
+    let e = feed(&mut t, vec![Input::Saved(Saved::Failed("503".into()))]);
+    let [(checkpoints, _)] = &saves(&e)[..] else {
+        panic!("{e:?}")
+    };
+    assert_eq!(checkpoints.get(CM, &Scope::from_key("new")), Some("20"));
+    assert!(!t.wants_outputs());
+    feed(&mut t, vec![Input::Saved(Saved::Stored)]);
+    assert!(t.wants_outputs());
+
+    // The same when the save being written succeeds.
+    let c = t.stream(CM, Scope::from_key("newer"), Start::Baseline);
+    feed(&mut t, vec![Input::Output(s, progress("7"))]);
+    assert_eq!(saves(&tick(&mut t, INTERVAL).await).len(), 1);
+    feed(
+        &mut t,
+        vec![
+            Input::Output(c, listed("30")),
+            Input::Output(c, index(&["y"])),
+        ],
+    );
+    assert!(!t.wants_outputs());
+    let e = feed(&mut t, vec![Input::Saved(Saved::Stored)]);
+    let [(checkpoints, _)] = &saves(&e)[..] else {
+        panic!("{e:?}")
+    };
+    assert_eq!(checkpoints.get(CM, &Scope::from_key("newer")), Some("30"));
+    assert!(!t.wants_outputs(), "until the baseline is stored");
+    feed(&mut t, vec![Input::Saved(Saved::Stored)]);
+    assert!(t.wants_outputs());
+}
