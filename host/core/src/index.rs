@@ -20,6 +20,7 @@
 //! line is rewritten keyed the next time its object is seen.
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -162,11 +163,19 @@ pub enum Seen {
     Deleted,
 }
 
+/// Objects by namespace and name: a persistent map (`imbl`), so that a copy
+/// of the index (the watch loop hands one to the term every checkpoint
+/// interval, the term keeps one per save) costs nothing, and a change
+/// after it copies one path of the tree, its entries two reference counts
+/// each. A `BTreeMap` copy of 10k objects at every interval held the
+/// leader's one worker for milliseconds (issue 24).
+type Objects = imbl::OrdMap<Arc<(String, String)>, Arc<Handled>>;
+
 /// The handled objects of one kind, by namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectIndex {
     kind: ObjectKind,
-    objects: BTreeMap<(String, String), Handled>,
+    objects: Objects,
     /// Keys the digests (of Secrets; see the module docs).
     key: Option<DigestKey>,
 }
@@ -175,7 +184,7 @@ impl ObjectIndex {
     pub fn new(kind: ObjectKind) -> Self {
         ObjectIndex {
             kind,
-            objects: BTreeMap::new(),
+            objects: Objects::new(),
             key: None,
         }
     }
@@ -240,7 +249,7 @@ impl ObjectIndex {
             objects: self
                 .objects
                 .iter()
-                .filter(|((ns, _), _)| scope.contains(ns))
+                .filter(|(k, _)| scope.contains(&k.0))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             key: self.key.clone(),
@@ -255,14 +264,25 @@ impl ObjectIndex {
     /// checkpoint is a real change, so an unverified object's next event is
     /// delivered whatever its content; after it the object is verified.
     pub fn mark_unverified(&mut self) {
-        for h in self.objects.values_mut() {
-            h.unverified = true;
-        }
+        self.objects = self
+            .objects
+            .iter()
+            .map(|(k, h)| {
+                let mut h = Handled::clone(h);
+                h.unverified = true;
+                (k.clone(), Arc::new(h))
+            })
+            .collect();
     }
 
     /// Keeps only the objects of the namespaces `keep` accepts.
     pub fn retain_namespaces(&mut self, keep: impl Fn(&str) -> bool) {
-        self.objects.retain(|(ns, _), _| keep(ns));
+        self.objects = self
+            .objects
+            .iter()
+            .filter(|(k, _)| keep(&k.0))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
     }
 
     /// Adds `other`'s objects (another stream's part), replacing equal keys.
@@ -304,7 +324,7 @@ impl ObjectIndex {
             );
         }
         let (now, digest) = self.handled(&object);
-        let previous = self.objects.insert(key, now.clone());
+        let previous = self.objects.insert(Arc::new(key), Arc::new(now.clone()));
         let change = match previous {
             // A replay after failover may modify objects this replica never
             // saw: a modification with every key counted as changed.
@@ -315,7 +335,7 @@ impl ObjectIndex {
                 let content = before.digest != same.digest;
                 let metadata = metadata_changes && before.metadata != now.metadata;
                 if !(content || metadata || before.unverified) {
-                    return (None, before != now);
+                    return (None, *before != now);
                 }
                 // An unverified entry may come from a list taken after the
                 // event (a rebuilt index): an ADDED is still a creation.
@@ -363,7 +383,7 @@ impl ObjectIndex {
             let (now, digest) = self.handled(&object);
             let Some(before) = self.objects.get(&key) else {
                 out.push(self.event(ChangeType::Added, object, digest));
-                r.fresh.insert(key, now);
+                r.fresh.insert(Arc::new(key), Arc::new(now));
                 continue;
             };
             let same = Self::comparable(before, &now, &object);
@@ -386,7 +406,7 @@ impl ObjectIndex {
                 ev.changed_keys = changed_keys;
                 out.push(ev);
             }
-            r.fresh.insert(key, now);
+            r.fresh.insert(Arc::new(key), Arc::new(now));
         }
         out
     }
@@ -394,11 +414,12 @@ impl ObjectIndex {
     /// Ends a paged resync: the deletions, and the index becomes the list.
     pub fn finish_resync(&mut self, r: Resync) -> Vec<ChangeEvent> {
         let mut out = Vec::new();
-        for ((namespace, name), h) in self
+        for (key, h) in self
             .objects
             .iter()
-            .filter(|(k, _)| !r.fresh.contains_key(*k))
+            .filter(|(k, _)| !r.fresh.contains_key(&***k))
         {
+            let (namespace, name) = &**key;
             let meta: Meta = h
                 .meta
                 .as_deref()
@@ -425,7 +446,7 @@ impl ObjectIndex {
 /// A resync in progress: what the fresh list holds so far.
 #[derive(Debug)]
 pub struct Resync {
-    fresh: BTreeMap<(String, String), Handled>,
+    fresh: Objects,
     metadata_changes: bool,
     /// The version the watch history was lost from, when known: an object
     /// last written after it changed while nobody could see it.
@@ -435,7 +456,7 @@ pub struct Resync {
 impl Resync {
     pub fn new(metadata_changes: bool) -> Resync {
         Resync {
-            fresh: BTreeMap::new(),
+            fresh: Objects::new(),
             metadata_changes,
             floor: None,
         }
@@ -469,7 +490,8 @@ impl ObjectIndex {
     /// when there are any).
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        for ((ns, name), h) in &self.objects {
+        for (key, h) in &self.objects {
+            let (ns, name) = &**key;
             let keys: Vec<String> = h
                 .keys
                 .iter()
@@ -527,15 +549,15 @@ impl ObjectIndex {
                 None => (None, false),
             };
             index.objects.insert(
-                (ns.to_string(), name.to_string()),
-                Handled {
+                Arc::new((ns.to_string(), name.to_string())),
+                Arc::new(Handled {
                     digest,
                     metadata,
                     keys,
                     meta,
                     unverified: false,
                     keyed,
-                },
+                }),
             );
         }
         Ok(index)

@@ -736,12 +736,20 @@ impl CheckpointStore {
         let Some(mut lease) = self.lease.clone() else {
             return Err(CheckpointError::NotClaimed);
         };
+        // Encoded off the async workers (10k objects take milliseconds; the
+        // copies are cheap, see `ObjectIndex`): changes go on meanwhile.
+        let copies: Vec<ObjectIndex> = indexes.iter().map(|ix| ix.index.clone()).collect();
+        let texts = tokio::task::spawn_blocking(move || {
+            copies.iter().map(ObjectIndex::encode).collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         let mut kinds = Vec::new();
-        for ix in indexes {
+        for (ix, text) in indexes.iter().zip(texts) {
             self.indexes
                 .entry(ix.kind)
                 .or_default()
-                .insert(ix.scope.clone(), ix.index.encode());
+                .insert(ix.scope.clone(), text);
             self.covered
                 .entry(ix.kind)
                 .or_default()
