@@ -988,8 +988,12 @@ struct Waiting {
 }
 
 /// Plugin calls in flight (waiting for their turn, deciding, retrying)
-/// before the term stops reading watch outputs.
-const CALLS_IN_FLIGHT: usize = 512;
+/// before the term stops reading watch outputs. Changes folded into a
+/// waiting call cost no call, so a backlog over N objects and P plugins
+/// needs about 2·N·P calls: with 1,024, a burst over a few hundred objects
+/// folds (at 512, 20,000 changes over 200 objects mostly did not; each call
+/// holds its change, ~13 KiB with 10 KiB of data, so the budget is ~13 MiB).
+const CALLS_IN_FLIGHT: usize = 1024;
 
 /// Pipeline jobs (waiting or running) before the term stops reading watch
 /// outputs. Coalescing targets hold one job each; contents queue one per
