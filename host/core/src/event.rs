@@ -346,7 +346,7 @@ pub enum Folded {
     /// The newer change, as it is, stands for both.
     AsNewer,
     /// The newer change with another change type or more changed keys.
-    Changed(ChangeEvent),
+    Changed(Box<ChangeEvent>),
 }
 
 impl ChangeEvent {
@@ -392,12 +392,12 @@ impl ChangeEvent {
         if change == newer.change && changed_keys == newer.changed_keys && replay == newer.replay {
             return Folded::AsNewer;
         }
-        Folded::Changed(ChangeEvent {
+        Folded::Changed(Box::new(ChangeEvent {
             change,
             changed_keys,
             replay,
             ..newer.clone()
-        })
+        }))
     }
 }
 

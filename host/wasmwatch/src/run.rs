@@ -963,7 +963,7 @@ fn fold(waiting: &Mutex<Option<Waiting>>, event: &Arc<ChangeEvent>, ticket: Tick
     w.event = match ChangeEvent::folded(&w.event, event) {
         Folded::Apart => return false,
         Folded::AsNewer => event.clone(),
-        Folded::Changed(e) => Arc::new(e),
+        Folded::Changed(e) => Arc::new(*e),
     };
     w.tickets.push(ticket);
     true
