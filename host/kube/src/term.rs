@@ -34,8 +34,8 @@
 //! - The term ends when the shell says the fence closed (or a save found it
 //!   closed), when a save finds the state owned by another term, on
 //!   shutdown, or when the watches are gone; [`Term::final_save`] is what is left to
-//!   write (the shell writes it only while the fence is still open).
-//!
+//!   write (the shell writes it only while the fence is still open, after
+//!   the save being written, if any, is over).
 //! - One save at a time: while a `Save` is being written, the shell goes on
 //!   feeding every other input (changes are read and handled meanwhile; a
 //!   save of a large index must not hold them, issue 24), and the term asks
