@@ -575,6 +575,44 @@ mod tests {
         .unwrap()
     }
 
+    /// Copies share their entries (issue 24): what one copy learns later
+    /// must not show in another, whatever changes (a change, a deletion,
+    /// `mark_unverified`, a resync).
+    #[test]
+    fn a_copy_of_the_index_keeps_what_it_had_when_taken() {
+        let mut ix = ObjectIndex::new(ObjectKind::ConfigMap);
+        for i in 0..200 {
+            ix.apply(
+                Seen::Added,
+                cm(&format!("cm-{i}"), json!({"k": "1"}), json!({})),
+                false,
+            );
+        }
+        let copy = ix.clone();
+        let text = copy.encode();
+        ix.apply(
+            Seen::Modified,
+            cm("cm-7", json!({"k": "2"}), json!({})),
+            false,
+        );
+        ix.apply(
+            Seen::Deleted,
+            cm("cm-8", json!({"k": "1"}), json!({})),
+            false,
+        );
+        ix.apply(Seen::Added, cm("new", json!({"k": "1"}), json!({})), false);
+        ix.mark_unverified();
+        assert_eq!(copy.encode(), text);
+        assert_eq!(copy.len(), 200);
+        assert_ne!(ix.encode(), text);
+        // And the other way round: a change to the copy leaves the original.
+        let mut copy2 = ix.clone();
+        let before = ix.encode();
+        copy2.resync(vec![cm("cm-1", json!({"k": "9"}), json!({}))], false);
+        assert_eq!(ix.encode(), before);
+        assert_eq!(copy2.len(), 1);
+    }
+
     #[test]
     fn only_content_changes_are_modifications() {
         let mut idx = ObjectIndex::new(ObjectKind::ConfigMap);
