@@ -142,14 +142,15 @@ impl KubeLookups {
         let (pending_tx, pending) = watch::channel(scopes.len() * (7 + custom.len()));
         let pending_tx = Arc::new(pending_tx);
         let mut tasks = Vec::new();
+        let ctx_of = |scope| StreamCtx {
+            client: &client,
+            scope,
+            fields: field_selector.as_deref(),
+            cache: &cache,
+            pending: &pending_tx,
+        };
         for scope in &scopes {
-            let ctx = StreamCtx {
-                client: &client,
-                scope,
-                fields: field_selector.as_deref(),
-                cache: &cache,
-                pending: &pending_tx,
-            };
+            let ctx = ctx_of(scope);
             tasks.push(ctx.spawn::<Deployment>(()));
             tasks.push(ctx.spawn::<StatefulSet>(()));
             tasks.push(ctx.spawn::<DaemonSet>(()));
@@ -161,16 +162,7 @@ impl KubeLookups {
         for dt in custom {
             let streams: Vec<_> = scopes
                 .iter()
-                .map(|scope| {
-                    let ctx = StreamCtx {
-                        client: &client,
-                        scope,
-                        fields: field_selector.as_deref(),
-                        cache: &cache,
-                        pending: &pending_tx,
-                    };
-                    ctx.stream::<TemplatedObject>(dt.clone())
-                })
+                .map(|scope| ctx_of(scope).stream::<TemplatedObject>(dt.clone()))
                 .collect();
             let client = client.clone();
             let pending = pending_tx.clone();

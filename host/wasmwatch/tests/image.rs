@@ -349,12 +349,7 @@ async fn the_image_builds_pushes_unpacks_and_runs() {
     .await
     .unwrap();
     let mut child = KillOnDrop(child);
-    let admin = ready["admin"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
+    let admin = common::admin_addr(&ready);
     common::eventually(Duration::from_secs(30), "the replica leads", || async {
         common::get(admin, "/leader")
             .await

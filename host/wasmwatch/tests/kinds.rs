@@ -17,7 +17,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -404,16 +404,8 @@ async fn replica_logging(e: &TestEnv, watches: usize) -> Logged {
     let stderr = Arc::new(Mutex::new(Vec::new()));
     let lines = stderr.clone();
     let replica = tokio::task::spawn_blocking(move || {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmwatch"));
-        cmd.args(["run", "--manifest", m.to_str().unwrap()])
-            .args(["--identity", "r", "--admin-addr", "127.0.0.1:0"])
-            .args(["--print-actions", "--checkpoint-interval", "200ms"])
-            .env("KUBECONFIG", &k)
-            .env("POD_NAMESPACE", "default")
-            .env("WASMWATCH_CACHE_DIR", artifact_cache_dir())
-            .env("RUST_LOG", "warn")
-            .env("NO_COLOR", "1")
-            .stderr(Stdio::piped());
+        let mut cmd = run_command(&k, &m, "r", "200ms", "default");
+        cmd.env("NO_COLOR", "1").stderr(Stdio::piped());
         let (mut child, ready, out) = spawn_ready(&mut cmd, Duration::from_secs(60));
         let err = child.stderr.take().unwrap();
         std::thread::spawn(move || {
@@ -421,16 +413,10 @@ async fn replica_logging(e: &TestEnv, watches: usize) -> Logged {
                 lines.lock().unwrap().push(line);
             }
         });
-        let admin = ready["admin"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("http://")
-            .parse()
-            .unwrap();
         Replica {
             identity: "r".into(),
             child,
-            admin,
+            admin: admin_addr(&ready),
             lines: out,
         }
     })

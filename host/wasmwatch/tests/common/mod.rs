@@ -207,6 +207,44 @@ pub fn spawn_ready(
 }
 
 /// One `wasmwatch run` process.
+/// `wasmwatch run` as a test replica runs it: `--print-actions`, the
+/// admin port on a free loopback port, the shared compile cache, `RUST_LOG`
+/// from `TEST_LOG` (default warn).
+pub fn run_command(
+    kubeconfig: &std::path::Path,
+    manifest: &std::path::Path,
+    identity: &str,
+    checkpoint_interval: &str,
+    namespace: &str,
+) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmwatch"));
+    cmd.args(["run", "--manifest", manifest.to_str().unwrap()])
+        .args(["--identity", identity, "--admin-addr", "127.0.0.1:0"])
+        .args([
+            "--print-actions",
+            "--checkpoint-interval",
+            checkpoint_interval,
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .env("POD_NAMESPACE", namespace)
+        .env("WASMWATCH_CACHE_DIR", artifact_cache_dir())
+        .env(
+            "RUST_LOG",
+            std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
+        );
+    cmd
+}
+
+/// The admin address of a ready line (`{"admin": "http://..."}`).
+pub fn admin_addr(ready: &serde_json::Value) -> SocketAddr {
+    ready["admin"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap()
+}
+
 pub struct Replica {
     pub identity: String,
     pub child: Child,
@@ -278,33 +316,19 @@ impl Replica {
         ready_within: Duration,
         env: &[(&str, &str)],
     ) -> Replica {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmwatch"));
-        cmd.args(["run", "--manifest", manifest.to_str().unwrap()])
-            .args(["--identity", identity, "--admin-addr", "127.0.0.1:0"])
-            .args([
-                "--print-actions",
-                "--checkpoint-interval",
-                checkpoint_interval,
-            ])
-            .env("KUBECONFIG", kubeconfig)
-            .env("POD_NAMESPACE", namespace)
-            .env("WASMWATCH_CACHE_DIR", artifact_cache_dir())
-            .env(
-                "RUST_LOG",
-                std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .envs(env.iter().copied());
+        let mut cmd = run_command(
+            kubeconfig,
+            manifest,
+            identity,
+            checkpoint_interval,
+            namespace,
+        );
+        cmd.envs(env.iter().copied());
         let (child, ready, lines) = spawn_ready(&mut cmd, ready_within);
-        let admin = ready["admin"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("http://")
-            .parse()
-            .unwrap();
         Replica {
             identity: identity.to_string(),
             child,
-            admin,
+            admin: admin_addr(&ready),
             lines,
         }
     }
