@@ -38,6 +38,10 @@
 //! its own runtime (threads `bench-apiserver`), so its CPU is read from those
 //! threads' schedstat; "caused" subtracts the control's.
 //!
+//! `BENCH_PERF=DIR` records perf profiles of each phase (`BENCH_PERF_MODE=stat`:
+//! counts), `BENCH_MANIFEST=FILE` replaces wasmwatch's manifest, and an idle
+//! row gives each watcher's CPU per second with no change, before the load.
+//!
 //! Printed: one line per run, then a table of medians over the runs (range in
 //! brackets) and the median of the per-run ratios wasmwatch / baseline.
 use std::collections::HashMap;
@@ -65,6 +69,8 @@ const PACED_TICK: Duration = Duration::from_millis(10);
 const FAST: usize = 3000;
 const FAST_TICK: Duration = Duration::from_millis(1);
 const BURST: usize = 4000;
+/// Measured idle before the paced load.
+const IDLE: Duration = Duration::from_secs(5);
 const WRITERS: usize = 4;
 const VALUE_BYTES: usize = 10 * 1024;
 const APISERVER_THREAD: &str = "bench-apiserver";
@@ -148,9 +154,26 @@ impl Profile {
             Who::Wasmwatch => "wasmwatch",
             Who::Baseline => "baseline",
         };
-        let out = Path::new(&dir).join(format!("{name}-{phase}.data"));
-        let child = Command::new("perf")
-            .args([
+        // `BENCH_PERF_MODE=stat`: counts instead of samples (task clock,
+        // context switches, page faults and the syscalls that park, wake,
+        // map and move bytes), to divide by the phase's changes.
+        let stat = std::env::var("BENCH_PERF_MODE").as_deref() == Ok("stat");
+        let ext = if stat { "stat" } else { "data" };
+        let out = Path::new(&dir).join(format!("{name}-{phase}.{ext}"));
+        let mut command = Command::new("perf");
+        if stat {
+            command.args([
+                "stat",
+                "--per-thread",
+                "-e",
+                "task-clock,context-switches,cpu-migrations,page-faults,raw_syscalls:sys_enter,\
+                 syscalls:sys_enter_futex,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_mmap,\
+                 syscalls:sys_enter_munmap,syscalls:sys_enter_madvise,syscalls:sys_enter_mprotect,\
+                 syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_read,\
+                 syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_ctl",
+            ]);
+        } else {
+            command.args([
                 "record",
                 "-q",
                 "-e",
@@ -159,7 +182,9 @@ impl Profile {
                 "2000",
                 "--call-graph",
                 "dwarf,16384",
-            ])
+            ]);
+        }
+        let child = command
             .args(["-p", &pid.to_string(), "-o"])
             .arg(out)
             .stdout(Stdio::null())
@@ -196,7 +221,12 @@ fn process_cpu(pid: u32) -> Duration {
     Duration::from_nanos(ticks * 1_000_000_000 / clock_ticks())
 }
 
+/// The bundled two plugins, or `BENCH_MANIFEST=FILE` (a template with
+/// `{module:NAME}` / `{sha256:NAME}` pins) to weigh a variant.
 fn manifest() -> String {
+    if let Some(file) = std::env::var_os("BENCH_MANIFEST") {
+        return wasmwatch_testkit::pin(&std::fs::read_to_string(file).expect("BENCH_MANIFEST"));
+    }
     wasmwatch_testkit::pin(
         "apiVersion: wasmwatch.io/v1alpha1
 kind: PluginManifest
@@ -656,6 +686,12 @@ async fn run(r: usize, work: &Path, big: usize) -> (Sample, [f64; 3]) {
             )),
             None => None,
         };
+        // Idle: no change for IDLE after the start (the list is done and
+        // the term began), the process's CPU per second.
+        let (c0, t0) = (process_cpu(p.pid()), Instant::now());
+        tokio::time::sleep(IDLE).await;
+        let idle = (process_cpu(p.pid()) - c0).as_secs_f64() * 1e3 / t0.elapsed().as_secs_f64();
+        put(&mut s, "idle_1k", who, idle);
         let prof = Profile::start(p.pid(), who, &format!("paced-r{r}"));
         let m = paced(&b, Some(p.pid()), &format!("r{r}p{n}")).await;
         drop(prof);
@@ -782,6 +818,7 @@ fn rows(big: usize) -> Vec<(&'static str, String, usize)> {
     vec![
         ("cpu_1k", "CPU per change at 100/s, 1k objects (µs)".into(), 0),
         ("cpu_big", format!("same, {big} objects (µs)"), 0),
+        ("idle_1k", "CPU idle, 1k objects (ms per s)".into(), 1),
         ("p50", "write → POST at the app, p50 at 100/s (ms)".into(), 2),
         ("p99", "write → POST at the app, p99 at 100/s (ms)".into(), 2),
         ("p99_big", format!("same p99, {big} objects (ms)"), 2),
