@@ -892,11 +892,27 @@ impl Entry {
     }
 }
 
+impl Stream {
+    /// Appends the entry made for the next position; returns the position.
+    fn push(&mut self, entry: impl FnOnce(u64) -> Entry) -> u64 {
+        let pos = self.next_pos;
+        self.next_pos += 1;
+        self.pending.push_back(entry(pos));
+        pos
+    }
+}
+
 #[derive(Debug)]
 struct Stream {
     kind: Option<ObjectKind>,
     scope: Scope,
-    next_seq: u64,
+    /// The position in the stream of `pending`'s first entry, and of the
+    /// next entry pushed: every entry, of any kind, takes the next one, and
+    /// a change's ticket carries its position, so completing a ticket finds
+    /// its entry at once (a burst keeps thousands pending; a scan per
+    /// completion was 1.6% of the saturated profile, issue 24).
+    front: u64,
+    next_pos: u64,
     pending: std::collections::VecDeque<Entry>,
     /// The last version of the completed prefix.
     last: Option<String>,
@@ -950,7 +966,8 @@ impl Progress {
         self.streams.push(Stream {
             kind: Some(kind),
             scope,
-            next_seq: 0,
+            front: 0,
+            next_pos: 0,
             pending: Default::default(),
             last: None,
             covered: true,
@@ -962,9 +979,7 @@ impl Progress {
     /// without a version of its own, which only waits its turn).
     pub fn change(&mut self, stream: usize, resource_version: Option<&str>) -> Ticket {
         let s = &mut self.streams[stream];
-        let seq = s.next_seq;
-        s.next_seq += 1;
-        s.pending.push_back(Entry::Change {
+        let seq = s.push(|seq| Entry::Change {
             seq,
             // An empty version can never be a checkpoint (the state Lease
             // format refuses it).
@@ -990,7 +1005,7 @@ impl Progress {
     }
 
     fn push_progress(&mut self, stream: usize, resource_version: &str, changes_index: bool) {
-        self.streams[stream].pending.push_back(Entry::Progress {
+        self.streams[stream].push(|_| Entry::Progress {
             version: resource_version.to_string(),
             changes_index,
         });
@@ -1001,19 +1016,18 @@ impl Progress {
     /// far: it becomes safe to store (see [`Progress::take_indexes`]) once
     /// all those changes are handled.
     pub fn index(&mut self, stream: usize, index: ObjectIndex) {
-        self.streams[stream].pending.push_back(Entry::Index(index));
+        self.streams[stream].push(|_| Entry::Index(index));
         self.advance(stream);
     }
 
     /// The change behind `ticket` is fully handled.
     pub fn complete(&mut self, ticket: Ticket) {
-        for entry in self.streams[ticket.stream].pending.iter_mut() {
-            if let Entry::Change { seq, done, .. } = entry
-                && *seq == ticket.seq
-            {
-                *done = true;
-                break;
-            }
+        let s = &mut self.streams[ticket.stream];
+        // Before `front`: completed and popped already.
+        let at = ticket.seq.checked_sub(s.front).map(|i| i as usize);
+        if let Some(Entry::Change { seq, done, .. }) = at.and_then(|i| s.pending.get_mut(i)) {
+            debug_assert_eq!(*seq, ticket.seq, "a ticket's position is its entry's");
+            *done = true;
         }
         self.advance(ticket.stream);
     }
@@ -1023,6 +1037,7 @@ impl Progress {
         // The furthest version the checkpoint may take now.
         let mut to = None;
         while s.pending.front().is_some_and(Entry::done) {
+            s.front += 1;
             match s.pending.pop_front().expect("front") {
                 Entry::Change { version, .. } => {
                     s.covered = false;
@@ -1172,6 +1187,43 @@ mod progress_tests {
         assert!(p.take_dirty());
         assert!(!p.take_dirty(), "one write per advance");
         assert_eq!(p.in_flight(), 0);
+    }
+
+    /// Tickets find their entries by position: completed in any order,
+    /// between bookmarks and indexes, after a prefix was popped, and twice.
+    #[test]
+    fn tickets_complete_in_any_order_across_other_entries_and_popped_prefixes() {
+        let mut p = Progress::new(Checkpoints::default());
+        let s = p.stream(ObjectKind::ConfigMap, Scope::from_key("prod"));
+        let at = |p: &Progress| {
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("prod"))
+                .map(str::to_string)
+        };
+        let a = p.change(s, Some("10"));
+        p.progress(s, "11");
+        let b = p.change(s, Some("12"));
+        p.index(s, one_object());
+        let c = p.change(s, Some("13"));
+        p.complete(a);
+        // Done up to the bookmark, but no index after a is stored yet.
+        assert_eq!(at(&p), None, "a done, no index after it");
+        p.complete(a);
+        assert_eq!(p.in_flight(), 2, "a second completion changes nothing");
+        // Later entries pushed after the prefix went: positions still hold.
+        let d = p.change(s, Some("14"));
+        p.complete(d);
+        p.complete(c);
+        assert_eq!(at(&p), None, "b still in flight");
+        p.complete(b);
+        assert_eq!(at(&p), Some("12".into()), "up to the index after b");
+        assert_eq!(p.in_flight(), 0);
+        // And again after everything was popped.
+        let e = p.change(s, Some("15"));
+        p.progress(s, "16");
+        p.complete(e);
+        p.index(s, one_object());
+        assert_eq!(at(&p), Some("16".into()));
     }
 
     #[test]
