@@ -892,6 +892,26 @@ impl Entry {
     }
 }
 
+#[derive(Debug)]
+struct Stream {
+    kind: Option<ObjectKind>,
+    scope: Scope,
+    /// The position in the stream of `pending`'s first entry. Every entry,
+    /// of any kind, takes the next position, and a change's ticket carries
+    /// its own, so completing a ticket finds its entry at once (a burst
+    /// keeps thousands pending; a scan per completion was 1.6% of the
+    /// saturated profile, issue 24).
+    front: u64,
+    /// The position of the next entry pushed.
+    next_pos: u64,
+    pending: std::collections::VecDeque<Entry>,
+    /// The last version of the completed prefix.
+    last: Option<String>,
+    /// No index-changing entry completed since the last safe index: the
+    /// index to be stored covers everything up to `last`.
+    covered: bool,
+}
+
 impl Stream {
     /// Appends the entry made for the next position; returns the position.
     fn push(&mut self, entry: impl FnOnce(u64) -> Entry) -> u64 {
@@ -900,25 +920,6 @@ impl Stream {
         self.pending.push_back(entry(pos));
         pos
     }
-}
-
-#[derive(Debug)]
-struct Stream {
-    kind: Option<ObjectKind>,
-    scope: Scope,
-    /// The position in the stream of `pending`'s first entry, and of the
-    /// next entry pushed: every entry, of any kind, takes the next one, and
-    /// a change's ticket carries its position, so completing a ticket finds
-    /// its entry at once (a burst keeps thousands pending; a scan per
-    /// completion was 1.6% of the saturated profile, issue 24).
-    front: u64,
-    next_pos: u64,
-    pending: std::collections::VecDeque<Entry>,
-    /// The last version of the completed prefix.
-    last: Option<String>,
-    /// No index-changing entry completed since the last safe index: the
-    /// index to be stored covers everything up to `last`.
-    covered: bool,
 }
 
 /// Decides how far each watch stream's checkpoint may advance: only past

@@ -206,7 +206,6 @@ pub fn spawn_ready(
     (child, ready, lines)
 }
 
-/// One `wasmwatch run` process.
 /// `wasmwatch run` as a test replica runs it: `--print-actions`, the
 /// admin port on a free loopback port, the shared compile cache, `RUST_LOG`
 /// from `TEST_LOG` (default warn).
@@ -245,6 +244,7 @@ pub fn admin_addr(ready: &serde_json::Value) -> SocketAddr {
         .unwrap()
 }
 
+/// One `wasmwatch run` process.
 pub struct Replica {
     pub identity: String,
     pub child: Child,
