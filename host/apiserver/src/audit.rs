@@ -27,7 +27,8 @@
 //!
 //! Requests are recorded when they are answered (a watch: when its stream
 //! starts), with the response status, also when an injected fault answered
-//! them. Each list keeps its newest entries up to a capacity
+//! them; with code 0 when an injected fault closed the connection without
+//! an answer ([`crate::FaultAnswer::Drop`], [`crate::FaultAnswer::DropAfter`]). Each list keeps its newest entries up to a capacity
 //! ([`crate::Config::request_log`]); the log counts what it dropped.
 
 use std::collections::{HashMap, VecDeque};
@@ -48,7 +49,8 @@ pub struct Request {
     pub namespace: Option<String>,
     /// The object's name (from the path or the field selector).
     pub name: Option<String>,
-    /// The response status.
+    /// The response status; 0 when the connection was closed without one
+    /// (an injected [`crate::FaultAnswer::Drop`] or `DropAfter`).
     pub code: u16,
     /// The `User-Agent` header, if any.
     pub user_agent: Option<String>,

@@ -266,6 +266,53 @@ impl ApiError {
         .with_details(json!({ "causes": [{ "message": message }] }))
     }
 
+    /// 403 for a request RBAC denies to `user`, as kube-apiserver's
+    /// authorization filter words it (the resource qualified by its group,
+    /// the name the authorizer saw, if any).
+    pub fn forbidden(r: &crate::audit::Request, user: &str) -> Self {
+        let qualified = if r.group.is_empty() {
+            r.resource.clone()
+        } else {
+            format!("{}.{}", r.resource, r.group)
+        };
+        let subject = match r.name.as_deref().filter(|n| !n.is_empty()) {
+            Some(n) => format!("{qualified} \"{n}\""),
+            None => qualified,
+        };
+        let scope = match &r.namespace {
+            Some(ns) => format!("in the namespace \"{ns}\""),
+            None => "at the cluster scope".to_string(),
+        };
+        let mut d = json!({ "kind": r.resource });
+        if let Some(n) = r.name.as_deref().filter(|n| !n.is_empty()) {
+            d["name"] = json!(n);
+        }
+        if !r.group.is_empty() {
+            d["group"] = json!(r.group);
+        }
+        Self::new(
+            403,
+            "Forbidden",
+            format!(
+                "{subject} is forbidden: User \"{user}\" cannot {} resource \"{}\" in API group \"{}\" {scope}",
+                r.verb,
+                r.rbac_resource(),
+                r.group
+            ),
+        )
+        .with_details(d)
+    }
+
+    /// 503 ServiceUnavailable, as kube-apiserver answers while it cannot
+    /// serve (e.g. its storage is unavailable).
+    pub fn service_unavailable() -> Self {
+        Self::new(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        )
+    }
+
     /// 504 for a resourceVersion newer than the server has.
     pub fn too_large_rv(requested: u64, current: u64) -> Self {
         Self::new(

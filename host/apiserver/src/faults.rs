@@ -9,7 +9,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::audit::Request;
 use crate::error::ApiError;
+use crate::resources::RESOURCES;
 use crate::store::Store;
 
 /// How injected request failures look to the client.
@@ -20,6 +22,117 @@ pub enum Failure {
     Internal,
     /// 429 TooManyRequests with a `Retry-After` header.
     TooManyRequests { retry_after_seconds: u32 },
+}
+
+/// One request to answer with a fault: the `skip + 1`-th request matching
+/// the filter (verb, resource, namespace, name prefix) gets `answer`. Armed
+/// with [`Faults::fail_nth`], or `POST /_faults/request` with these fields in
+/// camelCase: `{"verb": "update", "resource": "leases", "namespace": "ns",
+/// "namePrefix": "x-", "skip": 2, "answer": {"status": 403}}` (`answer` is
+/// `{"status": code}`, `"drop"` or `"dropAfter"`; only `resource` and
+/// `answer` are required).
+///
+/// Requests are described as Kubernetes authorization sees them (the
+/// [`crate::audit`] log's verb, resource, namespace and name).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequestFault {
+    /// The verb as RBAC names it: get, list, watch, create, update, patch,
+    /// delete, deletecollection. `None`: any verb.
+    #[serde(default)]
+    pub verb: Option<String>,
+    /// The resource as an RBAC rule names it: the plural (`leases`), or
+    /// `plural/subresource` (`deployments/status`) for a subresource (the
+    /// plural alone does not match subresource requests).
+    pub resource: String,
+    /// `None`: any namespace (and cluster-scoped objects).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Matches when the object's name starts with it: the name in the path
+    /// (or a list's `metadata.name=` field selector); for a create the
+    /// body's `metadata.name` (or, without one, its `metadata.generateName`).
+    /// A request without a name (a list, a collection) does not match.
+    /// `None`: any name, and requests without one.
+    #[serde(default)]
+    pub name_prefix: Option<String>,
+    /// How many matching requests are let through before the one answered.
+    #[serde(default)]
+    pub skip: u32,
+    pub answer: FaultAnswer,
+}
+
+/// How a [`RequestFault`] answers the request it catches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FaultAnswer {
+    /// Answer with this status instead of applying the request, with the
+    /// `Status` body kube-apiserver sends: 403 Forbidden (an RBAC denial of
+    /// `system:anonymous`), 409 Conflict, 500 InternalError or 503
+    /// ServiceUnavailable. Other codes are refused.
+    Status(u16),
+    /// Close the connection without answering, and without applying the
+    /// request (its body is read first).
+    Drop,
+    /// Apply the request, then close the connection without sending the
+    /// answer: the client cannot know whether the write happened.
+    DropAfter,
+}
+
+impl RequestFault {
+    /// Why this rule cannot be armed, if it cannot.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if let FaultAnswer::Status(code) = self.answer
+            && !matches!(code, 403 | 409 | 500 | 503)
+        {
+            return Err(format!(
+                "unsupported status {code}: use 403, 409, 500 or 503"
+            ));
+        }
+        if let Some(v) = &self.verb
+            && !matches!(
+                v.as_str(),
+                "get"
+                    | "list"
+                    | "watch"
+                    | "create"
+                    | "update"
+                    | "patch"
+                    | "delete"
+                    | "deletecollection"
+            )
+        {
+            return Err(format!("unknown verb {v:?}"));
+        }
+        Ok(())
+    }
+
+    fn matches(&self, r: &Request, name: Option<&str>) -> bool {
+        self.verb.as_ref().is_none_or(|v| *v == r.verb)
+            && self.resource == r.rbac_resource()
+            && (self.namespace.is_none() || self.namespace == r.namespace)
+            && self
+                .name_prefix
+                .as_ref()
+                .is_none_or(|p| name.is_some_and(|n| n.starts_with(p.as_str())))
+    }
+}
+
+/// The error a [`FaultAnswer::Status`] answers `r` with; `name` is the
+/// object's (for a create, from the body).
+pub(crate) fn injected_status(code: u16, r: &Request, name: Option<&str>) -> ApiError {
+    match code {
+        // kube-apiserver's authorizer sees no name in a create's path.
+        403 => ApiError::forbidden(r, "system:anonymous"),
+        409 => match RESOURCES
+            .iter()
+            .find(|t| t.group == r.group && t.plural == r.resource)
+        {
+            Some(rt) => ApiError::conflict(rt, name.unwrap_or_default()),
+            None => ApiError::internal("injected fault"),
+        },
+        503 => ApiError::service_unavailable(),
+        _ => ApiError::internal("injected fault"),
+    }
 }
 
 /// How open watches are ended by [`Faults::close_watches`] and friends.
@@ -56,6 +169,8 @@ pub(crate) struct FaultState {
     control: mpsc::UnboundedSender<Control>,
     replace_failures_armed: AtomicBool,
     replace_failures: Mutex<Vec<ReplaceFailure>>,
+    request_faults_armed: AtomicBool,
+    request_faults: Mutex<Vec<RequestFault>>,
 }
 
 /// Replaces of one object to refuse while their new body matches.
@@ -80,6 +195,8 @@ impl Faults {
                 control,
                 replace_failures_armed: AtomicBool::new(false),
                 replace_failures: Mutex::new(Vec::new()),
+                request_faults_armed: AtomicBool::new(false),
+                request_faults: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -181,6 +298,81 @@ impl Faults {
         true
     }
 
+    /// Answer the `rule.skip + 1`-th request matching `rule` with
+    /// `rule.answer` (see [`RequestFault`], [`FaultAnswer`]); the rule is
+    /// consumed when it fires. Several rules may be armed: every matching
+    /// request counts toward each rule it matches, and when several are due
+    /// on the same request the oldest answers it while the others stay due
+    /// for the next. Requests answered by [`Self::fail_next`] are not
+    /// counted. Answered requests are in the request log with their status,
+    /// or with code 0 when the connection was dropped.
+    ///
+    /// # Panics
+    ///
+    /// On a status other than 403, 409, 500, 503 or an unknown verb.
+    pub fn fail_nth(&self, rule: RequestFault) {
+        if let Err(e) = rule.check() {
+            panic!("fail_nth: {e}");
+        }
+        self.inner
+            .request_faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(rule);
+        self.inner
+            .request_faults_armed
+            .store(true, Ordering::SeqCst);
+    }
+
+    /// Rules armed with [`Self::fail_nth`] that have not fired yet.
+    pub fn request_faults_left(&self) -> usize {
+        self.inner
+            .request_faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Whether any [`Self::fail_nth`] rule is armed.
+    pub(crate) fn request_faults_armed(&self) -> bool {
+        self.inner.request_faults_armed.load(Ordering::Relaxed)
+    }
+
+    /// Count request `r` against the armed rules and consume the one due to
+    /// answer it, if any. `name` is the object's (for a create, the body's).
+    pub(crate) fn take_request_fault(
+        &self,
+        r: &Request,
+        name: Option<&str>,
+    ) -> Option<FaultAnswer> {
+        if !self.request_faults_armed() {
+            return None;
+        }
+        let mut rules = self
+            .inner
+            .request_faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut due = None;
+        for (i, rule) in rules.iter_mut().enumerate() {
+            if !rule.matches(r, name) {
+                continue;
+            }
+            if rule.skip > 0 {
+                rule.skip -= 1;
+            } else if due.is_none() {
+                due = Some(i);
+            }
+        }
+        let answer = rules.remove(due?).answer;
+        if rules.is_empty() {
+            self.inner
+                .request_faults_armed
+                .store(false, Ordering::SeqCst);
+        }
+        Some(answer)
+    }
+
     /// Add `latency` before every Kubernetes API request is handled (zero to stop).
     pub fn set_latency(&self, latency: Duration) {
         self.inner
@@ -223,7 +415,7 @@ impl Faults {
         self.inner.conflicts_armed.store(true, Ordering::SeqCst);
     }
 
-    /// Clear failures, latency and forced conflicts.
+    /// Clear failures, latency, forced conflicts and [`Self::fail_nth`] rules.
     pub fn reset(&self) {
         self.fail_next(0, Failure::Internal);
         self.set_latency(Duration::ZERO);
@@ -240,6 +432,14 @@ impl Faults {
             .clear();
         self.inner
             .replace_failures_armed
+            .store(false, Ordering::SeqCst);
+        self.inner
+            .request_faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.inner
+            .request_faults_armed
             .store(false, Ordering::SeqCst);
     }
 

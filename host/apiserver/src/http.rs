@@ -24,10 +24,13 @@ use tokio::sync::{mpsc, watch};
 
 use crate::Shared;
 use crate::api::{self, Query, Reply, Target};
-use crate::audit::Attributes;
+use crate::audit::{self, Attributes};
 use crate::discovery;
 use crate::error::ApiError;
-use crate::faults::{ConflictRequest, Control, DurationRequest, FailRequest, Failure, WatchClose};
+use crate::faults::{
+    ConflictRequest, Control, DurationRequest, FailRequest, Failure, FaultAnswer, RequestFault,
+    WatchClose, injected_status,
+};
 use crate::patch::PatchType;
 use crate::resources::{self, RESOURCES};
 use crate::table;
@@ -35,6 +38,10 @@ use crate::watch::Chunks;
 
 /// Response body: a full document or a watch stream.
 pub type Body = UnsyncBoxBody<Bytes, io::Error>;
+
+/// Request body: as received, or read ahead and put back (a create whose
+/// name a [`RequestFault`] looks at).
+type ReqBody = UnsyncBoxBody<Bytes, hyper::Error>;
 
 const MAX_BODY: usize = 3 * 1024 * 1024;
 
@@ -173,14 +180,21 @@ fn route(group: &str, version: &str, segs: &[&str]) -> Option<(Target, bool)> {
     ))
 }
 
-async fn read_body(req: Request<Incoming>) -> Result<(String, Bytes), ApiError> {
-    let ct = req
-        .headers()
+async fn read_body(req: Request<ReqBody>) -> Result<(String, Bytes), ApiError> {
+    let ct = content_type(&req);
+    Ok((ct, collect_body(req.into_body()).await?))
+}
+
+fn content_type<B>(req: &Request<B>) -> String {
+    req.headers()
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json")
-        .to_string();
-    let body = Limited::new(req.into_body(), MAX_BODY)
+        .to_string()
+}
+
+async fn collect_body(body: ReqBody) -> Result<Bytes, ApiError> {
+    let body = Limited::new(body, MAX_BODY)
         .collect()
         .await
         .map_err(|e| {
@@ -191,12 +205,12 @@ async fn read_body(req: Request<Incoming>) -> Result<(String, Bytes), ApiError> 
             }
         })?
         .to_bytes();
-    Ok((ct, body))
+    Ok(body)
 }
 
 async fn handle_resource(
     sh: &Shared,
-    req: Request<Incoming>,
+    req: Request<ReqBody>,
     t: Target,
     legacy_watch: bool,
     q: Query,
@@ -266,7 +280,7 @@ async fn handle_resource(
     }
 }
 
-async fn handle_faults(sh: &Shared, req: Request<Incoming>, what: &str) -> Result<Value, ApiError> {
+async fn handle_faults(sh: &Shared, req: Request<ReqBody>, what: &str) -> Result<Value, ApiError> {
     if req.method() != Method::POST {
         return Err(ApiError::method_not_allowed());
     }
@@ -303,13 +317,21 @@ async fn handle_faults(sh: &Shared, req: Request<Incoming>, what: &str) -> Resul
             let r: ConflictRequest = de(body)?;
             f.conflict_next_write(&r.resource, &r.namespace, &r.name);
         }
+        "request" => {
+            let r: RequestFault = de(body)?;
+            r.check().map_err(ApiError::bad_request)?;
+            f.fail_nth(r);
+        }
         "reset" => f.reset(),
         _ => return Err(ApiError::path_not_found()),
     }
     Ok(json!({ "ok": true, "fault": what }))
 }
 
-async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+/// Answers one request; an error closes the connection without an answer
+/// (an injected [`FaultAnswer::Drop`] or [`FaultAnswer::DropAfter`]).
+async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, io::Error> {
+    let req = req.map(BodyExt::boxed_unsync);
     let path = req.uri().path().to_string();
     if let Some(what) = path.strip_prefix("/_faults/") {
         let what = what.to_string();
@@ -319,27 +341,88 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body
         });
     }
     let q = parse_query(req.uri().query());
-    let attributes = sh.requests.enabled().then(|| {
+    let attributes = (sh.requests.enabled() || sh.faults.request_faults_armed()).then(|| {
         let user_agent = req
             .headers()
             .get(USER_AGENT)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         Attributes::of(req.method(), &path, &q, user_agent)
     });
-    let resp = respond(&sh, req, &path, q).await;
+    let resp = respond(&sh, req, &path, q, attributes.as_ref()).await;
     if let Some(a) = attributes {
-        sh.requests.record(a, resp.status().as_u16());
+        // Code 0: no answer was sent.
+        sh.requests
+            .record(a, resp.as_ref().map_or(0, |r| r.status().as_u16()));
     }
-    Ok(resp)
+    resp.ok_or_else(|| io::Error::other("connection dropped by an injected fault"))
 }
 
-async fn respond(sh: &Arc<Shared>, req: Request<Incoming>, path: &str, q: Query) -> Response<Body> {
+/// The answer to a request, after the injected latency and failures; `None`:
+/// close the connection without one.
+async fn respond(
+    sh: &Arc<Shared>,
+    req: Request<ReqBody>,
+    path: &str,
+    q: Query,
+    attributes: Option<&Attributes>,
+) -> Option<Response<Body>> {
     if let Some(d) = sh.faults.latency() {
         tokio::time::sleep(d).await;
     }
     if let Some(e) = sh.faults.take_failure() {
-        return error_response(&e);
+        return Some(error_response(&e));
     }
+    let Some(Attributes::Resource(r)) = attributes.filter(|_| sh.faults.request_faults_armed())
+    else {
+        return Some(serve(sh, req, path, q).await);
+    };
+    let (req, body_name) = match create_name(req, r).await {
+        Ok(v) => v,
+        Err(e) => return Some(error_response(&e)),
+    };
+    let name = r.name.as_deref().or(body_name.as_deref());
+    match sh.faults.take_request_fault(r, name) {
+        None => Some(serve(sh, req, path, q).await),
+        Some(FaultAnswer::Status(code)) => Some(error_response(&injected_status(code, r, name))),
+        Some(FaultAnswer::Drop) => {
+            // Received in full, then lost.
+            let _ = read_body(req).await;
+            None
+        }
+        Some(FaultAnswer::DropAfter) => {
+            drop(serve(sh, req, path, q).await);
+            None
+        }
+    }
+}
+
+/// For a create, the name in its body (`metadata.name`, else
+/// `metadata.generateName`), read ahead and put back into the request.
+async fn create_name(
+    req: Request<ReqBody>,
+    r: &audit::Request,
+) -> Result<(Request<ReqBody>, Option<String>), ApiError> {
+    if r.verb != "create" || r.name.is_some() {
+        return Ok((req, None));
+    }
+    let ct = content_type(&req);
+    let (parts, body) = req.into_parts();
+    let bytes = collect_body(body).await?;
+    let name = api::parse_body(&ct, &bytes).ok().and_then(|v| {
+        ["/metadata/name", "/metadata/generateName"]
+            .iter()
+            .filter_map(|p| v.pointer(p).and_then(Value::as_str))
+            .find(|n| !n.is_empty())
+            .map(str::to_string)
+    });
+    let body = Full::new(bytes)
+        .map_err(|e: Infallible| match e {})
+        .boxed_unsync();
+    Ok((Request::from_parts(parts, body), name))
+}
+
+/// Routes a request to discovery or the resource API.
+async fn serve(sh: &Arc<Shared>, req: Request<ReqBody>, path: &str, q: Query) -> Response<Body> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let get_only = |v: Option<Value>| -> Response<Body> {
         match v {
@@ -378,7 +461,7 @@ async fn respond(sh: &Arc<Shared>, req: Request<Incoming>, path: &str, q: Query)
 
 async fn resource_response(
     sh: &Shared,
-    req: Request<Incoming>,
+    req: Request<ReqBody>,
     group: &str,
     version: &str,
     rest: &[&str],

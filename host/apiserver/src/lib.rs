@@ -35,7 +35,8 @@
 //!   a client's RBAC needs ([`ServerHandle::requests`]).
 //! * [`faults`] holds the switches tests flip: close watches, fail requests
 //!   with 500/429, add latency, compact history, refuse connections, force a
-//!   409 on a named object.
+//!   409 on a named object, answer the Nth request matching a filter with a
+//!   403/409/500/503 or a dropped connection ([`Faults::fail_nth`]).
 //!
 //! # Use in tests
 //!
@@ -83,7 +84,7 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 
 pub use audit::{NonResourceRequest, Request};
 pub use error::{ApiError, Error};
-pub use faults::{Failure, Faults};
+pub use faults::{Failure, FaultAnswer, Faults, RequestFault};
 
 /// Server settings.
 #[derive(Debug, Clone)]

@@ -5,10 +5,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Watch, cm, get, http, post, put, send};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use wasmwatch_apiserver::Failure;
+use wasmwatch_apiserver::{Failure, FaultAnswer, RequestFault};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -299,4 +300,319 @@ async fn forced_conflict_on_next_write_to_a_named_object() {
     let mut body = r.body.clone();
     body["metadata"]["resourceVersion"] = json!("");
     assert_eq!(put(&h, &url, &body).await.status, 200);
+}
+
+fn lease(name: &str, holder: &str) -> Lease {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}
+    }))
+    .unwrap()
+}
+
+fn holder(l: &Lease) -> Option<&str> {
+    l.spec.as_ref()?.holder_identity.as_deref()
+}
+
+fn rule(verb: &str, name_prefix: &str, skip: u32, answer: FaultAnswer) -> RequestFault {
+    RequestFault {
+        verb: Some(verb.into()),
+        resource: "leases".into(),
+        namespace: Some("default".into()),
+        name_prefix: Some(name_prefix.into()),
+        skip,
+        answer,
+    }
+}
+
+/// The stored lease `name` in `default`, as the server has it.
+fn stored(server: &wasmwatch_apiserver::ServerHandle, name: &str) -> Option<serde_json::Value> {
+    server.get("leases.coordination.k8s.io", "default", name)
+}
+
+/// The codes the request log recorded for `verb` on the lease `name`.
+fn logged(server: &wasmwatch_apiserver::ServerHandle, verb: &str, name: &str) -> Vec<u16> {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| r.verb == verb && r.resource == "leases" && r.name.as_deref() == Some(name))
+        .map(|r| r.code)
+        .collect()
+}
+
+/// A transport error (no answer), not an API status.
+fn assert_connection_error(e: kube::Error) {
+    if let kube::Error::Api(s) = e {
+        panic!("expected a connection error, got API status {s:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_third_matching_update_is_forbidden_and_changes_nothing() {
+    let server = common::start().await;
+    let api: Api<Lease> = Api::default_namespaced(server.client().unwrap());
+    let pp = PostParams::default();
+    let mut saved = Vec::new();
+    for name in ["save-a", "save-b", "save-c", "other"] {
+        saved.push(api.create(&pp, &lease(name, "old")).await.unwrap());
+    }
+    server
+        .faults()
+        .fail_nth(rule("update", "save-", 2, FaultAnswer::Status(403)));
+
+    // Not counted: another name, another verb.
+    let mut other = saved[3].clone();
+    other.spec.as_mut().unwrap().holder_identity = Some("new".into());
+    api.replace("other", &pp, &other).await.unwrap();
+    api.patch(
+        "save-c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"leaseTransitions": 1}})),
+    )
+    .await
+    .unwrap();
+    let current_c = api.get("save-c").await.unwrap();
+
+    // Counted: the first two pass, the third is refused.
+    let mut results = Vec::new();
+    for l in [&saved[0], &saved[1], &current_c] {
+        let mut l = l.clone();
+        l.spec.as_mut().unwrap().holder_identity = Some("new".into());
+        results.push(
+            api.replace(l.metadata.name.as_deref().unwrap(), &pp, &l)
+                .await,
+        );
+    }
+    assert_eq!(holder(results[0].as_ref().unwrap()), Some("new"));
+    assert_eq!(holder(results[1].as_ref().unwrap()), Some("new"));
+    let kube::Error::Api(s) = results.pop().unwrap().unwrap_err() else {
+        panic!("expected an API error");
+    };
+    assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        s.message,
+        "leases.coordination.k8s.io \"save-c\" is forbidden: User \"system:anonymous\" cannot update resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"default\""
+    );
+    let c = stored(&server, "save-c").unwrap();
+    assert_eq!(c["spec"]["holderIdentity"], "old");
+    assert_eq!(
+        c["metadata"]["resourceVersion"].as_str(),
+        current_c.metadata.resource_version.as_deref(),
+        "the refused update changed nothing"
+    );
+    assert_eq!(logged(&server, "update", "save-c"), [403]);
+
+    // One-shot: the same update now passes.
+    assert_eq!(server.faults().request_faults_left(), 0);
+    let mut l = current_c.clone();
+    l.spec.as_mut().unwrap().holder_identity = Some("new".into());
+    api.replace("save-c", &pp, &l).await.unwrap();
+    assert_eq!(logged(&server, "update", "save-c"), [403, 200]);
+}
+
+#[tokio::test]
+async fn a_create_matched_by_the_name_in_its_body_fails_with_500() {
+    let server = common::start().await;
+    let api: Api<Lease> = Api::default_namespaced(server.client().unwrap());
+    let pp = PostParams::default();
+    server
+        .faults()
+        .fail_nth(rule("create", "new-", 0, FaultAnswer::Status(500)));
+    api.create(&pp, &lease("old-1", "a")).await.unwrap();
+    let e = api.create(&pp, &lease("new-1", "a")).await.unwrap_err();
+    assert_eq!(api_code(e), (500, "InternalError".into()));
+    assert!(
+        stored(&server, "new-1").is_none(),
+        "the create was not applied"
+    );
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.verb == "create" && r.resource == "leases" && r.code == 500),
+        "the injected 500 is in the request log"
+    );
+    api.create(&pp, &lease("new-1", "a")).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dropped_request_is_not_applied_and_the_client_sees_a_connection_error() {
+    let server = common::start().await;
+    let api: Api<Lease> = Api::default_namespaced(server.client().unwrap());
+    let pp = PostParams::default();
+    let created = api.create(&pp, &lease("drop-me", "old")).await.unwrap();
+    server
+        .faults()
+        .fail_nth(rule("update", "drop-", 0, FaultAnswer::Drop));
+    let mut l = created.clone();
+    l.spec.as_mut().unwrap().holder_identity = Some("new".into());
+    assert_connection_error(api.replace("drop-me", &pp, &l).await.unwrap_err());
+    let s = stored(&server, "drop-me").unwrap();
+    assert_eq!(s["spec"]["holderIdentity"], "old");
+    assert_eq!(
+        s["metadata"]["resourceVersion"].as_str(),
+        created.metadata.resource_version.as_deref()
+    );
+    // Recorded without a status: no answer was sent.
+    assert_eq!(logged(&server, "update", "drop-me"), [0]);
+    // The same write goes through now.
+    assert_eq!(
+        holder(&api.replace("drop-me", &pp, &l).await.unwrap()),
+        Some("new")
+    );
+}
+
+#[tokio::test]
+async fn drop_after_applies_the_write_yet_the_client_sees_an_error() {
+    let server = common::start().await;
+    let api: Api<Lease> = Api::default_namespaced(server.client().unwrap());
+    let pp = PostParams::default();
+    let created = api.create(&pp, &lease("lost-answer", "old")).await.unwrap();
+    server
+        .faults()
+        .fail_nth(rule("update", "lost-", 0, FaultAnswer::DropAfter));
+    let mut l = created.clone();
+    l.spec.as_mut().unwrap().holder_identity = Some("new".into());
+    assert_connection_error(api.replace("lost-answer", &pp, &l).await.unwrap_err());
+    let s = stored(&server, "lost-answer").unwrap();
+    assert_eq!(s["spec"]["holderIdentity"], "new", "the write happened");
+    assert_ne!(
+        s["metadata"]["resourceVersion"].as_str(),
+        created.metadata.resource_version.as_deref()
+    );
+    assert_eq!(logged(&server, "update", "lost-answer"), [0]);
+    // A retry of the same write from the old version now conflicts.
+    let e = api.replace("lost-answer", &pp, &l).await.unwrap_err();
+    assert_eq!(api_code(e), (409, "Conflict".into()));
+
+    // A create too: the object exists, the client saw no answer.
+    server
+        .faults()
+        .fail_nth(rule("create", "lost-", 0, FaultAnswer::DropAfter));
+    assert_connection_error(api.create(&pp, &lease("lost-2", "a")).await.unwrap_err());
+    assert!(stored(&server, "lost-2").is_some());
+}
+
+#[tokio::test]
+async fn the_request_fault_endpoint_arms_rules() {
+    let server = common::start().await;
+    let h = http();
+    let base = server.url();
+    let arm = format!("{base}/_faults/request");
+    let coll = format!("{base}/apis/coordination.k8s.io/v1/namespaces/default/leases");
+    let obj = |name: &str| json!({"metadata": {"name": name}, "spec": {"holderIdentity": "a"}});
+
+    // Two rules at once: the 2nd update of x-*, and any create of y-*.
+    let r = post(
+        &h,
+        &arm,
+        &json!({"verb": "update", "resource": "leases", "namespace": "default",
+                "namePrefix": "x-", "skip": 1, "answer": {"status": 403}}),
+    )
+    .await;
+    assert_eq!((r.status, &r.body["fault"]), (200, &json!("request")));
+    post(
+        &h,
+        &arm,
+        &json!({"verb": "create", "resource": "leases", "namePrefix": "y-",
+                "answer": {"status": 403}}),
+    )
+    .await;
+    assert_eq!(server.faults().request_faults_left(), 2);
+
+    let created = post(&h, &coll, &obj("x-1")).await;
+    assert_eq!(created.status, 201);
+    let url = format!("{coll}/x-1");
+    let first = put(&h, &url, &created.body).await;
+    assert_eq!(first.status, 200);
+    let second = put(&h, &url, &first.body).await;
+    assert_eq!(second.status, 403);
+    assert_eq!(
+        second.body,
+        json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "leases.coordination.k8s.io \"x-1\" is forbidden: User \"system:anonymous\" cannot update resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"default\"",
+            "reason": "Forbidden",
+            "details": {"name": "x-1", "group": "coordination.k8s.io", "kind": "leases"},
+            "code": 403
+        })
+    );
+    // A create's RBAC denial names no object, as kube-apiserver's does.
+    let r = post(&h, &coll, &obj("y-1")).await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.body["message"],
+        "leases.coordination.k8s.io is forbidden: User \"system:anonymous\" cannot create resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"default\""
+    );
+    assert!(
+        server
+            .get("leases.coordination.k8s.io", "default", "y-1")
+            .is_none()
+    );
+    assert_eq!(server.faults().request_faults_left(), 0);
+    assert_eq!(put(&h, &url, &first.body).await.status, 200);
+
+    // 409 on a delete (the object stays) and 503 on a list.
+    post(
+        &h,
+        &arm,
+        &json!({"verb": "delete", "resource": "leases", "answer": {"status": 409}}),
+    )
+    .await;
+    let r = common::delete(&h, &url).await;
+    assert_eq!(
+        (r.status, r.body["reason"].as_str()),
+        (409, Some("Conflict"))
+    );
+    assert!(
+        server
+            .get("leases.coordination.k8s.io", "default", "x-1")
+            .is_some()
+    );
+    post(
+        &h,
+        &arm,
+        &json!({"verb": "list", "resource": "leases", "answer": {"status": 503}}),
+    )
+    .await;
+    let r = get(&h, &coll).await;
+    assert_eq!(
+        (r.status, r.body["reason"].as_str()),
+        (503, Some("ServiceUnavailable"))
+    );
+    assert_eq!(get(&h, &coll).await.status, 200);
+
+    // Drop over HTTP: the connection closes without an answer.
+    post(
+        &h,
+        &arm,
+        &json!({"resource": "leases", "namePrefix": "x-", "answer": "drop"}),
+    )
+    .await;
+    let req = hyper::Request::get(&url)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    assert!(h.request(req).await.is_err(), "no answer");
+    assert_eq!(get(&h, &url).await.status, 200);
+
+    // Reset clears armed rules; bad rules are refused.
+    post(
+        &h,
+        &arm,
+        &json!({"resource": "leases", "answer": "dropAfter"}),
+    )
+    .await;
+    assert_eq!(server.faults().request_faults_left(), 1);
+    post(&h, &format!("{base}/_faults/reset"), &json!({})).await;
+    assert_eq!(server.faults().request_faults_left(), 0);
+    assert_eq!(get(&h, &url).await.status, 200);
+    for bad in [
+        json!({"resource": "leases", "answer": {"status": 418}}),
+        json!({"resource": "leases", "verb": "put", "answer": "drop"}),
+        json!({"resource": "leases", "name": "x-1", "answer": "drop"}),
+        json!({"resource": "leases"}),
+    ] {
+        assert_eq!(post(&h, &arm, &bad).await.status, 400, "{bad}");
+    }
+    assert_eq!(server.faults().request_faults_left(), 0);
 }
