@@ -239,6 +239,11 @@ impl ObjectIndex {
         self.kind
     }
 
+    /// The namespaces it has objects of.
+    pub fn namespaces(&self) -> std::collections::BTreeSet<String> {
+        self.objects.keys().map(|k| k.0.clone()).collect()
+    }
+
     /// The part of the index a watch stream of `scope` covers.
     pub fn part(&self, scope: &crate::Scope) -> ObjectIndex {
         if scope == &crate::Scope::All {
@@ -483,6 +488,9 @@ impl Resync {
     }
 }
 
+/// The line of a deleted object in an index delta ([`ObjectIndex::delta`]).
+const TOMBSTONE: &str = "-";
+
 impl ObjectIndex {
     /// One line per object, sorted: `ns/name digest metadata k=h;k=h {meta}`
     /// (hex hashes; the keys field is empty for an object without data;
@@ -491,23 +499,7 @@ impl ObjectIndex {
     pub fn encode(&self) -> String {
         let mut out = String::new();
         for (key, h) in &self.objects {
-            let (ns, name) = &**key;
-            let keys: Vec<String> = h
-                .keys
-                .iter()
-                .map(|(k, v)| format!("{k}={v:016x}"))
-                .collect();
-            out.push_str(&format!(
-                "{ns}/{name} {:032x} {:016x} {}",
-                h.digest,
-                h.metadata,
-                keys.join(";")
-            ));
-            if let Some(meta) = &h.meta {
-                out.push(' ');
-                out.push_str(meta);
-            }
-            out.push('\n');
+            encode_line(&mut out, key, h);
         }
         out
     }
@@ -515,6 +507,97 @@ impl ObjectIndex {
     /// Reads [`ObjectIndex::encode`]'s text; errors name the line.
     pub fn decode(kind: ObjectKind, text: &str) -> Result<ObjectIndex, String> {
         let mut index = ObjectIndex::new(kind);
+        index.apply_text(text)?;
+        Ok(index)
+    }
+
+    /// What turns this index's part for `scope` into `newer` (a stream's
+    /// index of that scope), in [`ObjectIndex::encode`]'s lines: a line per
+    /// object added or changed, `ns/name -` per object gone, sorted.
+    /// Entries a copy shares with this index compare by pointer first, so
+    /// a delta of two copies of one index costs a walk, not a comparison
+    /// of every entry.
+    pub fn delta(&self, newer: &ObjectIndex, scope: &crate::Scope) -> String {
+        let mut out = String::new();
+        if scope == &crate::Scope::All {
+            // Shared subtrees are skipped whole.
+            for d in self.objects.diff(&newer.objects) {
+                match d {
+                    imbl::ordmap::DiffItem::Add(k, h) => encode_line(&mut out, k, h),
+                    imbl::ordmap::DiffItem::Update {
+                        new: (k, h),
+                        old: (_, o),
+                    } => {
+                        if !same_stored(o, h) {
+                            encode_line(&mut out, k, h)
+                        }
+                    }
+                    imbl::ordmap::DiffItem::Remove(k, _) => tombstone_line(&mut out, k),
+                }
+            }
+            return out;
+        }
+        let mut old = self.range_of(scope).peekable();
+        let mut new = newer.objects.iter().peekable();
+        loop {
+            match (old.peek(), new.peek()) {
+                (None, None) => break,
+                (Some((ko, _)), Some((kn, _))) if ko < kn => {
+                    tombstone_line(&mut out, ko);
+                    old.next();
+                }
+                (Some(_), None) => {
+                    let (ko, _) = old.next().expect("peeked");
+                    tombstone_line(&mut out, ko);
+                }
+                (Some((ko, ho)), Some((kn, hn))) if ko == kn => {
+                    if !Arc::ptr_eq(ho, hn) && !same_stored(ho, hn) {
+                        encode_line(&mut out, kn, hn);
+                    }
+                    old.next();
+                    new.next();
+                }
+                (_, Some(_)) => {
+                    let (kn, hn) = new.next().expect("peeked");
+                    encode_line(&mut out, kn, hn);
+                }
+            }
+        }
+        out
+    }
+
+    /// The entries of one namespace scope, in order (a range of the map,
+    /// not a walk of every namespace).
+    fn range_of(
+        &self,
+        scope: &crate::Scope,
+    ) -> impl Iterator<Item = (&Arc<(String, String)>, &Arc<Handled>)> {
+        let ns = scope.namespace().unwrap_or_default().to_string();
+        // (ns, "") is the first key of ns; (ns + "\0", "") the first after.
+        let from = Arc::new((ns.clone(), String::new()));
+        let to = Arc::new((format!("{ns}\0"), String::new()));
+        self.objects.range(from..to)
+    }
+
+    /// Replaces this index's part for `scope` with `newer` (entries shared,
+    /// not copied): what [`ObjectIndex::delta`]'s text does when applied.
+    pub fn replace_part(&mut self, scope: &crate::Scope, newer: &ObjectIndex) {
+        if scope == &crate::Scope::All {
+            self.objects = newer.objects.clone();
+            return;
+        }
+        let gone: Vec<Arc<(String, String)>> =
+            self.range_of(scope).map(|(k, _)| k.clone()).collect();
+        for k in gone {
+            self.objects.remove(&k);
+        }
+        self.extend(newer);
+    }
+
+    /// Applies lines of [`ObjectIndex::encode`] or [`ObjectIndex::delta`]
+    /// in order: a line sets its object's entry, `ns/name -` removes it.
+    /// Errors name the line; nothing is applied after a bad line.
+    pub fn apply_text(&mut self, text: &str) -> Result<(), String> {
         for (i, line) in text
             .lines()
             .enumerate()
@@ -522,11 +605,17 @@ impl ObjectIndex {
         {
             let bad = |why: &str| format!("object index line {}: {why}: {line:?}", i + 1);
             let mut parts = line.splitn(5, ' ');
-            let (Some(id), Some(digest), Some(meta)) = (parts.next(), parts.next(), parts.next())
-            else {
+            let id = parts.next().unwrap_or_default();
+            let (ns, name) = id.split_once('/').ok_or_else(|| bad("expected ns/name"))?;
+            let key = Arc::new((ns.to_string(), name.to_string()));
+            let digest = parts.next();
+            if digest == Some(TOMBSTONE) {
+                self.objects.remove(&key);
+                continue;
+            }
+            let (Some(digest), Some(meta)) = (digest, parts.next()) else {
                 return Err(bad("expected `ns/name digest metadata keys`"));
             };
-            let (ns, name) = id.split_once('/').ok_or_else(|| bad("expected ns/name"))?;
             let digest = u128::from_str_radix(digest, 16).map_err(|_| bad("bad digest"))?;
             let metadata = u64::from_str_radix(meta, 16).map_err(|_| bad("bad metadata hash"))?;
             let keys = parts
@@ -548,8 +637,8 @@ impl ObjectIndex {
                 }
                 None => (None, false),
             };
-            index.objects.insert(
-                Arc::new((ns.to_string(), name.to_string())),
+            self.objects.insert(
+                key,
                 Arc::new(Handled {
                     digest,
                     metadata,
@@ -560,8 +649,44 @@ impl ObjectIndex {
                 }),
             );
         }
-        Ok(index)
+        Ok(())
     }
+}
+
+/// Whether two entries store the same line (`unverified` is not stored).
+fn same_stored(a: &Handled, b: &Handled) -> bool {
+    a.digest == b.digest
+        && a.metadata == b.metadata
+        && a.keys == b.keys
+        && a.meta == b.meta
+        && a.keyed == b.keyed
+}
+
+fn encode_line(out: &mut String, key: &(String, String), h: &Handled) {
+    use std::fmt::Write;
+    let (ns, name) = key;
+    let _ = write!(out, "{ns}/{name} {:032x} {:016x} ", h.digest, h.metadata);
+    for (i, (k, v)) in h.keys.iter().enumerate() {
+        if i > 0 {
+            out.push(';');
+        }
+        let _ = write!(out, "{k}={v:016x}");
+    }
+    if let Some(meta) = &h.meta {
+        out.push(' ');
+        out.push_str(meta);
+    }
+    out.push('\n');
+}
+
+fn tombstone_line(out: &mut String, key: &(String, String)) {
+    let (ns, name) = key;
+    out.push_str(ns);
+    out.push('/');
+    out.push_str(name);
+    out.push(' ');
+    out.push_str(TOMBSTONE);
+    out.push('\n');
 }
 
 #[cfg(test)]

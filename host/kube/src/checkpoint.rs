@@ -22,25 +22,42 @@
 //! Next to the checkpoints the store keeps, per kind, the [`ObjectIndex`] of
 //! handled objects (digests, no payloads), so that a new leader meeting a 410
 //! can resynchronise against what its predecessor handled instead of
-//! refreshing everything. Its text ([`ObjectIndex::encode`]) is split into
-//! shards under [`SHARD_BYTES`], each in the annotation `wasmwatch.io/index`
-//! of a Lease `<state>-index-<kind>-<n>`; the state Lease records the shard
-//! count per kind (`wasmwatch.io/configmap-index-shards`).
+//! refreshing everything.
 //!
 //! The rules (issue 19): an index is only ever saved when it is *safe*, that
 //! is when every change it has seen was handled (see [`Progress::index`]),
 //! and a checkpoint only with an index that covers it ([`Progress`]): the
 //! stored index is never *behind* the stored checkpoint, or a successor's
 //! resync after a 410 would not know objects created before the checkpoint
-//! and miss their deletions. An index *ahead* of the stored checkpoint (a
-//! crash between the shard writes and the state write) is safe: the resumed
-//! watch starts with its objects unverified, and a resync delivers every
-//! object written after the checkpoint. So shards are written first and the
-//! state Lease last, and a failed round is simply retried. A shard stamped
-//! by a newer term is never overwritten (a leader paused mid-round stops
-//! there). Known gap: a torn set of shards (a crash between two shard
-//! writes) can drop an object whose line moved between shards.
-use std::collections::{BTreeMap, HashMap};
+//! and miss their deletions.
+//!
+//! ## A save commits all or nothing (issue 32)
+//!
+//! The stored index is a log of immutable segments ([`segments`]): Leases
+//! `<state>-segment-<n>`, each created once with lines of the index or of
+//! a difference to it, and never written again. The state Lease names them
+//! per kind (`wasmwatch.io/configmap-index-log: segments=3-9,12 bytes=.. base=..`),
+//! holds the newest small differences itself (`...-index-tail`) and the
+//! next segment number (`wasmwatch.io/index-next-segment`). A save creates
+//! its new segments first, then writes the state Lease in one conditional
+//! write (guarded by the resourceVersion this term last wrote): that write
+//! is the commit. A reader follows only what the state Lease names, so a
+//! save that fails or dies at any write before the commit leaves the
+//! previous state whole (its segments are orphans, numbered from the
+//! committed next number on, removed by the next claim), and one that
+//! committed is whole too. Segments the commit no longer names (after a
+//! full rewrite) are deleted after it, and listed in
+//! `wasmwatch.io/index-garbage` until they are. A stale leader cannot
+//! commit (409), and a segment it creates in a successor's numbering meets
+//! the successor's stamp and stops it.
+//!
+//! Before segments (format 1) the index was in shards
+//! `<state>-index-<kind>-<n>` that every save wrote over one by one, so a
+//! failure between two shard writes left a torn index. A claim still reads
+//! them (`wasmwatch.io/<kind>-index-shards`); the next save of that kind
+//! rewrites the whole index as segments, drops the shard count and deletes
+//! the shards.
+use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -56,10 +73,46 @@ pub const TERM_ANNOTATION: &str = "wasmwatch.io/term";
 pub const TERM_LEASE_UID_ANNOTATION: &str = "wasmwatch.io/term-lease-uid";
 /// On an index shard Lease: that shard's part of the encoded index.
 pub const INDEX_ANNOTATION: &str = "wasmwatch.io/index";
-/// Largest shard text; Kubernetes allows 256 KiB of annotations per object.
+/// Largest segment (or format-1 shard) text; Kubernetes allows 256 KiB of
+/// annotations per object.
 pub const SHARD_BYTES: usize = 200 * 1024;
+/// On the state Lease: the number the next new segment takes.
+pub const NEXT_SEGMENT_ANNOTATION: &str = "wasmwatch.io/index-next-segment";
+/// On the state Lease: Leases no committed state names, still to delete.
+pub const GARBAGE_ANNOTATION: &str = "wasmwatch.io/index-garbage";
+/// On a segment: the state Lease it belongs to (a label, for operators).
+pub const SEGMENT_LABEL: &str = "wasmwatch.io/state";
+/// On a segment: the kind of its index (for operators; the state Lease
+/// decides).
+pub const SEGMENT_KIND_ANNOTATION: &str = "wasmwatch.io/index-kind";
 
-/// The state Lease's annotation with the number of index shards of a kind.
+mod segments;
+pub use segments::{Log, Plan, split_lines as split_shards};
+
+/// The state Lease's annotation naming the segments of a kind's index.
+pub fn log_key(kind: ObjectKind) -> &'static str {
+    match kind {
+        ObjectKind::ConfigMap => "wasmwatch.io/configmap-index-log",
+        ObjectKind::Secret => "wasmwatch.io/secret-index-log",
+    }
+}
+
+/// The state Lease's annotation with the lines of a kind's index that
+/// apply after its segments.
+pub fn tail_key(kind: ObjectKind) -> &'static str {
+    match kind {
+        ObjectKind::ConfigMap => "wasmwatch.io/configmap-index-tail",
+        ObjectKind::Secret => "wasmwatch.io/secret-index-tail",
+    }
+}
+
+/// The name of one index segment Lease.
+pub fn segment_name(state: &str, seq: u64) -> String {
+    format!("{state}-segment-{seq}")
+}
+
+/// The state Lease's annotation with the number of index shards of a kind
+/// (format 1, read for upgrades).
 pub fn shards_key(kind: ObjectKind) -> &'static str {
     match kind {
         ObjectKind::ConfigMap => "wasmwatch.io/configmap-index-shards",
@@ -78,23 +131,9 @@ pub fn scopes_key(kind: ObjectKind) -> &'static str {
     }
 }
 
-/// The name of one index shard Lease.
+/// The name of one index shard Lease (format 1).
 pub fn shard_name(state: &str, kind: ObjectKind, n: usize) -> String {
     format!("{state}-index-{}-{n}", kind.as_str().to_ascii_lowercase())
-}
-
-/// Splits an encoded index (one object per line) into shards under `max`
-/// bytes, at line boundaries.
-pub fn split_shards(text: &str, max: usize) -> Vec<String> {
-    let mut shards = vec![String::new()];
-    for line in text.split_inclusive('\n') {
-        let last = shards.last_mut().expect("one shard");
-        if !last.is_empty() && last.len() + line.len() > max {
-            shards.push(String::new());
-        }
-        shards.last_mut().expect("one shard").push_str(line);
-    }
-    shards
 }
 
 /// One watch stream's index that became safe to store.
@@ -277,26 +316,37 @@ pub struct CheckpointStore {
     term: Term,
     /// The state Lease as this leader last wrote it.
     lease: Option<Lease>,
-    /// Per kind, the index stored by an earlier term (encoded): it stands
-    /// for every namespace that has no newer index of its own in `indexes`.
-    claimed: BTreeMap<ObjectKind, String>,
-    /// Per kind and stream scope: the newest safe index of this term,
-    /// encoded (text is several times smaller than the index's maps, and
-    /// this copy is kept for the whole term).
-    indexes: BTreeMap<ObjectKind, BTreeMap<Scope, String>>,
+    /// Per kind, the stored index as the state Lease last committed names
+    /// it (all namespaces); a save writes the difference to it. Entries are
+    /// shared with the watch loops' copies, so it costs little beside them.
+    stored: BTreeMap<ObjectKind, ObjectIndex>,
+    /// Per kind, the segments the committed state names, and its tail.
+    logs: BTreeMap<ObjectKind, Log>,
+    tails: BTreeMap<ObjectKind, String>,
+    /// Per kind read from index shards of the format before segments (see
+    /// the module docs), their count: the next save of that kind writes
+    /// the whole index as segments and the shards go.
+    legacy: BTreeMap<ObjectKind, usize>,
+    /// The newest safe index of each stream not committed yet: a failed
+    /// save keeps them for the next.
+    pending: BTreeMap<(ObjectKind, Scope), ObjectIndex>,
+    /// The committed state's next segment number.
+    next_segment: u64,
+    /// Leases no committed state names any more, still to delete.
+    garbage: Vec<String>,
     /// Per kind, the scopes the stored index covers (claimed, then grown
     /// with every stream index written).
     covered: BTreeMap<ObjectKind, std::collections::BTreeSet<Scope>>,
     /// Kinds whose checkpoints were unreadable at the claim: their
     /// annotation stays as found until a save carries checkpoints of theirs.
     unreadable: std::collections::BTreeSet<ObjectKind>,
-    /// Index shard Leases as this term last wrote them (by name): a save
-    /// compares against these and writes over them (guarded by their
-    /// resourceVersion) without reading each shard first. Reading 200 KiB
-    /// shards at every save was most of a save's cost at 10k objects, on
-    /// the leader's one worker (issue 24). A shard whose write failed is
-    /// forgotten, so the next save reads it and checks its stamp again.
-    shards: HashMap<String, Lease>,
+}
+
+/// One kind's part of a save, worked out off the async workers.
+struct KindSave {
+    kind: ObjectKind,
+    index: ObjectIndex,
+    plan: Plan,
 }
 
 impl CheckpointStore {
@@ -315,11 +365,15 @@ impl CheckpointStore {
             leader_lease: leader_lease.to_string(),
             term,
             lease: None,
-            claimed: BTreeMap::new(),
+            stored: BTreeMap::new(),
+            logs: BTreeMap::new(),
+            tails: BTreeMap::new(),
+            legacy: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            next_segment: 0,
+            garbage: Vec::new(),
             covered: BTreeMap::new(),
-            indexes: BTreeMap::new(),
             unreadable: Default::default(),
-            shards: HashMap::new(),
         }
     }
 
@@ -427,9 +481,24 @@ impl CheckpointStore {
                 );
             }
         }
+        // What the state names of each kind's index: a segment log (and
+        // tail), or shards of the format before segments.
+        let mut stored_logs = BTreeMap::new();
         let mut shard_counts = BTreeMap::new();
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
-            if let Some(v) = annotations.get(shards_key(kind)) {
+            if let Some(v) = annotations.get(log_key(kind)) {
+                match Log::parse(v) {
+                    Ok(log) => {
+                        let tail = annotations.get(tail_key(kind)).cloned().unwrap_or_default();
+                        stored_logs.insert(kind, (log, tail));
+                    }
+                    Err(e) => set_aside.push(format!(
+                        "{}: {v:?}: {e}; the {} index is not used",
+                        log_key(kind),
+                        kind.as_str()
+                    )),
+                }
+            } else if let Some(v) = annotations.get(shards_key(kind)) {
                 match v.parse::<usize>() {
                     Ok(n) => {
                         shard_counts.insert(kind, n);
@@ -442,6 +511,29 @@ impl CheckpointStore {
                 }
             }
         }
+        self.next_segment = match annotations.get(NEXT_SEGMENT_ANNOTATION) {
+            Some(v) => v.parse().unwrap_or_else(|_| {
+                // Past every number named: a new segment never meets one.
+                set_aside.push(format!(
+                    "{NEXT_SEGMENT_ANNOTATION}: {v:?} is not a number; numbering goes on after the segments named"
+                ));
+                stored_logs
+                    .values()
+                    .flat_map(|(l, _)| l.segments.iter().map(|n| n + 1))
+                    .max()
+                    .unwrap_or(0)
+            }),
+            None => 0,
+        };
+        self.garbage = annotations
+            .get(GARBAGE_ANNOTATION)
+            .map(|v| {
+                v.split(',')
+                    .filter(|n| n.starts_with(&format!("{}-", self.name)))
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
         self.stamp(annotations);
         let stored_scopes: BTreeMap<ObjectKind, String> =
             [ObjectKind::ConfigMap, ObjectKind::Secret]
@@ -449,32 +541,17 @@ impl CheckpointStore {
                 .filter_map(|k| Some((k, annotations.get(scopes_key(k))?.clone())))
                 .collect();
         self.lease = Some(self.replace(&lease).await?);
-        // The indexes are read after the claim, so no older leader writes
-        // them any more (it would be fenced at its next state write; a shard
-        // it still wrote is safe anyway, see the module docs).
+        // The indexes are read after the claim: no older leader commits
+        // any more (its next state write conflicts), so the segments named
+        // now stay as they are.
         let mut indexes = BTreeMap::new();
-        for (kind, n) in shard_counts {
-            match self.read_index(kind, n).await {
-                Ok((index, text)) => {
-                    // Written before the scopes annotation existed: the
-                    // namespaces it has lines for (an empty namespace is
-                    // then rebuilt: a list, never a loss).
-                    let covered = match stored_scopes.get(&kind) {
-                        Some(v) => v
-                            .split(',')
-                            .map(str::trim)
-                            .filter(|k| !k.is_empty())
-                            .map(Scope::from_key)
-                            .collect(),
-                        None => text
-                            .lines()
-                            .filter_map(|l| l.split_once('/'))
-                            .map(|(ns, _)| Scope::Namespace(ns.to_string()))
-                            .collect(),
-                    };
-                    self.covered.insert(kind, covered);
-                    self.claimed.insert(kind, text);
-                    indexes.insert(kind, index);
+        let mut found = BTreeMap::new();
+        for (kind, (log, tail)) in stored_logs {
+            match self.read_segments(kind, &log, &tail).await {
+                Ok(index) => {
+                    found.insert(kind, index);
+                    self.logs.insert(kind, log);
+                    self.tails.insert(kind, tail);
                 }
                 Err(CheckpointError::Corrupt { lease, message }) => set_aside.push(format!(
                     "index Lease {lease}: {message}; the {} index is not used",
@@ -483,6 +560,42 @@ impl CheckpointStore {
                 Err(e) => return Err(e),
             }
         }
+        for (kind, n) in shard_counts {
+            match self.read_index(kind, n).await {
+                Ok(index) => {
+                    found.insert(kind, index);
+                    self.legacy.insert(kind, n);
+                }
+                Err(CheckpointError::Corrupt { lease, message }) => set_aside.push(format!(
+                    "index Lease {lease}: {message}; the {} index is not used",
+                    kind.as_str()
+                )),
+                Err(e) => return Err(e),
+            }
+        }
+        for (kind, index) in found {
+            // Written before the scopes annotation existed: the namespaces
+            // it has lines for (an empty namespace is then rebuilt: a list,
+            // never a loss).
+            let covered = match stored_scopes.get(&kind) {
+                Some(v) => v
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|k| !k.is_empty())
+                    .map(Scope::from_key)
+                    .collect(),
+                None => index
+                    .namespaces()
+                    .into_iter()
+                    .map(Scope::Namespace)
+                    .collect(),
+            };
+            self.covered.insert(kind, covered);
+            self.stored.insert(kind, index.clone());
+            indexes.insert(kind, index);
+        }
+        self.remove_orphans().await?;
+        self.collect_garbage().await;
         self.unreadable = unreadable.keys().copied().collect();
         Ok(Claimed {
             checkpoints,
@@ -493,36 +606,107 @@ impl CheckpointStore {
         })
     }
 
+    /// Reads one kind's stored index: its segments in order, then the tail.
+    async fn read_segments(
+        &self,
+        kind: ObjectKind,
+        log: &Log,
+        tail: &str,
+    ) -> Result<ObjectIndex, CheckpointError> {
+        let mut index = ObjectIndex::new(kind);
+        for &seq in &log.segments {
+            let name = segment_name(&self.name, seq);
+            let text = self
+                .api
+                .get_opt(&name)
+                .await?
+                .and_then(|l| l.metadata.annotations?.remove(INDEX_ANNOTATION));
+            // A named segment that is gone would lose its objects' entries
+            // (at a resync they would count as new and their deletions in a
+            // gap go unseen): the index is set aside instead, and the watch
+            // loops rebuild one from a list.
+            let text = text.ok_or_else(|| CheckpointError::Corrupt {
+                lease: name.clone(),
+                message: "missing".into(),
+            })?;
+            index
+                .apply_text(&text)
+                .map_err(|message| CheckpointError::Corrupt {
+                    lease: name.clone(),
+                    message,
+                })?;
+        }
+        index
+            .apply_text(tail)
+            .map_err(|message| CheckpointError::Corrupt {
+                lease: self.name.clone(),
+                message: format!("{}: {message}", tail_key(kind)),
+            })?;
+        Ok(index)
+    }
+
+    /// Deletes the segments a save created but never committed (it failed,
+    /// or its leader died before its state write): they are numbered from
+    /// the committed next number on, in a row. Runs after the claim, so no
+    /// older leader commits them any more; one stamped by a newer term is
+    /// left (fenced).
+    async fn remove_orphans(&self) -> Result<(), CheckpointError> {
+        let mut seq = self.next_segment;
+        while let Some(lease) = self.api.get_opt(&segment_name(&self.name, seq)).await? {
+            let name = segment_name(&self.name, seq);
+            let empty = BTreeMap::new();
+            self.check_stamp(lease.metadata.annotations.as_ref().unwrap_or(&empty), &name)
+                .await?;
+            let guard = kube::api::DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    resource_version: lease.metadata.resource_version.clone(),
+                    uid: None,
+                }),
+                ..Default::default()
+            };
+            match self.api.delete(&name, &guard).await {
+                Ok(_) => tracing::info!(lease = %name, "removed a segment no save committed"),
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+            seq += 1;
+        }
+        Ok(())
+    }
+
+    /// Deletes the Leases no committed state names any more (best effort:
+    /// what fails stays listed in the state Lease for the next try).
+    async fn collect_garbage(&mut self) {
+        let mut left = Vec::new();
+        for name in std::mem::take(&mut self.garbage) {
+            match self.api.delete(&name, &Default::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => {
+                    tracing::debug!(lease = %name, error = %e, "could not delete an unused index Lease yet");
+                    left.push(name);
+                }
+            }
+        }
+        self.garbage = left;
+    }
+
+    /// Reads a kind's index from the shards of format 1 (before segments).
+    /// They are read once, after the claim, and never written again: the
+    /// next save of the kind rewrites the index as segments.
     async fn read_index(
         &self,
         kind: ObjectKind,
         shards: usize,
-    ) -> Result<(ObjectIndex, String), CheckpointError> {
+    ) -> Result<ObjectIndex, CheckpointError> {
         let mut text = String::new();
         for n in 0..shards {
             let name = shard_name(&self.name, kind, n);
-            let mut lease = self.api.get_opt(&name).await?;
-            let shard = lease.as_ref().and_then(|l| {
-                l.metadata
-                    .annotations
-                    .as_ref()?
-                    .get(INDEX_ANNOTATION)
-                    .cloned()
-            });
-            // Stamped with this term at once: a predecessor paused in the
-            // middle of a save meets the stamp (or a conflict) and stops
-            // before it rewrites the shard under this term's checkpoints.
-            if let Some(lease) = lease.as_mut() {
-                let annotations = lease
-                    .metadata
-                    .annotations
-                    .get_or_insert_with(Default::default);
-                self.check_stamp(annotations, &name).await?;
-                self.stamp(annotations);
-                self.api
-                    .replace(&name, &PostParams::default(), lease)
-                    .await?;
-            }
+            let shard = self
+                .api
+                .get_opt(&name)
+                .await?
+                .and_then(|l| l.metadata.annotations?.remove(INDEX_ANNOTATION));
             match shard {
                 Some(t) => text.push_str(&t),
                 // A missing shard would lose those objects' entries: at a
@@ -537,138 +721,68 @@ impl CheckpointStore {
                 }
             }
         }
-        let index =
-            ObjectIndex::decode(kind, &text).map_err(|message| CheckpointError::Corrupt {
-                lease: shard_name(&self.name, kind, 0),
-                message,
-            })?;
-        Ok((index, text))
+        ObjectIndex::decode(kind, &text).map_err(|message| CheckpointError::Corrupt {
+            lease: shard_name(&self.name, kind, 0),
+            message,
+        })
     }
 
-    /// Writes the index shards of one kind: the newest safe index of each of
-    /// its streams, merged. Returns the shard count.
-    async fn write_index(&mut self, kind: ObjectKind) -> Result<usize, CheckpointError> {
-        let empty = BTreeMap::new();
-        let streams = self.indexes.get(&kind).unwrap_or(&empty);
-        let mut merged = String::new();
-        if !streams.contains_key(&Scope::All)
-            && let Some(claimed) = self.claimed.get(&kind)
-        {
-            // Lines are `ns/name ...`: keep those of namespaces without a
-            // newer index of their own.
-            let newer: std::collections::BTreeSet<&str> =
-                streams.keys().filter_map(Scope::namespace).collect();
-            for line in claimed.split_inclusive('\n') {
-                let ns = line.split('/').next().unwrap_or_default();
-                if !newer.contains(ns) {
-                    merged.push_str(line);
-                }
-            }
-        }
-        for text in streams.values() {
-            merged.push_str(text);
-        }
-        // An object whose line alone exceeds a shard (thousands of keys)
-        // is left out: a missing entry only costs a redelivery at a resync,
-        // while an unwritable shard would block every checkpoint write.
-        if merged.split_inclusive('\n').any(|l| l.len() > SHARD_BYTES) {
-            merged = merged
-                .split_inclusive('\n')
-                .filter(|l| {
-                    let fits = l.len() <= SHARD_BYTES;
-                    if !fits {
-                        tracing::warn!(
-                            object = l.split(' ').next().unwrap_or(""),
-                            "object too large for the stored index; a resync will deliver it again"
-                        );
-                    }
-                    fits
-                })
-                .collect();
-        }
-        let shards = split_shards(&merged, SHARD_BYTES);
-        for (n, text) in shards.iter().enumerate() {
-            let name = shard_name(&self.name, kind, n);
-            let term = self.term.to_string();
-            let ours = |lease: &Lease| {
-                let a = lease.metadata.annotations.as_ref();
-                a.and_then(|a| a.get(INDEX_ANNOTATION)) == Some(text)
-                    && a.and_then(|a| a.get(TERM_ANNOTATION)) == Some(&term)
-            };
-            // Unchanged since this term wrote it: nothing to write.
-            if self.shards.get(&name).is_some_and(ours) {
-                continue;
-            }
-            let (mut lease, from_cache) = match self.shards.remove(&name) {
-                Some(written) => (written, true),
-                None => {
-                    let mut lease = match self.api.get_opt(&name).await? {
-                        Some(l) => l,
-                        None => {
-                            let fresh = Lease {
-                                metadata: ObjectMeta {
-                                    name: Some(name.clone()),
-                                    ..Default::default()
-                                },
-                                spec: None,
-                            };
-                            match self.api.create(&PostParams::default(), &fresh).await {
-                                Ok(l) => l,
-                                Err(kube::Error::Api(s)) if s.code == 409 => {
-                                    self.api.get(&name).await?
-                                }
-                                Err(e) => return Err(e.into()),
-                            }
-                        }
-                    };
-                    let annotations = lease
-                        .metadata
-                        .annotations
-                        .get_or_insert_with(Default::default);
-                    self.check_stamp(annotations, &name).await?;
-                    if ours(&lease) {
-                        self.shards.insert(name, lease);
-                        continue;
-                    }
-                    (lease, false)
-                }
-            };
-            let written = match self.write_shard(&name, &mut lease, text).await {
-                // Written over since this term's last write (known by its
-                // resourceVersion only): read it, and write only over an
-                // older term's shard.
-                Err(kube::Error::Api(s)) if s.code == 409 && from_cache => {
-                    let mut fresh = self.api.get(&name).await?;
-                    let annotations = fresh
-                        .metadata
-                        .annotations
-                        .get_or_insert_with(Default::default);
-                    self.check_stamp(annotations, &name).await?;
-                    self.write_shard(&name, &mut fresh, text).await?
-                }
-                // RV-guarded: another conflict is retried in the next round.
-                written => written?,
-            };
-            self.shards.insert(name, written);
-        }
-        Ok(shards.len())
-    }
-
-    /// Writes `text` into shard `lease` (named `name`), stamped by this
-    /// term, guarded by the lease's resourceVersion.
-    async fn write_shard(
+    /// Creates segment `seq` with `text`, stamped by this term. One found
+    /// in its place is an orphan of an older term's uncommitted save
+    /// (written over) or a newer term's (fenced).
+    async fn create_segment(
         &self,
-        name: &str,
-        lease: &mut Lease,
+        seq: u64,
+        kind: ObjectKind,
         text: &str,
-    ) -> Result<Lease, kube::Error> {
-        let annotations = lease
-            .metadata
-            .annotations
-            .get_or_insert_with(Default::default);
-        annotations.insert(INDEX_ANNOTATION.into(), text.to_string());
-        self.stamp(annotations);
-        self.api.replace(name, &PostParams::default(), lease).await
+    ) -> Result<(), CheckpointError> {
+        let name = segment_name(&self.name, seq);
+        let mut annotations = BTreeMap::from([
+            (INDEX_ANNOTATION.to_string(), text.to_string()),
+            (
+                SEGMENT_KIND_ANNOTATION.to_string(),
+                kind.as_str().to_string(),
+            ),
+        ]);
+        self.stamp(&mut annotations);
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(BTreeMap::from([(
+                    SEGMENT_LABEL.to_string(),
+                    self.name.clone(),
+                )])),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: None,
+        };
+        match self.api.create(&PostParams::default(), &lease).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let found = self.api.get(&name).await?;
+                let empty = BTreeMap::new();
+                self.check_stamp(found.metadata.annotations.as_ref().unwrap_or(&empty), &name)
+                    .await?;
+                // Deleted and created again rather than written over: the
+                // shipped Role grants no update of Leases but the two named.
+                let guard = kube::api::DeleteParams {
+                    preconditions: Some(kube::api::Preconditions {
+                        resource_version: found.metadata.resource_version,
+                        uid: None,
+                    }),
+                    ..Default::default()
+                };
+                match self.api.delete(&name, &guard).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+                self.api.create(&PostParams::default(), &lease).await?;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Refuses to write a shard stamped by a newer term: a successor claimed
@@ -727,7 +841,10 @@ impl CheckpointStore {
     /// `Conflict`, and the caller must stop.
     ///
     /// `indexes` are streams' indexes that became safe since the last
-    /// successful save; the shards of their kinds are rewritten first.
+    /// save. All or nothing: the new segments are created first, and only
+    /// the state write that names them commits; a save failing anywhere
+    /// before leaves the stored state as it was (and the indexes kept for
+    /// the next save).
     pub async fn save(
         &mut self,
         checkpoints: &Checkpoints,
@@ -736,44 +853,116 @@ impl CheckpointStore {
         let Some(mut lease) = self.lease.clone() else {
             return Err(CheckpointError::NotClaimed);
         };
-        // Encoded off the async workers (10k objects take milliseconds; the
-        // copies are cheap, see `ObjectIndex`): changes go on meanwhile.
-        let copies: Vec<ObjectIndex> = indexes.iter().map(|ix| ix.index.clone()).collect();
-        let texts = tokio::task::spawn_blocking(move || {
-            copies.iter().map(ObjectIndex::encode).collect::<Vec<_>>()
+        for ix in indexes {
+            self.pending
+                .insert((ix.kind, ix.scope.clone()), ix.index.clone());
+        }
+        let mut kinds: Vec<ObjectKind> = self.pending.keys().map(|(k, _)| *k).collect();
+        kinds.extend(self.legacy.keys().copied());
+        kinds.sort();
+        kinds.dedup();
+        // Worked out off the async workers (differences and text of 10k
+        // objects take milliseconds; the copies are cheap, see
+        // `ObjectIndex`): changes go on meanwhile.
+        let work: Vec<_> = kinds
+            .iter()
+            .map(|&kind| {
+                let streams: Vec<(Scope, ObjectIndex)> = self
+                    .pending
+                    .iter()
+                    .filter(|((k, _), _)| *k == kind)
+                    .map(|((_, s), ix)| (s.clone(), ix.clone()))
+                    .collect();
+                (
+                    kind,
+                    self.stored
+                        .get(&kind)
+                        .cloned()
+                        .unwrap_or_else(|| ObjectIndex::new(kind)),
+                    streams,
+                    self.logs.get(&kind).cloned().unwrap_or_default(),
+                    self.tails.get(&kind).cloned().unwrap_or_default(),
+                    self.legacy.contains_key(&kind),
+                )
+            })
+            .collect();
+        let mut next = self.next_segment;
+        let (saves, next) = tokio::task::spawn_blocking(move || {
+            let saves: Vec<KindSave> = work
+                .into_iter()
+                .map(|(kind, mut index, streams, log, tail, legacy)| {
+                    let mut delta = String::new();
+                    for (scope, ix) in &streams {
+                        delta.push_str(&index.delta(ix, scope));
+                        index.replace_part(scope, ix);
+                    }
+                    let fit = |text: String| {
+                        let (fit, dropped) = segments::fit_lines(&text, SHARD_BYTES);
+                        for object in dropped {
+                            tracing::warn!(
+                                %object,
+                                "object too large for the stored index; a resync will deliver it again"
+                            );
+                        }
+                        fit.into_owned()
+                    };
+                    let plan = if legacy {
+                        log.rewrite(&fit(index.encode()), &mut next, SHARD_BYTES)
+                    } else {
+                        let delta = fit(delta);
+                        log.plan(&tail, &delta, || fit(index.encode()), &mut next, SHARD_BYTES)
+                    };
+                    KindSave { kind, index, plan }
+                })
+                .collect();
+            (saves, next)
         })
         .await
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-        let mut kinds = Vec::new();
-        for (ix, text) in indexes.iter().zip(texts) {
-            self.indexes
-                .entry(ix.kind)
-                .or_default()
-                .insert(ix.scope.clone(), text);
-            self.covered
-                .entry(ix.kind)
-                .or_default()
-                .insert(ix.scope.clone());
-            if !kinds.contains(&ix.kind) {
-                kinds.push(ix.kind);
+        for save in &saves {
+            for (seq, text) in &save.plan.create {
+                self.create_segment(*seq, save.kind, text).await?;
             }
-        }
-        let mut counts = Vec::new();
-        for kind in kinds {
-            counts.push((kind, self.write_index(kind).await?));
         }
         let annotations = lease
             .metadata
             .annotations
             .get_or_insert_with(Default::default);
-        for (kind, n) in counts {
-            annotations.insert(shards_key(kind).to_string(), n.to_string());
-            let scopes: Vec<&str> = self
-                .covered
-                .get(&kind)
-                .map(|s| s.iter().map(Scope::key).collect())
-                .unwrap_or_default();
+        let mut garbage = self.garbage.clone();
+        let mut covered = self.covered.clone();
+        for save in &saves {
+            let kind = save.kind;
+            annotations.insert(log_key(kind).to_string(), save.plan.log.format());
+            if save.plan.tail.is_empty() {
+                annotations.remove(tail_key(kind));
+            } else {
+                annotations.insert(tail_key(kind).to_string(), save.plan.tail.clone());
+            }
+            let scopes = covered.entry(kind).or_default();
+            scopes.extend(
+                self.pending
+                    .keys()
+                    .filter(|(k, _)| *k == kind)
+                    .map(|(_, s)| s.clone()),
+            );
+            let scopes: Vec<&str> = scopes.iter().map(Scope::key).collect();
             annotations.insert(scopes_key(kind).to_string(), scopes.join(","));
+            garbage.extend(
+                save.plan
+                    .dropped
+                    .iter()
+                    .map(|&n| segment_name(&self.name, n)),
+            );
+            if let Some(n) = self.legacy.get(&kind) {
+                annotations.remove(shards_key(kind));
+                garbage.extend((0..*n).map(|i| shard_name(&self.name, kind, i)));
+            }
+        }
+        annotations.insert(NEXT_SEGMENT_ANNOTATION.to_string(), next.to_string());
+        if garbage.is_empty() {
+            annotations.remove(GARBAGE_ANNOTATION);
+        } else {
+            annotations.insert(GARBAGE_ANNOTATION.to_string(), garbage.join(","));
         }
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
             match checkpoints.format(kind) {
@@ -785,28 +974,64 @@ impl CheckpointStore {
                 None => annotations.remove(annotation_key(kind)),
             };
         }
+        // The commit: one conditional write.
         self.lease = Some(self.replace(&lease).await?);
+        self.next_segment = next;
+        self.garbage = garbage;
+        self.covered = covered;
+        self.pending.clear();
+        for save in saves {
+            self.legacy.remove(&save.kind);
+            self.logs.insert(save.kind, save.plan.log);
+            self.tails.insert(save.kind, save.plan.tail);
+            self.stored.insert(save.kind, save.index);
+        }
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
             if checkpoints.format(kind).is_some() {
                 self.unreadable.remove(&kind);
             }
         }
+        self.collect_garbage().await;
         Ok(())
     }
 
-    async fn replace(&self, lease: &Lease) -> Result<Lease, CheckpointError> {
-        match self
+    /// The RV-guarded write of the state Lease. A 409 means another
+    /// leader claimed it. Any other failure leaves it unknown whether the
+    /// write landed (a connection dropped after it): the Lease is read
+    /// back, and while it still holds this term's stamp (nobody claimed
+    /// it since) it is the truth: what was written if it says so, else the
+    /// version to write over next time. Without this, a response lost
+    /// after the commit made every later save conflict and end the term.
+    async fn replace(&mut self, lease: &Lease) -> Result<Lease, CheckpointError> {
+        let err = match self
             .api
             .replace(&self.name, &PostParams::default(), lease)
             .await
         {
-            Ok(l) => Ok(l),
-            Err(kube::Error::Api(s)) if s.code == 409 => Err(CheckpointError::Conflict(format!(
-                "write as {} conflicted",
-                self.term
-            ))),
-            Err(e) => Err(e.into()),
+            Ok(l) => return Ok(l),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                return Err(CheckpointError::Conflict(format!(
+                    "write as {} conflicted",
+                    self.term
+                )));
+            }
+            Err(e) => e,
+        };
+        if let Ok(Some(found)) = self.api.get_opt(&self.name).await {
+            let a = found.metadata.annotations.as_ref();
+            let stamp = |k: &str| a.and_then(|a| a.get(k)).map_or("", String::as_str);
+            if stamp(TERM_ANNOTATION) == self.term.to_string()
+                && stamp(TERM_LEASE_UID_ANNOTATION) == self.term.lease_uid
+            {
+                if found.metadata.annotations == lease.metadata.annotations {
+                    return Ok(found);
+                }
+                if let Some(mine) = self.lease.as_mut() {
+                    mine.metadata.resource_version = found.metadata.resource_version;
+                }
+            }
         }
+        Err(err.into())
     }
 }
 

@@ -2,7 +2,7 @@
 use wasmwatch_apiserver::{Config, Server, ServerHandle};
 use wasmwatch_core::index::ObjectIndex;
 use wasmwatch_core::{ObjectKind, Scope};
-use wasmwatch_kube::checkpoint::{CheckpointError, CheckpointStore, StreamIndex};
+use wasmwatch_kube::checkpoint::{CheckpointError, CheckpointStore, Log, StreamIndex};
 use wasmwatch_kube::elector::Term;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -319,6 +319,41 @@ async fn an_unreadable_term_shard_count_or_index_is_set_aside() {
     assert_eq!(annotation(&server, "wasmwatch.io/term"), "pod-a/1");
 }
 
+/// The segment Leases the state Lease names for `kind`, in order.
+fn named_segments(server: &ServerHandle, kind: &str) -> Vec<String> {
+    let log = annotation(server, &format!("wasmwatch.io/{kind}-index-log"));
+    let log = Log::parse(log.as_str().expect("a log annotation")).unwrap();
+    log.segments
+        .iter()
+        .map(|n| format!("wasmwatch-state-segment-{n}"))
+        .collect()
+}
+
+fn segment_text(server: &ServerHandle, name: &str) -> String {
+    server
+        .get("leases.coordination.k8s.io", "default", name)
+        .unwrap_or_else(|| panic!("{name} is missing"))["metadata"]["annotations"]
+        ["wasmwatch.io/index"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Every Lease of the store but the state Lease.
+async fn index_leases(server: &ServerHandle) -> Vec<String> {
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    let mut names: Vec<String> = api
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|l| l.metadata.name)
+        .filter(|n| n.starts_with("wasmwatch-state-"))
+        .collect();
+    names.sort();
+    names
+}
+
 fn index(lines: &[(&str, u128)]) -> ObjectIndex {
     let text: String = lines
         .iter()
@@ -355,25 +390,11 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
     )
     .await
     .unwrap();
-    let shards: usize = annotation(&server, "wasmwatch.io/configmap-index-shards")
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(shards >= 2, "{shards} shards for 6,000 objects");
-    for n in 0..shards {
-        let lease = server
-            .get(
-                "leases.coordination.k8s.io",
-                "default",
-                &format!("wasmwatch-state-index-configmap-{n}"),
-            )
-            .unwrap();
-        let text = lease["metadata"]["annotations"]["wasmwatch.io/index"]
-            .as_str()
-            .unwrap()
-            .len();
-        assert!(text <= 200 * 1024, "shard {n}: {text} bytes");
+    let segments = named_segments(&server, "configmap");
+    assert!(segments.len() >= 2, "{segments:?} for 6,000 objects");
+    for name in &segments {
+        let text = segment_text(&server, name).len();
+        assert!(text <= 200 * 1024, "{name}: {text} bytes");
     }
 
     // Only one stream's index moves on: the other namespace's part stays.
@@ -445,8 +466,7 @@ async fn a_paused_leader_cannot_overwrite_the_index_shards_of_its_successor() {
         .save(&cps, &[stream(index(&[("shop/x", 5)]))])
         .await
         .unwrap_err();
-    assert!(matches!(err, CheckpointError::NewerTerm(_)), "{err}");
-    assert!(err.is_fenced());
+    assert!(err.is_fenced(), "{err}");
     let claimed = store(&server, term("pod-c", 5)).claim().await.unwrap();
     assert_eq!(
         claimed.indexes[&ObjectKind::ConfigMap],
@@ -488,20 +508,88 @@ async fn the_next_leader_knows_which_scopes_the_stored_index_covers() {
     assert!(!claimed.covers(ObjectKind::Secret, &Scope::from_key("shop")));
 }
 
-/// Issue 24: a save does not read back the shards this term wrote (at 10k
-/// objects, reading ~8 shards of 200 KiB at every save was most of its
-/// cost): an unchanged shard costs no request, a changed one its write.
+/// Issue 32: a save writes what changed since the last one, not the whole
+/// index (at 30k objects every save rewrote 35 shards of 200 KiB). A small
+/// difference goes into the state Lease's tail: one write, no segment.
 #[tokio::test]
-async fn saves_write_over_the_shards_this_term_wrote_without_reading_them() {
+async fn a_save_writes_what_changed_not_the_whole_index() {
     let server = Server::start(Config::default()).await.unwrap();
     let mut a = store(&server, term("pod-a", 1));
     let cps = a.claim().await.unwrap().checkpoints;
     let lines: Vec<(String, u128)> = (0..6000).map(|i| (format!("shop/cm-{i}"), i)).collect();
-    let ix = |bump: u128| {
+    let ix = |bump: &dyn Fn(usize) -> u128| {
         index(
             &lines
                 .iter()
-                .map(|(a, b)| (a.as_str(), *b + bump))
+                .enumerate()
+                .map(|(i, (a, b))| (a.as_str(), *b + bump(i)))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let stream = |ix: ObjectIndex| StreamIndex {
+        kind: ObjectKind::ConfigMap,
+        scope: Scope::from_key("shop"),
+        index: ix,
+    };
+    a.save(&cps, &[stream(ix(&|_| 0))]).await.unwrap();
+    let writes = |server: &ServerHandle| -> Vec<String> {
+        server
+            .requests()
+            .into_iter()
+            .filter(|r| r.resource == "leases" && r.is_write())
+            .map(|r| format!("{} {}", r.verb, r.name.unwrap_or_default()))
+            .collect()
+    };
+    let before = writes(&server).len();
+    a.save(&cps, &[stream(ix(&|_| 0))]).await.unwrap();
+    assert_eq!(
+        writes(&server)[before..],
+        ["update wasmwatch-state"],
+        "unchanged: the state Lease only"
+    );
+    let before = writes(&server).len();
+    a.save(&cps, &[stream(ix(&|i| (i == 7) as u128))])
+        .await
+        .unwrap();
+    assert_eq!(writes(&server)[before..], ["update wasmwatch-state"]);
+    let tail = annotation(&server, "wasmwatch.io/configmap-index-tail");
+    assert!(
+        tail.as_str().unwrap().starts_with("shop/cm-7 ")
+            && tail.as_str().unwrap().lines().count() == 1,
+        "{tail}"
+    );
+    // Every object changed: the difference is written as new segments,
+    // then the state Lease names them.
+    let before = writes(&server).len();
+    a.save(&cps, &[stream(ix(&|_| 1))]).await.unwrap();
+    let after = &writes(&server)[before..];
+    assert_eq!(after.last().unwrap(), "update wasmwatch-state");
+    assert!(
+        after[..after.len() - 1]
+            .iter()
+            .all(|w| w.starts_with("create ")),
+        "{after:?}"
+    );
+    let claimed = store(&server, term("pod-b", 2)).claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], ix(&|_| 1));
+}
+
+/// Once the segments written since the last full rewrite outweigh it, a
+/// save rewrites the whole index, and the segments it no longer names are
+/// deleted after the commit.
+#[tokio::test]
+async fn a_full_rewrite_deletes_the_segments_it_replaces() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let mut a = store(&server, term("pod-a", 1));
+    let cps = a.claim().await.unwrap().checkpoints;
+    let ix = |bump: u128| {
+        let lines: Vec<(String, u128)> = (0..3000)
+            .map(|i| (format!("shop/cm-{i}"), i + bump))
+            .collect();
+        index(
+            &lines
+                .iter()
+                .map(|(a, b)| (a.as_str(), *b))
                 .collect::<Vec<_>>(),
         )
     };
@@ -511,33 +599,293 @@ async fn saves_write_over_the_shards_this_term_wrote_without_reading_them() {
         index: ix,
     };
     a.save(&cps, &[stream(ix(0))]).await.unwrap();
-    let shard_requests = |server: &ServerHandle| -> Vec<String> {
-        server
-            .requests()
-            .into_iter()
-            .filter(|r| {
-                r.resource == "leases"
-                    && r.name
-                        .as_deref()
-                        .is_some_and(|n| n.starts_with("wasmwatch-state-index-"))
-            })
-            .map(|r| format!("{} {}", r.verb, r.name.unwrap()))
-            .collect()
-    };
-    let before = shard_requests(&server).len();
-    a.save(&cps, &[stream(ix(0))]).await.unwrap();
-    assert_eq!(
-        shard_requests(&server)[before..],
-        [] as [String; 0],
-        "unchanged"
-    );
-    a.save(&cps, &[stream(ix(1))]).await.unwrap();
-    let after = &shard_requests(&server)[before..];
-    assert!(!after.is_empty(), "every shard changed");
+    let first = named_segments(&server, "configmap");
+    let mut seen = first.clone();
+    for bump in 1..=4 {
+        a.save(&cps, &[stream(ix(bump))]).await.unwrap();
+        seen.extend(named_segments(&server, "configmap"));
+    }
+    let now = named_segments(&server, "configmap");
     assert!(
-        after.iter().all(|r| r.starts_with("update ")),
-        "written, not read: {after:?}"
+        !now.iter().any(|n| first.contains(n)),
+        "rewritten: {first:?} then {now:?}"
     );
+    let log = Log::parse(
+        annotation(&server, "wasmwatch.io/configmap-index-log")
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(log.bytes <= 2 * log.base + 300 * 1024, "{log:?}");
+    assert_eq!(
+        index_leases(&server).await,
+        {
+            let mut n = now.clone();
+            n.sort();
+            n
+        },
+        "only the named segments are left"
+    );
+    // Deleted after the commit that dropped them: the next commit no
+    // longer lists them as garbage.
+    a.save(&cps, &[]).await.unwrap();
+    assert!(annotation(&server, "wasmwatch.io/index-garbage").is_null());
     let claimed = store(&server, term("pod-b", 2)).claim().await.unwrap();
-    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], ix(1));
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], ix(4));
+}
+
+/// Upgrade: an index stored by a version before segments (shards counted
+/// in the state Lease) is read, and the next save rewrites it as segments
+/// and deletes the shards, so the next leader reads the same index.
+#[tokio::test]
+async fn an_index_in_shards_of_the_format_before_segments_is_read_and_rewritten() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let lines: Vec<(String, u128)> = (0..3000).map(|i| (format!("shop/cm-{i}"), i)).collect();
+    let old = index(
+        &lines
+            .iter()
+            .map(|(a, b)| (a.as_str(), *b))
+            .collect::<Vec<_>>(),
+    );
+    let shards = wasmwatch_kube::checkpoint::split_shards(&old.encode(), 100 * 1024);
+    assert!(shards.len() >= 2);
+    state_lease_with(
+        &server,
+        serde_json::json!({
+            "wasmwatch.io/term": "pod-a/1",
+            "wasmwatch.io/configmap-resource-version": "shop=5",
+            "wasmwatch.io/configmap-index-shards": shards.len().to_string(),
+            "wasmwatch.io/configmap-index-scopes": "shop",
+        }),
+    )
+    .await;
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    for (n, text) in shards.iter().enumerate() {
+        let shard: Lease = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("wasmwatch-state-index-configmap-{n}"),
+                         "annotations": {"wasmwatch.io/index": text}}
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &shard).await.unwrap();
+    }
+    let mut b = store(&server, term("pod-b", 2));
+    let claimed = b.claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], old);
+    assert!(claimed.covers(ObjectKind::ConfigMap, &Scope::from_key("shop")));
+    // Nothing else changed: the save still rewrites it, as segments.
+    b.save(&claimed.checkpoints, &[]).await.unwrap();
+    assert!(annotation(&server, "wasmwatch.io/configmap-index-shards").is_null());
+    let segments = named_segments(&server, "configmap");
+    let mut sorted = segments.clone();
+    sorted.sort();
+    assert_eq!(
+        index_leases(&server).await,
+        sorted,
+        "the shards are deleted"
+    );
+    let claimed = store(&server, term("pod-c", 3)).claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], old);
+    assert_eq!(
+        claimed
+            .checkpoints
+            .get(ObjectKind::ConfigMap, &Scope::from_key("shop")),
+        Some("5")
+    );
+}
+
+/// Issue 32: a save commits all or nothing. A save that rewrites an index
+/// of several segments (new segments, the state Lease, then deletes) is
+/// failed at each of its requests in turn, each way a request can fail
+/// (403, 409, 500, a connection dropped before the write, and after it);
+/// the next leader then reads the previous state or the new one, whole,
+/// with its own checkpoints, and nothing else is left behind.
+#[tokio::test]
+async fn a_save_failing_at_any_of_its_requests_leaves_the_old_state_or_the_new_one_whole() {
+    use wasmwatch_apiserver::{FaultAnswer, RequestFault};
+    let ix = |bump: u128| {
+        let lines: Vec<(String, u128)> = (0..6000)
+            .map(|i| (format!("shop/cm-{i}"), i + bump))
+            .collect();
+        index(
+            &lines
+                .iter()
+                .map(|(a, b)| (a.as_str(), *b))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (old, new) = (ix(1), ix(2));
+    let stream = |ix: &ObjectIndex| StreamIndex {
+        kind: ObjectKind::ConfigMap,
+        scope: Scope::from_key("shop"),
+        index: ix.clone(),
+    };
+    let cps = |rv: &str| {
+        let mut c = wasmwatch_kube::checkpoint::Checkpoints::default();
+        c.set(ObjectKind::ConfigMap, &Scope::from_key("shop"), rv);
+        c
+    };
+    // Three saves of every object: the third rewrites the whole index
+    // (creates, the commit, then deletes of the segments it replaces).
+    let prepared = || async {
+        let server = Server::start(Config::default()).await.unwrap();
+        let mut a = store(&server, term("pod-a", 1));
+        a.claim().await.unwrap();
+        a.save(&cps("10"), &[stream(&ix(0))]).await.unwrap();
+        a.save(&cps("20"), &[stream(&old)]).await.unwrap();
+        (server, a)
+    };
+    // Only the store touches Leases here (a create's name is in its body,
+    // not its path: the fault matches it there).
+    let (server, mut a) = prepared().await;
+    let before = server.requests().len();
+    a.save(&cps("30"), &[stream(&new)]).await.unwrap();
+    let verbs: Vec<String> = server.requests()[before..]
+        .iter()
+        .filter(|r| r.resource == "leases")
+        .map(|r| r.verb.clone())
+        .collect();
+    assert!(
+        verbs.iter().filter(|v| *v == "create").count() >= 2 && verbs.iter().any(|v| v == "delete"),
+        "a rewrite of several segments: {verbs:?}"
+    );
+
+    let answers = [
+        FaultAnswer::Status(403),
+        FaultAnswer::Status(409),
+        FaultAnswer::Status(500),
+        FaultAnswer::Drop,
+        FaultAnswer::DropAfter,
+    ];
+    let mut outcomes = Vec::new();
+    for (k, verb) in verbs.iter().enumerate() {
+        for answer in answers {
+            let (server, mut a) = prepared().await;
+            server.faults().fail_nth(RequestFault {
+                verb: None,
+                resource: "leases".into(),
+                namespace: Some("default".into()),
+                name_prefix: Some("wasmwatch-state".into()),
+                skip: k as u32,
+                answer,
+            });
+            let result = a.save(&cps("30"), &[stream(&new)]).await;
+            assert_eq!(
+                server.faults().request_faults_left(),
+                0,
+                "request {k} failed"
+            );
+            let mut b = store(&server, term("pod-b", 2));
+            let claimed = b.claim().await.unwrap();
+            let got = &claimed.indexes[&ObjectKind::ConfigMap];
+            let rv = claimed
+                .checkpoints
+                .get(ObjectKind::ConfigMap, &Scope::from_key("shop"))
+                .unwrap()
+                .to_string();
+            let which = if *got == new {
+                "new"
+            } else if *got == old {
+                "old"
+            } else {
+                panic!("request {k} ({verb}) answered {answer:?}: a torn index");
+            };
+            assert_eq!(
+                (which, rv.as_str()),
+                (which, if which == "new" { "30" } else { "20" }),
+                "request {k} answered {answer:?}: the index and the checkpoints commit together"
+            );
+            // The state Lease's write is the commit: before it the old
+            // state stands and the save failed; after it the new one
+            // stands, whatever the client heard.
+            outcomes.push(format!("{k} {verb} {answer:?}: {which} {}", result.is_ok()));
+            // Nothing is left but what the successor's state names (once
+            // its first save collected what the old one had not).
+            b.save(&claimed.checkpoints, &[]).await.unwrap();
+            let mut named = named_segments(&server, "configmap");
+            named.sort();
+            assert_eq!(
+                index_leases(&server).await,
+                named,
+                "request {k} answered {answer:?}: leftovers"
+            );
+        }
+    }
+    eprintln!("{}", outcomes.join("\n"));
+}
+
+/// A save that failed is retried by the same term with the same segment
+/// numbers: what the failed attempt created is written over, and the
+/// retry commits the new state.
+#[tokio::test]
+async fn a_failed_save_is_retried_over_what_it_created() {
+    use wasmwatch_apiserver::{FaultAnswer, RequestFault};
+    let server = Server::start(Config::default()).await.unwrap();
+    let mut a = store(&server, term("pod-a", 1));
+    let cps = a.claim().await.unwrap().checkpoints;
+    let lines: Vec<(String, u128)> = (0..6000).map(|i| (format!("shop/cm-{i}"), i)).collect();
+    let ix = index(
+        &lines
+            .iter()
+            .map(|(a, b)| (a.as_str(), *b))
+            .collect::<Vec<_>>(),
+    );
+    server.faults().fail_nth(RequestFault {
+        verb: Some("update".into()),
+        resource: "leases".into(),
+        namespace: Some("default".into()),
+        name_prefix: Some("wasmwatch-state".into()),
+        skip: 0,
+        answer: FaultAnswer::Status(500),
+    });
+    let stream = StreamIndex {
+        kind: ObjectKind::ConfigMap,
+        scope: Scope::from_key("shop"),
+        index: ix.clone(),
+    };
+    let err = a.save(&cps, &[stream]).await.unwrap_err();
+    assert!(!err.is_fenced(), "{err}");
+    assert!(annotation(&server, "wasmwatch.io/configmap-index-log").is_null());
+    let orphans = index_leases(&server).await;
+    assert!(orphans.len() >= 2, "{orphans:?}");
+    // Retried with nothing new: the index the failed save had is kept.
+    a.save(&cps, &[]).await.unwrap();
+    let mut named = named_segments(&server, "configmap");
+    named.sort();
+    assert_eq!(named, orphans, "the same numbers, written again");
+    let claimed = store(&server, term("pod-b", 2)).claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], ix);
+}
+
+/// The state write landed but its answer was lost (the connection dropped
+/// after it): the store reads the Lease back, finds its own commit, and
+/// neither fails the save nor conflicts with itself on the next one.
+#[tokio::test]
+async fn a_commit_whose_answer_was_lost_is_found_and_the_term_goes_on() {
+    use wasmwatch_apiserver::{FaultAnswer, RequestFault};
+    let server = Server::start(Config::default()).await.unwrap();
+    let mut a = store(&server, term("pod-a", 1));
+    let mut cps = a.claim().await.unwrap().checkpoints;
+    let lost = |server: &ServerHandle, answer| {
+        server.faults().fail_nth(RequestFault {
+            verb: Some("update".into()),
+            resource: "leases".into(),
+            namespace: Some("default".into()),
+            name_prefix: Some("wasmwatch-state".into()),
+            skip: 0,
+            answer,
+        })
+    };
+    cps.set(ObjectKind::ConfigMap, &Scope::from_key("shop"), "7");
+    lost(&server, FaultAnswer::DropAfter);
+    a.save(&cps, &[]).await.unwrap();
+    // Not landed (dropped before): the save fails, the next one stores.
+    cps.set(ObjectKind::ConfigMap, &Scope::from_key("shop"), "8");
+    lost(&server, FaultAnswer::Drop);
+    let err = a.save(&cps, &[]).await.unwrap_err();
+    assert!(!err.is_fenced(), "{err}");
+    a.save(&cps, &[]).await.unwrap();
+    assert_eq!(
+        annotation(&server, "wasmwatch.io/configmap-resource-version"),
+        "shop=8"
+    );
 }
