@@ -86,7 +86,9 @@ pub const SEGMENT_LABEL: &str = "wasmwatch.io/state";
 /// decides).
 pub const SEGMENT_KIND_ANNOTATION: &str = "wasmwatch.io/index-kind";
 
+mod health;
 mod segments;
+pub use health::{REPORT_AFTER, SaveHealth};
 pub use segments::{Log, Plan, split_lines as split_shards};
 
 /// The state Lease's annotation naming the segments of a kind's index.

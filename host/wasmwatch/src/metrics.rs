@@ -182,6 +182,8 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     pub checkpoint_lag_versions: Gauge,
     pub checkpoint_lag_seconds: Gauge<f64, AtomicU64>,
+    pub checkpoint_save_age_seconds: Gauge<f64, AtomicU64>,
+    pub checkpoint_save_failures: Gauge,
     pub checkpoint_writes: Labelled<Counter>,
     pub leader: Gauge,
     pub leader_transitions: Labelled<Counter>,
@@ -307,6 +309,21 @@ impl Metrics {
                 r,
                 "wasmwatch_checkpoint_lag_seconds",
                 "Age of the oldest change not yet passed by the checkpoint (0 when none).",
+                Gauge::default(),
+            ),
+            checkpoint_save_age_seconds: register(
+                r,
+                "wasmwatch_checkpoint_save_age_seconds",
+                "Seconds since the leader last stored its checkpoints and index (since it \
+                 began leading, before its first save); 0 when not leading. A new leader \
+                 would replay from there.",
+                Gauge::default(),
+            ),
+            checkpoint_save_failures: register(
+                r,
+                "wasmwatch_checkpoint_save_failures",
+                "Saves of the checkpoints and index failed in a row (a Warning Event \
+                 CheckpointSaveFailed on the state Lease at 3).",
                 Gauge::default(),
             ),
             checkpoint_writes: counters(
@@ -662,6 +679,8 @@ mod tests {
                 "wasmwatch_changes_folded_total",
                 "wasmwatch_checkpoint_lag_seconds",
                 "wasmwatch_checkpoint_lag_versions",
+                "wasmwatch_checkpoint_save_age_seconds",
+                "wasmwatch_checkpoint_save_failures",
                 "wasmwatch_checkpoint_writes_total",
                 "wasmwatch_dead_letters_total",
                 "wasmwatch_events_handled_total",

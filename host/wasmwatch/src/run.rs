@@ -702,6 +702,10 @@ impl Service {
         // polled beside the other inputs, so that changes go on meanwhile
         // (the term asks for one save at a time; issue 24).
         let mut writing: Option<Writing> = None;
+        // How the saves go, for the metrics and a Warning Event.
+        let mut health = store
+            .as_ref()
+            .map(|_| wasmwatch_kube::checkpoint::SaveHealth::new(Instant::now()));
         let end = loop {
             let input = tokio::select! {
                 biased;
@@ -724,6 +728,7 @@ impl Service {
                 (s, saved) = async { writing.as_mut().expect("checked").await }, if writing.is_some() => {
                     store = Some(s);
                     writing = None;
+                    self.saved(health.as_mut(), &saved, store.as_ref());
                     Input::Saved(saved)
                 }
                 Some(tickets) = done.recv() => {
@@ -741,6 +746,11 @@ impl Service {
                     // Forget the turns of calls that are over.
                     order.retain(|_, turn| matches!(turn.done.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
                     self.update_metrics(&term, &pipeline, &mut watch_stats);
+                    if let Some(h) = &health {
+                        self.metrics
+                            .checkpoint_save_age_seconds
+                            .set(h.age(Instant::now()).as_secs_f64());
+                    }
                     if may_act() {
                         Input::Tick
                     } else {
@@ -850,7 +860,55 @@ impl Service {
                 Saved::NotActing => tracing::warn!("final checkpoint not saved: the fence closed"),
             }
         }
+        self.metrics.checkpoint_save_age_seconds.set(0.0);
+        self.metrics.checkpoint_save_failures.set(0);
         matches!(end, End::Shutdown)
+    }
+
+    /// Feeds a save's outcome to the term's `health`: the metrics, and a
+    /// Warning Event `CheckpointSaveFailed` on the state Lease after
+    /// failures in a row (in the background).
+    fn saved(
+        &self,
+        health: Option<&mut wasmwatch_kube::checkpoint::SaveHealth>,
+        saved: &Saved,
+        store: Option<&CheckpointStore>,
+    ) {
+        let Some(health) = health else { return };
+        let outcome = match saved {
+            Saved::Stored => Ok(()),
+            Saved::Failed(e) => Err(e.as_str()),
+            Saved::Fenced(_) | Saved::NotActing => return,
+        };
+        let now = Instant::now();
+        let warning = health.saved(outcome, now);
+        self.metrics
+            .checkpoint_save_failures
+            .set(i64::from(health.failed_in_a_row()));
+        self.metrics
+            .checkpoint_save_age_seconds
+            .set(health.age(now).as_secs_f64());
+        let Some(message) = warning else { return };
+        let lease = self.manifest.ha.state_lease_name.clone();
+        tracing::error!(lease = %lease, "{message}");
+        let kube = self.executors.kube.clone();
+        let namespace = self.lease_namespace.clone();
+        let uid = store.and_then(CheckpointStore::uid);
+        tokio::spawn(async move {
+            if let Err(e) = kube
+                .lease_event(
+                    &namespace,
+                    &lease,
+                    uid,
+                    EventType::Warning,
+                    "CheckpointSaveFailed",
+                    &message,
+                )
+                .await
+            {
+                tracing::warn!("cannot record the CheckpointSaveFailed Event: {e}");
+            }
+        });
     }
 
     fn update_metrics(

@@ -587,3 +587,97 @@ async fn a_baseline_write_that_fails_is_retried_before_any_change_is_handled() {
     .await;
     eprintln!("baseline stored {took:?} after leading, after 3 failed writes");
 }
+
+/// Issue 32: saves refused for good (here a 403 on every write of the state
+/// Lease) are told where operators look: the failures in a row and the age
+/// of the last stored state on /metrics, and a Warning Event on the state
+/// Lease naming the cause. Changes are still delivered meanwhile, and once
+/// the writes are allowed again the state catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saves_that_keep_failing_are_reported_on_the_state_lease_and_in_the_metrics() {
+    use wasmwatch_apiserver::{FaultAnswer, RequestFault};
+    let _alone = ALONE.lock().await;
+    let c = cluster().await;
+    let a = Replica::start(&c.kubeconfig, &c.manifest, "replica-a");
+    eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
+    eventually(Duration::from_secs(10), "a checkpoint", || async {
+        checkpoint(&c.client, "shop").await.is_some()
+    })
+    .await;
+    let before = orders_hits(&c);
+    for _ in 0..1000 {
+        c.server.faults().fail_nth(RequestFault {
+            verb: Some("update".into()),
+            resource: "leases".into(),
+            namespace: Some("default".into()),
+            name_prefix: Some("wasmwatch-state".into()),
+            skip: 0,
+            answer: FaultAnswer::Status(403),
+        });
+    }
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(c.client.clone(), "default");
+    let warning = || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("CheckpointSaveFailed")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.involved_object.name.as_deref() == Some("wasmwatch-state")
+            })
+            .and_then(|e| e.message)
+    };
+    let mut n = 1;
+    eventually(
+        Duration::from_secs(20),
+        "a CheckpointSaveFailed Event",
+        || {
+            n += 1;
+            let value = n.to_string();
+            let cms = c.cms.clone();
+            let warning = warning();
+            async move {
+                set(&cms, "orders", &value).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                warning.await.is_some()
+            }
+        },
+    )
+    .await;
+    let message = warning().await.unwrap();
+    assert!(
+        message.contains("saves of the checkpoints and index failed in a row")
+            && message.contains("is forbidden")
+            && message.contains("(RBAC:"),
+        "{message}"
+    );
+    assert!(a.metric("wasmwatch_checkpoint_save_failures").await >= 3.0);
+    eventually(
+        Duration::from_secs(5),
+        "the age of the stored state grows",
+        || async { a.metric("wasmwatch_checkpoint_save_age_seconds").await >= 1.0 },
+    )
+    .await;
+    // Changes are delivered all the same.
+    eventually(Duration::from_secs(10), "the changes refreshed", || async {
+        orders_hits(&c).iter().zip(&before).all(|(h, b)| h > b)
+    })
+    .await;
+    // Allowed again: the state catches up, the metrics say so.
+    c.server.faults().reset();
+    let rv = set(&c.cms, "orders", "last").await;
+    eventually(
+        Duration::from_secs(10),
+        "the checkpoint catches up",
+        || async { checkpoint(&c.client, "shop").await.is_some_and(|v| v >= rv) },
+    )
+    .await;
+    eventually(Duration::from_secs(5), "no failures in a row", || async {
+        a.metric("wasmwatch_checkpoint_save_failures").await == 0.0
+    })
+    .await;
+}
