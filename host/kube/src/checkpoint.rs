@@ -57,7 +57,7 @@
 //! them (`wasmwatch.io/<kind>-index-shards`); the next save of that kind
 //! rewrites the whole index as segments, drops the shard count and deletes
 //! the shards.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -1137,6 +1137,14 @@ struct Stream {
     /// No index-changing entry completed since the last safe index: the
     /// index to be stored covers everything up to `last`.
     covered: bool,
+    /// Positions of the changes that remove an object from the index (a
+    /// deletion) and are not handled yet: an index taken after one of them
+    /// may not be stored (it would hide the deletion from a successor).
+    removals: BTreeSet<u64>,
+    /// Positions of indexes taken after such a removal, in order.
+    blocked: std::collections::VecDeque<u64>,
+    /// One past the position of the newest index handed out to be stored.
+    handed: u64,
 }
 
 impl Stream {
@@ -1171,7 +1179,8 @@ pub struct Progress {
     streams: Vec<Stream>,
     checkpoints: Checkpoints,
     dirty: bool,
-    safe: Vec<StreamIndex>,
+    /// Per stream, the newest index that may be stored and its position.
+    ready: BTreeMap<usize, (u64, StreamIndex)>,
 }
 
 impl Progress {
@@ -1181,7 +1190,7 @@ impl Progress {
             streams: Vec::new(),
             checkpoints,
             dirty: false,
-            safe: Vec::new(),
+            ready: BTreeMap::new(),
         }
     }
 
@@ -1199,6 +1208,9 @@ impl Progress {
             pending: Default::default(),
             last: None,
             covered: true,
+            removals: BTreeSet::new(),
+            blocked: Default::default(),
+            handed: 0,
         });
         self.streams.len() - 1
     }
@@ -1206,6 +1218,18 @@ impl Progress {
     /// A change at `resource_version` was handed out (`None`: a change
     /// without a version of its own, which only waits its turn).
     pub fn change(&mut self, stream: usize, resource_version: Option<&str>) -> Ticket {
+        self.change_of(stream, resource_version, false)
+    }
+
+    /// [`Progress::change`] of a change that `removes` its object from the
+    /// index (a deletion): until it is handled, no index taken after it is
+    /// stored.
+    pub fn change_of(
+        &mut self,
+        stream: usize,
+        resource_version: Option<&str>,
+        removes: bool,
+    ) -> Ticket {
         let s = &mut self.streams[stream];
         let seq = s.push(|seq| Entry::Change {
             seq,
@@ -1216,6 +1240,9 @@ impl Progress {
                 .map(str::to_string),
             done: false,
         });
+        if removes {
+            s.removals.insert(seq);
+        }
         Ticket { stream, seq }
     }
 
@@ -1243,9 +1270,47 @@ impl Progress {
     /// The stream's loop took this index after everything it reported so
     /// far: it becomes safe to store (see [`Progress::take_indexes`]) once
     /// all those changes are handled.
+    ///
+    /// It may be stored earlier, before the changes are handled, as soon as
+    /// no deletion among them is unhandled: a successor's resync after a
+    /// 410 delivers every object written after its checkpoint whatever the
+    /// index says (additions and modifications cannot be hidden by an index
+    /// ahead of the checkpoint), but an index without an unhandled
+    /// deletion's object would hide that deletion. So an object created
+    /// and handed out is in a stored index soon, before its deletion in a
+    /// gap could be missed (issue 32; the term holds a creation's actions
+    /// until then).
     pub fn index(&mut self, stream: usize, index: ObjectIndex) {
-        self.streams[stream].push(|_| Entry::Index(index));
+        let s = &mut self.streams[stream];
+        let pos = s.push(|_| Entry::Index(index));
+        if s.removals.is_empty() {
+            self.storable(stream, pos);
+        } else {
+            s.blocked.push_back(pos);
+        }
         self.advance(stream);
+    }
+
+    /// The index at `pos` (still pending) may be stored.
+    fn storable(&mut self, stream: usize, pos: u64) {
+        let s = &self.streams[stream];
+        let Some(kind) = s.kind else { return };
+        let at = pos.checked_sub(s.front).map(|i| i as usize);
+        if let Some(Entry::Index(index)) = at.and_then(|i| s.pending.get(i)) {
+            self.offer(stream, pos, kind, index.clone());
+        }
+    }
+
+    /// Keeps `index` (at `pos`) as the stream's newest to store, unless a
+    /// newer one is ready or was handed out.
+    fn offer(&mut self, stream: usize, pos: u64, kind: ObjectKind, index: ObjectIndex) {
+        let s = &self.streams[stream];
+        if pos < s.handed || self.ready.get(&stream).is_some_and(|(p, _)| *p >= pos) {
+            return;
+        }
+        let scope = s.scope.clone();
+        self.ready
+            .insert(stream, (pos, StreamIndex { kind, scope, index }));
     }
 
     /// The change behind `ticket` is fully handled.
@@ -1257,13 +1322,25 @@ impl Progress {
             debug_assert_eq!(*seq, ticket.seq, "a ticket's position is its entry's");
             *done = true;
         }
+        if s.removals.remove(&ticket.seq) {
+            let first = s.removals.first().copied().unwrap_or(u64::MAX);
+            let mut newest = None;
+            while s.blocked.front().is_some_and(|p| *p < first) {
+                newest = s.blocked.pop_front();
+            }
+            if let Some(pos) = newest {
+                self.storable(ticket.stream, pos);
+            }
+        }
         self.advance(ticket.stream);
     }
 
     fn advance(&mut self, stream: usize) {
         let s = &mut self.streams[stream];
-        // The furthest version the checkpoint may take now.
+        // The furthest version the checkpoint may take now, and the newest
+        // index that became safe.
         let mut to = None;
+        let mut safe = None;
         while s.pending.front().is_some_and(Entry::done) {
             s.front += 1;
             match s.pending.pop_front().expect("front") {
@@ -1287,15 +1364,7 @@ impl Progress {
                     }
                 }
                 Entry::Index(index) => {
-                    if let Some(kind) = s.kind {
-                        self.safe
-                            .retain(|o| !(o.kind == kind && o.scope == s.scope));
-                        self.safe.push(StreamIndex {
-                            kind,
-                            scope: s.scope.clone(),
-                            index,
-                        });
-                    }
+                    safe = Some((s.front - 1, index));
                     s.covered = true;
                     to = s.last.clone().or(to);
                 }
@@ -1306,6 +1375,9 @@ impl Progress {
         {
             self.checkpoints.set(kind, &s.scope, &rv);
             self.dirty = true;
+        }
+        if let (Some((pos, index)), Some(kind)) = (safe, s.kind) {
+            self.offer(stream, pos, kind, index);
         }
     }
 
@@ -1334,9 +1406,34 @@ impl Progress {
         std::mem::take(&mut self.dirty)
     }
 
-    /// The indexes that became safe since the last call (the newest per stream).
+    /// The indexes that may be stored, newest per stream, not handed out
+    /// before: safe ones, and newer ones no unhandled deletion stands
+    /// before (see [`Progress::index`]).
     pub fn take_indexes(&mut self) -> Vec<StreamIndex> {
-        std::mem::take(&mut self.safe)
+        std::mem::take(&mut self.ready)
+            .into_iter()
+            .map(|(stream, (pos, ix))| {
+                self.streams[stream].handed = pos + 1;
+                ix
+            })
+            .collect()
+    }
+
+    /// Whether an index is ready to be handed out.
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    /// One past the position of the newest index of `stream` handed out by
+    /// [`Progress::take_indexes`]: once it is stored, every change of the
+    /// stream before it is in the stored index.
+    pub fn handed(&self, stream: usize) -> u64 {
+        self.streams[stream].handed
+    }
+
+    /// The stream and position of a ticket's change.
+    pub fn position(ticket: Ticket) -> (usize, u64) {
+        (ticket.stream, ticket.seq)
     }
 }
 
@@ -1492,27 +1589,44 @@ mod progress_tests {
         );
     }
 
+    /// Issue 32: an index may be stored before its changes are handled
+    /// (a successor's resync delivers every object written after its
+    /// checkpoint whatever the index says), but not while a deletion it
+    /// has seen is unhandled (it would hide that deletion).
     #[test]
-    fn an_index_is_safe_only_once_everything_it_has_seen_is_handled() {
+    fn an_index_is_stored_early_unless_a_deletion_it_has_seen_is_unhandled() {
         let mut p = Progress::new(Checkpoints::default());
         let s = p.stream(ObjectKind::ConfigMap, Scope::from_key("prod"));
-        let a = p.change(s, Some("10"));
+        let a = p.change(s, Some("9"));
         let ix = one_object();
         p.index(s, ix.clone());
+        let early = p.take_indexes();
+        assert_eq!(early.len(), 1, "change 9 in flight is no deletion");
+        assert_eq!(early[0].index, ix);
+        assert_eq!(p.handed(s), 2);
+        let gone = p.change_of(s, Some("10"), true);
+        p.index(s, ix.clone());
         let b = p.change(s, Some("11"));
-        assert!(p.take_indexes().is_empty(), "change 10 is in flight");
+        assert!(p.take_indexes().is_empty(), "deletion 10 is in flight");
         p.complete(b);
         assert!(p.take_indexes().is_empty(), "still in flight");
-        p.complete(a);
-        let safe = p.take_indexes();
-        assert_eq!(safe.len(), 1);
+        p.complete(gone);
+        let ready = p.take_indexes();
+        assert_eq!(ready.len(), 1);
         assert_eq!(
-            (safe[0].kind, safe[0].scope.key()),
+            (ready[0].kind, ready[0].scope.key()),
             (ObjectKind::ConfigMap, "prod")
         );
-        assert_eq!(safe[0].index, ix);
-        // The index was taken before 11: the checkpoint stays at 10 until
-        // an index with 11 in it is safe.
+        assert_eq!(p.handed(s), 4);
+        // Change 9 is not handled: the checkpoint does not move at all.
+        assert_eq!(
+            p.checkpoints()
+                .get(ObjectKind::ConfigMap, &Scope::from_key("prod")),
+            None
+        );
+        p.complete(a);
+        // Both indexes were taken before 11: the checkpoint stays at 10
+        // until an index with 11 in it is there; nothing is handed twice.
         assert_eq!(
             p.checkpoints()
                 .get(ObjectKind::ConfigMap, &Scope::from_key("prod")),

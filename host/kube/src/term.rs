@@ -42,12 +42,25 @@
 //!   for no other `Save` until it was fed `Saved`. A save that came due
 //!   meanwhile (the interval, or a baseline's index) follows at once.
 //!
+//! - A creation's actions wait until a stored index has its object (issue
+//!   32): a successor that meets a 410 after the object was deleted in a
+//!   leaderless gap must find it in the index, or the deletion reaches no
+//!   app. The watch loop sends its index right after a creation, the
+//!   index may be stored before its changes are handled (see
+//!   [`Progress::index`]), and the term saves as soon as it may (group
+//!   commit: one save for the creations of a moment), then dispatches
+//!   them. Later changes of a waiting object wait behind it; an object
+//!   created and deleted before its creation was dispatched is handled
+//!   without any action (the apps never saw it). A failed save lets them
+//!   go (the store is failing; that is reported), and a term that ends
+//!   first leaves them to the successor's replay.
+//!
 //! Replays are marked by the watch loops (they know where they resumed).
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use wasmwatch_core::{ChangeEvent, ObjectKind, Scope};
+use wasmwatch_core::{ChangeEvent, ChangeType, ObjectKind, Scope};
 
 use crate::checkpoint::{Checkpoints, Progress, StreamIndex, Ticket};
 use crate::watchloop::Output;
@@ -108,8 +121,8 @@ pub enum Effect {
         event: Box<ChangeEvent>,
         plugins: Vec<usize>,
     },
-    /// Write these (index shards first, then the state Lease), then feed
-    /// [`Input::Saved`].
+    /// Write these (new index segments first, then the state Lease: the
+    /// commit), then feed [`Input::Saved`].
     Save {
         checkpoints: Checkpoints,
         indexes: Vec<StreamIndex>,
@@ -137,6 +150,28 @@ pub enum End {
 struct Stream {
     /// A baseline whose index (and so checkpoint) is not stored yet.
     baseline_unsaved: bool,
+}
+
+/// A change whose dispatch waits (see the module docs).
+#[derive(Debug)]
+struct Held {
+    ticket: Ticket,
+    event: Box<ChangeEvent>,
+    plugins: Vec<usize>,
+    /// A creation: waits for a stored index with its object. Else a later
+    /// change of a waiting object: waits for it.
+    creation: bool,
+}
+
+impl Held {
+    fn object(&self) -> (ObjectKind, &str, &str) {
+        object_of(&self.event)
+    }
+}
+
+fn object_of(event: &ChangeEvent) -> (ObjectKind, &str, &str) {
+    let o = &event.object;
+    (o.kind, o.namespace.as_str(), o.name.as_str())
 }
 
 #[derive(Debug)]
@@ -172,6 +207,12 @@ pub struct Term {
     due_while_saving: bool,
     /// While saving: a baseline's index came, to be stored next.
     baseline_while_saving: Option<Instant>,
+    /// Changes whose dispatch waits for a stored index, in arrival order.
+    held: VecDeque<Held>,
+    /// Per stream, [`Progress::handed`] when the save being written was
+    /// taken, and as of the last stored save.
+    committing: Vec<u64>,
+    stored_through: Vec<u64>,
     ended: bool,
 }
 
@@ -204,6 +245,9 @@ impl Term {
             saving: false,
             due_while_saving: false,
             baseline_while_saving: None,
+            held: VecDeque::new(),
+            committing: Vec::new(),
+            stored_through: Vec::new(),
             ended: false,
         }
     }
@@ -214,6 +258,8 @@ impl Term {
         self.streams.push(Stream {
             baseline_unsaved: self.stores && start == Start::Baseline,
         });
+        self.committing.push(0);
+        self.stored_through.push(0);
         id
     }
 
@@ -290,26 +336,61 @@ impl Term {
             } => {
                 let kind = event.object.kind;
                 out.push(Effect::Received(kind));
-                let ticket = self.progress.change(id, resource_version.as_deref());
+                let removes = event.change == ChangeType::Deleted;
+                let ticket = self
+                    .progress
+                    .change_of(id, resource_version.as_deref(), removes);
                 let plugins = (self.route)(&event);
                 if plugins.is_empty() {
                     self.progress.complete(ticket);
                     out.push(Effect::Handled(kind));
-                } else {
-                    self.outstanding.insert(
-                        ticket,
-                        Outstanding {
-                            left: plugins.len(),
-                            kind,
-                            since: now,
-                        },
-                    );
-                    out.push(Effect::Dispatch {
+                    return;
+                }
+                self.outstanding.insert(
+                    ticket,
+                    Outstanding {
+                        left: plugins.len(),
+                        kind,
+                        since: now,
+                    },
+                );
+                let waits = self.held.iter().any(|h| h.object() == object_of(&event));
+                if waits && removes {
+                    // Created and deleted before the creation's actions
+                    // ran: none of it runs (the apps never saw it).
+                    let key = object_of(&event);
+                    let mut gone = vec![ticket];
+                    self.held.retain(|h| {
+                        let of = h.object() == key;
+                        if of {
+                            gone.push(h.ticket);
+                        }
+                        !of
+                    });
+                    for t in gone {
+                        self.outstanding.remove(&t);
+                        self.progress.complete(t);
+                        out.push(Effect::Handled(kind));
+                    }
+                    return;
+                }
+                let creation =
+                    self.stores && matches!(event.change, ChangeType::Added | ChangeType::Resynced);
+                if waits || creation {
+                    self.held.push_back(Held {
                         ticket,
                         event,
                         plugins,
+                        creation,
                     });
+                    self.commit_held(out);
+                    return;
                 }
+                out.push(Effect::Dispatch {
+                    ticket,
+                    event,
+                    plugins,
+                });
             }
             Output::Progress {
                 resource_version,
@@ -323,6 +404,7 @@ impl Term {
             }
             Output::Index(index) => {
                 self.progress.index(id, index);
+                self.commit_held(out);
                 let stream = &mut self.streams[id];
                 if std::mem::take(&mut stream.baseline_unsaved) {
                     // Stored at once, and nothing else read until it is
@@ -347,7 +429,46 @@ impl Term {
             out.push(Effect::Handled(o.kind));
             self.outstanding.remove(&ticket);
             self.progress.complete(ticket);
+            self.commit_held(out);
         }
+    }
+
+    /// Saves at once (or right after the save being written) when a
+    /// creation waits and an index that may be stored is there.
+    fn commit_held(&mut self, out: &mut Vec<Effect>) {
+        if self.ended || !self.held.iter().any(|h| h.creation) || !self.progress.has_ready() {
+            return;
+        }
+        if self.saving {
+            self.due_while_saving = true;
+        } else {
+            self.save(out);
+        }
+    }
+
+    /// Dispatches what no longer waits: every change when `all` (a save
+    /// failed), else creations whose object a stored index has, and the
+    /// changes behind them.
+    fn release(&mut self, all: bool, out: &mut Vec<Effect>) {
+        let mut waiting: HashSet<(ObjectKind, String, String)> = HashSet::new();
+        let mut keep = VecDeque::new();
+        for h in std::mem::take(&mut self.held) {
+            let (stream, pos) = Progress::position(h.ticket);
+            let key = h.object();
+            let key = (key.0, key.1.to_string(), key.2.to_string());
+            let stored = pos < self.stored_through[stream];
+            if !all && ((h.creation && !stored) || waiting.contains(&key)) {
+                waiting.insert(key);
+                keep.push_back(h);
+            } else {
+                out.push(Effect::Dispatch {
+                    ticket: h.ticket,
+                    event: h.event,
+                    plugins: h.plugins,
+                });
+            }
+        }
+        self.held = keep;
     }
 
     /// Collects what moved; emits a save when there is something.
@@ -373,6 +494,9 @@ impl Term {
             }
         }
         self.saving = true;
+        self.committing = (0..self.streams.len())
+            .map(|id| self.progress.handed(id))
+            .collect();
         out.push(Effect::Save {
             checkpoints,
             indexes: self.indexes.clone(),
@@ -387,6 +511,8 @@ impl Term {
             Saved::Stored => {
                 self.unsaved = false;
                 self.indexes.clear();
+                self.stored_through = self.committing.clone();
+                self.release(false, out);
                 let progress = &self.progress;
                 self.unreadable.retain(|k| !progress.has_checkpoints(*k));
                 self.urgent = baseline;
@@ -396,6 +522,7 @@ impl Term {
                 }
             }
             Saved::Failed(_) => {
+                self.release(true, out);
                 if baseline.is_some() && self.urgent.is_none() {
                     // Its own save: at once.
                     self.urgent = baseline;

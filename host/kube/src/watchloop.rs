@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use wasmwatch_core::digest::DigestKey;
 use wasmwatch_core::event::Metadata;
 use wasmwatch_core::index::{ObjectIndex, Resync, Seen};
-use wasmwatch_core::{ChangeEvent, ObjectKind, ObjectSnapshot, Scope};
+use wasmwatch_core::{ChangeEvent, ChangeType, ObjectKind, ObjectSnapshot, Scope};
 
 /// What one watch loop watches.
 #[derive(Debug, Clone)]
@@ -76,6 +76,10 @@ pub enum Output {
     Index(ObjectIndex),
 }
 
+/// How soon the index follows a creation: the creations of this moment
+/// share one save (group commit) before their actions run.
+pub const CREATION_INDEX_AFTER: Duration = Duration::from_millis(10);
+
 /// Counters of one loop, readable while it runs (for metrics).
 #[derive(Debug, Default)]
 pub struct WatchStats {
@@ -113,6 +117,10 @@ pub struct WatchLoop {
     /// The index changed since it was last sent.
     index_dirty: bool,
     index_sent: tokio::time::Instant,
+    /// A creation sent since the index was last sent: the index follows
+    /// within [`CREATION_INDEX_AFTER`] (the term holds a creation's
+    /// actions until an index with its object is stored).
+    created_at: Option<tokio::time::Instant>,
     stats: std::sync::Arc<WatchStats>,
     /// A watch request was made before (the next one is a restart).
     watched: bool,
@@ -194,6 +202,7 @@ impl WatchLoop {
             index_interval: Duration::from_secs(5),
             index_dirty: false,
             index_sent: tokio::time::Instant::now(),
+            created_at: None,
             stats: Default::default(),
             watched: false,
             gone_in_a_row: 0,
@@ -307,6 +316,7 @@ impl WatchLoop {
 
     async fn send_index(&mut self, out: &mpsc::Sender<Output>) -> Result<(), WatchError> {
         self.index_dirty = false;
+        self.created_at = None;
         self.index_sent = tokio::time::Instant::now();
         out.send(Output::Index(self.index.clone()))
             .await
@@ -506,11 +516,14 @@ impl WatchLoop {
                 let mut last_event = tokio::time::Instant::now();
                 while let Some(event) = loop {
                     let idle_at = last_event + idle;
-                    let wake = if self.index_dirty {
+                    let mut wake = if self.index_dirty {
                         idle_at.min(self.index_sent + self.index_interval)
                     } else {
                         idle_at
                     };
+                    if let Some(at) = self.created_at {
+                        wake = wake.min(at + CREATION_INDEX_AFTER);
+                    }
                     match tokio::time::timeout_at(wake, stream.try_next()).await {
                         Ok(next) => match next {
                             Ok(next) => break next,
@@ -582,8 +595,16 @@ impl WatchLoop {
                     self.index_dirty |= remembered_changed || event.is_some();
                     match event {
                         Some(event) => {
+                            if event.change == ChangeType::Added {
+                                self.created_at
+                                    .get_or_insert_with(tokio::time::Instant::now);
+                            }
                             self.send_change(out, event, Some(rv)).await?;
-                            if self.index_sent.elapsed() >= self.index_interval {
+                            if self.index_sent.elapsed() >= self.index_interval
+                                || self
+                                    .created_at
+                                    .is_some_and(|t| t.elapsed() >= CREATION_INDEX_AFTER)
+                            {
                                 self.send_index(out).await?;
                             }
                         }

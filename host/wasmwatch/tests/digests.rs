@@ -72,27 +72,40 @@ async fn template(client: &kube::Client) -> serde_json::Value {
         .unwrap_or_default()
 }
 
-/// The stored Secret index (every shard's text).
+/// The stored Secret index, as a new leader reads it (the segments the
+/// state Lease names, then its tail), one line per object.
 async fn stored_index(client: &kube::Client) -> String {
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
-    let mut text = String::new();
-    for n in 0..8 {
-        let Some(l) = leases
-            .get_opt(&format!("wasmwatch-state-index-secret-{n}"))
-            .await
-            .unwrap()
-        else {
-            break;
-        };
-        if let Some(t) = l
-            .metadata
+    let annotation = |l: &Lease, key: &str| {
+        l.metadata
             .annotations
-            .and_then(|a| a.get("wasmwatch.io/index").cloned())
-        {
-            text.push_str(&t);
-        }
+            .as_ref()
+            .and_then(|a| a.get(key).cloned())
+    };
+    let Some(state) = leases.get_opt("wasmwatch-state").await.unwrap() else {
+        return String::new();
+    };
+    let Some(log) = annotation(&state, "wasmwatch.io/secret-index-log") else {
+        return String::new();
+    };
+    let log = wasmwatch_kube::checkpoint::Log::parse(&log).unwrap();
+    let mut index = wasmwatch_core::index::ObjectIndex::new(wasmwatch_core::ObjectKind::Secret);
+    for n in log.segments {
+        let segment = leases
+            .get(&wasmwatch_kube::checkpoint::segment_name(
+                "wasmwatch-state",
+                n,
+            ))
+            .await
+            .unwrap();
+        index
+            .apply_text(&annotation(&segment, "wasmwatch.io/index").unwrap())
+            .unwrap();
     }
-    text
+    if let Some(tail) = annotation(&state, "wasmwatch.io/secret-index-tail") {
+        index.apply_text(&tail).unwrap();
+    }
+    index.encode()
 }
 
 /// The plain per-key hash versions before keys stored (the first 8 bytes of

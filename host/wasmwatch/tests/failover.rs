@@ -681,3 +681,58 @@ async fn saves_that_keep_failing_are_reported_on_the_state_lease_and_in_the_metr
     })
     .await;
 }
+
+/// Issue 32: an object created and delivered shortly before its leader is
+/// killed (well within a checkpoint interval, so no periodic save has it),
+/// then deleted while nobody leads, past the history. Before, the stored
+/// index did not know it: the successor's 410 relist saw no deletion and
+/// the app kept the created configuration for good. Now the creation's
+/// actions wait until an index with the object is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_created_just_before_a_kill_then_deleted_in_a_gap_past_the_history_is_deleted() {
+    let _alone = ALONE.lock().await;
+    let c = cluster().await;
+    let w_app = Pod::start().await;
+    service(&c.client, "shop", "w", &[&w_app], &[]).await;
+    // Saves every 30 s: none falls between the creation and the kill.
+    let a = Replica::start_with(&c.kubeconfig, &c.manifest, "replica-a", "30s");
+    eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
+    eventually(Duration::from_secs(10), "a baseline checkpoint", || async {
+        checkpoint(&c.client, "shop").await.is_some()
+    })
+    .await;
+    let base = checkpoint(&c.client, "shop").await.unwrap();
+    c.cms
+        .create(&PostParams::default(), &config_map("w", "1"))
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "W's creation delivered",
+        || async { w_app.hits(REFRESH) == 1 },
+    )
+    .await;
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    assert_eq!(
+        checkpoint(&c.client, "shop").await,
+        Some(base),
+        "the checkpoint is still before the creation"
+    );
+
+    c.cms.delete("w", &DeleteParams::default()).await.unwrap();
+    c.server.faults().compact_history();
+    let b = Replica::start_with(&c.kubeconfig, &c.manifest, "replica-b", "30s");
+    eventually(Duration::from_secs(15), "replica-b leads", || b.leading()).await;
+    eventually(
+        Duration::from_secs(10),
+        "W's deletion delivered",
+        || async { w_app.hits(REFRESH) == 2 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(w_app.hits(REFRESH), 2, "once");
+    assert_eq!(orders_hits(&c), vec![0, 0], "nothing else");
+    assert_eq!(c.billing.hits(REFRESH), 0);
+}

@@ -68,6 +68,8 @@ impl SaveHealth {
 /// NamespaceLifecycle refuses new objects there), any other 403 is a
 /// missing grant, named by the API server's message (verb, resource, name).
 pub fn explain(error: &str) -> String {
+    // kube's text of an API error repeats the Status as debug output.
+    let error = error.split(" (Status {").next().unwrap_or(error);
     let lower = error.to_ascii_lowercase();
     if lower.contains("because it is being terminated") {
         format!("{error} (the namespace is being deleted; this is not RBAC)")
