@@ -89,7 +89,7 @@ pub const SEGMENT_KIND_ANNOTATION: &str = "wasmwatch.io/index-kind";
 mod health;
 mod segments;
 pub use health::{REPORT_AFTER, SaveHealth};
-pub use segments::{Log, Plan, split_lines as split_shards};
+pub use segments::{Log, Plan, pack, split_lines as split_shards, unpack};
 
 /// The state Lease's annotation naming the segments of a kind's index.
 pub fn log_key(kind: ObjectKind) -> &'static str {
@@ -336,6 +336,8 @@ pub struct CheckpointStore {
     next_segment: u64,
     /// Leases no committed state names any more, still to delete.
     garbage: Vec<String>,
+    /// Largest segment text stored (packed).
+    segment_bytes: usize,
     /// Per kind, the scopes the stored index covers (claimed, then grown
     /// with every stream index written).
     covered: BTreeMap<ObjectKind, std::collections::BTreeSet<Scope>>,
@@ -374,9 +376,17 @@ impl CheckpointStore {
             pending: BTreeMap::new(),
             next_segment: 0,
             garbage: Vec::new(),
+            segment_bytes: SHARD_BYTES,
             covered: BTreeMap::new(),
             unreadable: Default::default(),
         }
+    }
+
+    /// Segments of at most `bytes` (packed) instead of [`SHARD_BYTES`]:
+    /// tests make indexes of several segments with few objects.
+    pub fn segment_bytes(mut self, bytes: usize) -> Self {
+        self.segment_bytes = bytes;
+        self
     }
 
     /// Kinds whose checkpoints were unreadable at the claim and have not
@@ -491,8 +501,17 @@ impl CheckpointStore {
             if let Some(v) = annotations.get(log_key(kind)) {
                 match Log::parse(v) {
                     Ok(log) => {
-                        let tail = annotations.get(tail_key(kind)).cloned().unwrap_or_default();
-                        stored_logs.insert(kind, (log, tail));
+                        let tail = annotations.get(tail_key(kind)).map_or("", String::as_str);
+                        match segments::unpack(tail) {
+                            Ok(tail) => {
+                                stored_logs.insert(kind, (log, tail.into_owned()));
+                            }
+                            Err(e) => set_aside.push(format!(
+                                "{}: {e}; the {} index is not used",
+                                tail_key(kind),
+                                kind.as_str()
+                            )),
+                        }
                     }
                     Err(e) => set_aside.push(format!(
                         "{}: {v:?}: {e}; the {} index is not used",
@@ -631,8 +650,8 @@ impl CheckpointStore {
                 lease: name.clone(),
                 message: "missing".into(),
             })?;
-            index
-                .apply_text(&text)
+            segments::unpack(&text)
+                .and_then(|text| index.apply_text(&text))
                 .map_err(|message| CheckpointError::Corrupt {
                     lease: name.clone(),
                     message,
@@ -889,6 +908,7 @@ impl CheckpointStore {
             })
             .collect();
         let mut next = self.next_segment;
+        let max = self.segment_bytes;
         let (saves, next) = tokio::task::spawn_blocking(move || {
             let saves: Vec<KindSave> = work
                 .into_iter()
@@ -909,10 +929,10 @@ impl CheckpointStore {
                         fit.into_owned()
                     };
                     let plan = if legacy {
-                        log.rewrite(&fit(index.encode()), &mut next, SHARD_BYTES)
+                        log.rewrite(&fit(index.encode()), &mut next, max)
                     } else {
                         let delta = fit(delta);
-                        log.plan(&tail, &delta, || fit(index.encode()), &mut next, SHARD_BYTES)
+                        log.plan(&tail, &delta, || fit(index.encode()), &mut next, max)
                     };
                     KindSave { kind, index, plan }
                 })
@@ -938,7 +958,7 @@ impl CheckpointStore {
             if save.plan.tail.is_empty() {
                 annotations.remove(tail_key(kind));
             } else {
-                annotations.insert(tail_key(kind).to_string(), save.plan.tail.clone());
+                annotations.insert(tail_key(kind).to_string(), segments::pack(&save.plan.tail));
             }
             let scopes = covered.entry(kind).or_default();
             scopes.extend(

@@ -98,12 +98,15 @@ async fn stored_index(client: &kube::Client) -> String {
             ))
             .await
             .unwrap();
+        let text = annotation(&segment, "wasmwatch.io/index").unwrap();
         index
-            .apply_text(&annotation(&segment, "wasmwatch.io/index").unwrap())
+            .apply_text(&wasmwatch_kube::checkpoint::unpack(&text).unwrap())
             .unwrap();
     }
     if let Some(tail) = annotation(&state, "wasmwatch.io/secret-index-tail") {
-        index.apply_text(&tail).unwrap();
+        index
+            .apply_text(&wasmwatch_kube::checkpoint::unpack(&tail).unwrap())
+            .unwrap();
     }
     index.encode()
 }

@@ -13,21 +13,33 @@
 //! A save appends its delta (what changed since the last commit) to the
 //! tail while the tail stays under [`TAIL_BYTES`] (one write per save),
 //! else writes tail and delta out as new segments. Once the segments
-//! written since the last full rewrite outweigh that rewrite (the `base`),
-//! a save rewrites the whole index instead (compaction): at most twice the
-//! index is ever stored, and each change is written about twice.
+//! written since the last full rewrite outweigh that rewrite (the `base`)
+//! [`COMPACT_FACTOR`] times, a save rewrites the whole index instead
+//! (compaction): at most three times the index is ever stored, and each
+//! change is written about one and a half times. Text is stored packed
+//! ([`pack`]: DEFLATE and base64).
 //!
 //! [`ObjectIndex::encode`]: wasmwatch_core::index::ObjectIndex::encode
 //! [`ObjectIndex::delta`]: wasmwatch_core::index::ObjectIndex::delta
 
-/// Largest tail kept in the state Lease: smaller deltas wait there (one
-/// write per save), so that a quiet cluster does not make a segment per
-/// save.
+/// Largest tail kept in the state Lease, packed: smaller deltas wait there
+/// (one write per save), so that segments are not made per save. Larger,
+/// fewer writes; smaller, fewer bytes rewritten per save (the tail is in
+/// every state write). Measured with `examples/state_bytes.rs` (10k
+/// objects, 200 changes a save): 8 KiB 91 bytes and 0.014 writes per
+/// change, 16 KiB 112 and 0.0094, 24 KiB 130 and 0.0086 (with
+/// [`COMPACT_FACTOR`] 1; 2 takes 16 KiB to 97 and 0.0087).
 pub const TAIL_BYTES: usize = 16 * 1024;
 
 /// Below this, the log is not compacted whatever the base: a small index
 /// is cheap to read.
 pub const COMPACT_FLOOR: usize = 64 * 1024;
+
+/// The whole index is rewritten once the segments written since its last
+/// rewrite outweigh it this many times: the store holds at most about
+/// `1 + COMPACT_FACTOR` times the index (what a new leader reads), and a
+/// change is written about `1 + 1 / COMPACT_FACTOR` times.
+pub const COMPACT_FACTOR: usize = 2;
 
 /// One kind's stored index as the state Lease names it:
 /// `segments=3-9,12 bytes=4096 base=2048` (annotation
@@ -89,7 +101,7 @@ impl Log {
     /// What a save that changes this kind's index by `delta` writes, with
     /// the current `tail`, new segments numbered from `next` (advanced),
     /// and `full` giving the whole new index's text if it is rewritten.
-    /// `max` is the largest segment text.
+    /// `max` is the largest stored segment (packed, see [`pack`]).
     pub fn plan(
         &self,
         tail: &str,
@@ -98,22 +110,26 @@ impl Log {
         next: &mut u64,
         max: usize,
     ) -> Plan {
-        let written = self.bytes - self.base.min(self.bytes) + tail.len() + delta.len();
-        if written > self.base.max(COMPACT_FLOOR) {
-            return self.rewrite(&full(), next, max);
-        }
-        if tail.len() + delta.len() <= TAIL_BYTES {
+        let text = format!("{tail}{delta}");
+        // The tail is stored packed: its limit is on that.
+        if text.len() <= TAIL_BYTES || pack(&text).len() <= TAIL_BYTES {
             return Plan {
                 create: Vec::new(),
                 log: self.clone(),
-                tail: format!("{tail}{delta}"),
+                tail: text,
                 dropped: Vec::new(),
             };
         }
-        let create = numbered(split_lines(&format!("{tail}{delta}"), max), next);
+        let parts = pack_parts(&text, max);
+        let added: usize = parts.iter().map(String::len).sum();
+        let written = self.bytes - self.base.min(self.bytes) + added;
+        if written > (COMPACT_FACTOR * self.base).max(COMPACT_FLOOR) {
+            return self.rewrite(&full(), next, max);
+        }
+        let create = numbered(parts, next);
         let mut log = self.clone();
         log.segments.extend(create.iter().map(|(n, _)| *n));
-        log.bytes += create.iter().map(|(_, t)| t.len()).sum::<usize>();
+        log.bytes += added;
         Plan {
             create,
             log,
@@ -127,7 +143,7 @@ impl Log {
     /// A save that writes the whole index (`full`) as new segments, and
     /// drops every segment named now.
     pub fn rewrite(&self, full: &str, next: &mut u64, max: usize) -> Plan {
-        let create = numbered(split_lines(full, max), next);
+        let create = numbered(pack_parts(full, max), next);
         let bytes = create.iter().map(|(_, t)| t.len()).sum();
         Plan {
             log: Log {
@@ -140,6 +156,65 @@ impl Log {
             dropped: self.segments.clone(),
         }
     }
+}
+
+/// The mark of packed text: `z1:` and the base64 of its raw DEFLATE.
+const PACKED: &str = "z1:";
+
+/// Text of index lines as stored: DEFLATE, then base64 (annotations are
+/// strings). Hex hashes and repeated names and labels pack to a fifth or
+/// less of the lines (measured in `examples/state_bytes.rs`).
+pub fn pack(text: &str) -> String {
+    use base64::Engine;
+    use std::io::Write;
+    let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+    z.write_all(text.as_bytes()).expect("writing to memory");
+    let bytes = z.finish().expect("writing to memory");
+    format!(
+        "{PACKED}{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+/// Reads [`pack`]'s text; text without its mark is plain lines (segments
+/// and shards written before packing).
+pub fn unpack(stored: &str) -> Result<std::borrow::Cow<'_, str>, String> {
+    use base64::Engine;
+    use std::io::Read;
+    let Some(b64) = stored.strip_prefix(PACKED) else {
+        return Ok(std::borrow::Cow::Borrowed(stored));
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|e| format!("packed index: {e}"))?;
+    let mut text = String::new();
+    flate2::read::DeflateDecoder::new(&bytes[..])
+        .read_to_string(&mut text)
+        .map_err(|e| format!("packed index: {e}"))?;
+    Ok(std::borrow::Cow::Owned(text))
+}
+
+/// `text` packed in parts of whole lines, each at most `max` bytes packed
+/// (a part that packs larger is halved; one line alone is kept whole).
+pub fn pack_parts(text: &str, max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for part in split_lines(text, 4 * max) {
+        pack_into(&part, max, &mut out);
+    }
+    out.retain(|p| p != &pack(""));
+    out
+}
+
+fn pack_into(part: &str, max: usize, out: &mut Vec<String>) {
+    let packed = pack(part);
+    let lines: Vec<&str> = part.split_inclusive('\n').collect();
+    if packed.len() <= max || lines.len() < 2 {
+        out.push(packed);
+        return;
+    }
+    let (a, b) = lines.split_at(lines.len() / 2);
+    pack_into(&a.concat(), max, out);
+    pack_into(&b.concat(), max, out);
 }
 
 /// `text` with every line over `max` bytes (an object with thousands of
@@ -266,6 +341,30 @@ mod tests {
         assert!(Log::parse("size=3").is_err());
     }
 
+    /// Index-like lines: hex hashes do not pack to nothing.
+    fn lines(n: usize, salt: u64) -> String {
+        (0..n)
+            .map(|i| {
+                let h = (i as u64 + salt).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                format!("ns/cm-{i} {h:032x} {:016x} k={:016x}\n", h >> 3, h >> 7)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn packed_text_round_trips_and_plain_text_reads_as_is() {
+        let text = lines(1000, 1);
+        let packed = pack(&text);
+        assert!(packed.starts_with("z1:") && packed.len() < text.len() / 2);
+        assert_eq!(unpack(&packed).unwrap(), text);
+        assert_eq!(unpack("a/x 1\n").unwrap(), "a/x 1\n");
+        assert!(unpack("z1:!!").is_err());
+        let parts = pack_parts(&text, 4000);
+        assert!(parts.len() > 1 && parts.iter().all(|p| p.len() <= 4000));
+        let back: String = parts.iter().map(|p| unpack(p).unwrap()).collect();
+        assert_eq!(back, text);
+    }
+
     #[test]
     fn small_deltas_wait_in_the_tail_and_larger_ones_become_segments() {
         let mut next = 10;
@@ -279,47 +378,46 @@ mod tests {
         assert_eq!(p.tail, "a x\nb y\n");
         assert_eq!(p.log, log);
 
-        let delta = "c z\n".repeat(TAIL_BYTES / 4);
-        let p = log.plan("a x\n", &delta, || unreachable!(), &mut next, 20_000);
+        let delta = lines(TAIL_BYTES / 10, 7);
+        let p = log.plan("a x\n", &delta, || unreachable!(), &mut next, 5_000);
         assert_eq!(next, 10 + p.create.len() as u64);
-        assert!(!p.create.is_empty());
-        assert!(p.create.iter().all(|(_, t)| t.len() <= 20_000));
-        let written: String = p.create.iter().map(|(_, t)| t.as_str()).collect();
+        assert!(p.create.len() > 1);
+        assert!(p.create.iter().all(|(_, t)| t.len() <= 5_000));
+        let written: String = p.create.iter().map(|(_, t)| unpack(t).unwrap()).collect();
         assert_eq!(written, format!("a x\n{delta}"));
         assert_eq!(p.tail, "");
         assert_eq!(p.log.segments[0], 1);
-        assert_eq!(p.log.bytes, 100_000 + written.len());
+        let packed: usize = p.create.iter().map(|(_, t)| t.len()).sum();
+        assert_eq!(p.log.bytes, 100_000 + packed);
         assert!(p.dropped.is_empty());
     }
 
     #[test]
     fn the_whole_index_is_rewritten_once_the_segments_since_the_last_rewrite_outweigh_it() {
         let mut next = 20;
+        let delta = lines(2000, 3);
+        let packed: usize = pack_parts(&delta, 50_000).iter().map(String::len).sum();
+        // Written since the base, with this delta: just under twice the base.
         let log = Log {
             segments: vec![1, 2, 7],
-            bytes: 370_000,
-            base: 200_000,
+            bytes: 300_000 - packed,
+            base: 100_000,
         };
-        // 170,000 written since the base: a 20,000 delta stays under it.
-        let p = log.plan(
-            "",
-            &"d\n".repeat(10_000),
-            || unreachable!(),
-            &mut next,
-            50_000,
-        );
-        assert_eq!(p.log.segments, [1, 2, 7, 20]);
-        // 40,000 passes the base: everything is rewritten.
-        let p = log.plan(
-            "",
-            &"d\n".repeat(20_000),
-            || "f\n".repeat(40_000),
-            &mut next,
-            50_000,
-        );
-        assert_eq!(p.log.segments, [21, 22]);
-        assert_eq!(p.log.bytes, 80_000);
-        assert_eq!(p.log.base, 80_000);
+        let p = log.plan("", &delta, || unreachable!(), &mut next, 50_000);
+        assert_eq!(p.log.segments[..3], [1, 2, 7]);
+        assert!(p.dropped.is_empty());
+        // A little more passes it: everything is rewritten.
+        let log = Log {
+            bytes: 300_001 - packed,
+            ..log
+        };
+        let full = lines(40_000, 5);
+        let p = log.plan("", &delta, || full.clone(), &mut next, 50_000);
+        assert!(p.log.segments.iter().all(|n| *n > 7));
+        let stored: usize = p.create.iter().map(|(_, t)| t.len()).sum();
+        assert_eq!((p.log.bytes, p.log.base), (stored, stored));
+        let back: String = p.create.iter().map(|(_, t)| unpack(t).unwrap()).collect();
+        assert_eq!(back, full);
         assert_eq!(p.dropped, [1, 2, 7]);
         assert_eq!(p.tail, "");
     }

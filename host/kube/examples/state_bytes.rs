@@ -1,0 +1,187 @@
+//! What the stored state costs under churn (issue 32): bytes and writes of
+//! the state per change, with the store's real save path against the test
+//! API server over HTTP.
+//!
+//! `cargo run --release -p wasmwatch-kube --example state_bytes -- [OBJECTS] [SAVES] [CHANGES_PER_SAVE]`
+//!
+//! OBJECTS ConfigMaps (default 10,000) with Helm-like labels and the
+//! 250-byte description annotation of `kube-root-ca.crt` are indexed and saved;
+//! then SAVES saves (default 300) of CHANGES_PER_SAVE changed objects each
+//! (default 200: 100 changes/s at the default 2 s interval). Bytes are the
+//! JSON of every object the saves wrote (the state Lease at each save, each
+//! new segment); deletes count as writes of no bytes.
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use wasmwatch_apiserver::{Config, Server};
+use wasmwatch_core::index::{ObjectIndex, Seen};
+use wasmwatch_core::{ObjectKind, ObjectSnapshot, Scope};
+use wasmwatch_kube::checkpoint::{CheckpointStore, Checkpoints, StreamIndex};
+use wasmwatch_kube::elector::Term;
+
+fn object(i: usize, version: usize) -> ObjectSnapshot {
+    ObjectSnapshot::from_json(&serde_json::json!({
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": format!("release-{i}-config"),
+            "namespace": format!("team-{}", i % 50),
+            "labels": {
+                "app.kubernetes.io/managed-by": "Helm",
+                "app.kubernetes.io/instance": format!("release-{i}"),
+                "helm.sh/chart": "app-1.2.3",
+            },
+            "annotations": {
+                // kube-root-ca.crt's, in every namespace of a real cluster.
+                "kubernetes.io/description": "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters.",
+                "meta.helm.sh/release-name": format!("release-{i}"),
+            },
+        },
+        "data": {"application.yaml": format!("v: {version}"), "extra": "y"},
+    }))
+    .expect("a ConfigMap")
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.replace(',', "").parse().expect("numbers"))
+        .collect();
+    let objects = args.first().copied().unwrap_or(10_000);
+    let saves = args.get(1).copied().unwrap_or(300);
+    let per_save = args.get(2).copied().unwrap_or(200);
+    let server = Server::start(Config::default()).await.unwrap();
+    let client = server.client().unwrap();
+    let term = Term {
+        holder: "bench".into(),
+        transitions: 1,
+        lease_uid: String::new(),
+    };
+    let mut store = CheckpointStore::new(
+        client.clone(),
+        "default",
+        "wasmwatch-state",
+        "wasmwatch-leader",
+        term.clone(),
+    );
+    store.claim().await.unwrap();
+    let mut index = ObjectIndex::new(ObjectKind::ConfigMap);
+    let mut versions = vec![0usize; objects];
+    for i in 0..objects {
+        index.apply(Seen::Added, object(i, 0), false);
+    }
+    let stream = |ix: &ObjectIndex| StreamIndex {
+        kind: ObjectKind::ConfigMap,
+        scope: Scope::All,
+        index: ix.clone(),
+    };
+    let mut cps = Checkpoints::default();
+    let t = Instant::now();
+    store.save(&cps, &[stream(&index)]).await.unwrap();
+    println!(
+        "{objects} objects: first save {:.2?}, {} bytes stored",
+        t.elapsed(),
+        stored_bytes(&client).await.1
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let mut seen: BTreeSet<String> = names(&leases).await;
+    let (mut bytes, mut writes, mut rewrites) = (0usize, 0usize, 0usize);
+    let mut times = Vec::new();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    for s in 0..saves {
+        for _ in 0..per_save {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let i = (rng % objects as u64) as usize;
+            versions[i] += 1;
+            index.apply(Seen::Modified, object(i, versions[i]), false);
+        }
+        cps.set(ObjectKind::ConfigMap, &Scope::All, &(1000 + s).to_string());
+        let before = server.requests().len();
+        let t = Instant::now();
+        store.save(&cps, &[stream(&index)]).await.unwrap();
+        times.push(t.elapsed());
+        let requests = server.requests();
+        let now = names(&leases).await;
+        for r in &requests[before..] {
+            if r.resource == "leases" && r.is_write() {
+                writes += 1;
+            }
+        }
+        if requests[before..]
+            .iter()
+            .any(|r| r.resource == "leases" && r.verb == "delete")
+        {
+            rewrites += 1;
+        }
+        for name in now
+            .difference(&seen)
+            .chain(["wasmwatch-state".to_string()].iter())
+        {
+            let l = server
+                .get("leases.coordination.k8s.io", "default", name)
+                .unwrap();
+            bytes += serde_json::to_vec(&l).unwrap().len();
+        }
+        seen = now;
+    }
+    times.sort();
+    let changes = saves * per_save;
+    let (segments, stored) = stored_bytes(&client).await;
+    println!(
+        "{saves} saves of {per_save} changes: {:.1} state bytes per change, {:.4} state writes per change, {rewrites} full rewrites; save p50 {:.2?} p99 {:.2?}; now {segments} segments, {stored} bytes stored",
+        bytes as f64 / changes as f64,
+        writes as f64 / changes as f64,
+        times[times.len() / 2],
+        times[times.len() * 99 / 100],
+    );
+    let t = Instant::now();
+    let mut next = CheckpointStore::new(
+        client,
+        "default",
+        "wasmwatch-state",
+        "wasmwatch-leader",
+        Term {
+            transitions: 2,
+            ..term
+        },
+    );
+    let claimed = next.claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap].len(), objects);
+    println!("a new leader's claim reads it back in {:.2?}", t.elapsed());
+}
+
+async fn names(leases: &Api<Lease>) -> BTreeSet<String> {
+    leases
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|l| l.metadata.name)
+        .collect()
+}
+
+/// Segment Leases and the bytes of every state Lease.
+async fn stored_bytes(client: &kube::Client) -> (usize, usize) {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let all = leases.list(&Default::default()).await.unwrap();
+    let segments = all
+        .items
+        .iter()
+        .filter(|l| {
+            l.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.contains("-segment-"))
+        })
+        .count();
+    let bytes = all
+        .items
+        .iter()
+        .map(|l| serde_json::to_vec(l).unwrap().len())
+        .sum();
+    (segments, bytes)
+}
