@@ -1165,6 +1165,14 @@ struct Stream {
     blocked: std::collections::VecDeque<u64>,
     /// One past the position of the newest index handed out to be stored.
     handed: u64,
+    /// The position of the newest index that may be stored (ready or
+    /// handed out): it is stored with any checkpoint taken from now on, so
+    /// the checkpoint may pass every handled entry before it, even while
+    /// later changes are not handled yet (none of them a deletion). Without
+    /// this the checkpoint waited for an index taken after the handled
+    /// prefix and before anything else, and a handover replayed a few
+    /// seconds of handled changes (issue 32).
+    storable: u64,
 }
 
 impl Stream {
@@ -1231,6 +1239,7 @@ impl Progress {
             removals: BTreeSet::new(),
             blocked: Default::default(),
             handed: 0,
+            storable: 0,
         });
         self.streams.len() - 1
     }
@@ -1331,6 +1340,28 @@ impl Progress {
         let scope = s.scope.clone();
         self.ready
             .insert(stream, (pos, StreamIndex { kind, scope, index }));
+        let s = &mut self.streams[stream];
+        if pos > s.storable {
+            s.storable = pos;
+            self.advance_covered(stream);
+        }
+    }
+
+    /// An index still pending became storable: everything popped so far
+    /// is before it, so the checkpoint may take the completed prefix's
+    /// last version (stored with that index).
+    fn advance_covered(&mut self, stream: usize) {
+        let s = &mut self.streams[stream];
+        if s.front > s.storable {
+            return;
+        }
+        s.covered = true;
+        if let (Some(rv), Some(kind)) = (s.last.clone(), s.kind)
+            && self.checkpoints.get(kind, &s.scope) != Some(rv.as_str())
+        {
+            self.checkpoints.set(kind, &s.scope, &rv);
+            self.dirty = true;
+        }
     }
 
     /// The change behind `ticket` is fully handled.
@@ -1362,19 +1393,25 @@ impl Progress {
         let mut to = None;
         let mut safe = None;
         while s.pending.front().is_some_and(Entry::done) {
+            // An index taken after this entry will be stored with the
+            // checkpoint: it covers the entry (see `Stream::storable`).
+            let ahead = s.front < s.storable;
             s.front += 1;
             match s.pending.pop_front().expect("front") {
                 Entry::Change { version, .. } => {
-                    s.covered = false;
+                    s.covered = ahead;
                     if version.is_some() {
                         s.last = version;
+                    }
+                    if ahead {
+                        to = s.last.clone().or(to);
                     }
                 }
                 Entry::Progress {
                     version,
                     changes_index,
                 } => {
-                    s.covered &= !changes_index;
+                    s.covered = ahead || (s.covered && !changes_index);
                     // An empty version can never be a checkpoint.
                     if !version.is_empty() {
                         if s.covered {
@@ -1551,15 +1588,16 @@ mod progress_tests {
         p.index(s, one_object());
         let c = p.change(s, Some("13"));
         p.complete(a);
-        // Done up to the bookmark, but no index after a is stored yet.
-        assert_eq!(at(&p), None, "a done, no index after it");
+        // Done up to the bookmark, and the index taken after b may be
+        // stored (b and c are no deletions): it covers a and the bookmark.
+        assert_eq!(at(&p), Some("11".into()), "a done, an index after it");
         p.complete(a);
         assert_eq!(p.in_flight(), 2, "a second completion changes nothing");
         // Later entries pushed after the prefix went: positions still hold.
         let d = p.change(s, Some("14"));
         p.complete(d);
         p.complete(c);
-        assert_eq!(at(&p), None, "b still in flight");
+        assert_eq!(at(&p), Some("11".into()), "b still in flight");
         p.complete(b);
         assert_eq!(at(&p), Some("12".into()), "up to the index after b");
         assert_eq!(p.in_flight(), 0);

@@ -94,6 +94,11 @@ pub enum Input {
     Saved(Saved),
     /// The fence closed, or leadership went elsewhere.
     NotActing,
+    /// Stepping down (SIGTERM): dispatch nothing more; the shell asks the
+    /// watch loops for their index, waits until [`Term::drained`] (or a
+    /// deadline), then feeds `Shutdown`: the final save then covers
+    /// everything handled, and the successor replays only what was not.
+    Closing,
     Shutdown,
     /// Every watch loop is gone.
     WatchesGone,
@@ -213,6 +218,8 @@ pub struct Term {
     /// taken, and as of the last stored save.
     committing: Vec<u64>,
     stored_through: Vec<u64>,
+    /// Stepping down: per stream, whether an index came since.
+    closing: Option<Vec<bool>>,
     ended: bool,
 }
 
@@ -248,6 +255,7 @@ impl Term {
             held: VecDeque::new(),
             committing: Vec::new(),
             stored_through: Vec::new(),
+            closing: None,
             ended: false,
         }
     }
@@ -277,6 +285,14 @@ impl Term {
             return self.next_save;
         }
         self.urgent.unwrap_or(self.next_save).min(self.next_save)
+    }
+
+    /// Stepping down, every dispatched change is handled and every stream
+    /// sent an index since: the final save covers all that was handled.
+    pub fn drained(&self) -> bool {
+        self.closing
+            .as_ref()
+            .is_some_and(|f| f.iter().all(|x| *x) && self.outstanding.len() == self.held.len())
     }
 
     /// Changes handed out and not handled yet.
@@ -322,6 +338,7 @@ impl Term {
             }
             Input::Saved(saved) => self.saved(saved, now, &mut out),
             Input::NotActing => self.end(End::NotActing, &mut out),
+            Input::Closing => self.closing = Some(vec![false; self.streams.len()]),
             Input::Shutdown => self.end(End::Shutdown, &mut out),
             Input::WatchesGone => self.end(End::WatchesGone, &mut out),
         }
@@ -340,6 +357,10 @@ impl Term {
                 let ticket = self
                     .progress
                     .change_of(id, resource_version.as_deref(), removes);
+                if self.closing.is_some() {
+                    // Not handled: the successor replays it.
+                    return;
+                }
                 let plugins = (self.route)(&event);
                 if plugins.is_empty() {
                     self.progress.complete(ticket);
@@ -404,6 +425,9 @@ impl Term {
             }
             Output::Index(index) => {
                 self.progress.index(id, index);
+                if let Some(flushed) = self.closing.as_mut() {
+                    flushed[id] = true;
+                }
                 self.commit_held(out);
                 let stream = &mut self.streams[id];
                 if std::mem::take(&mut stream.baseline_unsaved) {
@@ -450,6 +474,9 @@ impl Term {
     /// failed), else creations whose object a stored index has, and the
     /// changes behind them.
     fn release(&mut self, all: bool, out: &mut Vec<Effect>) {
+        if self.closing.is_some() {
+            return;
+        }
         let mut waiting: HashSet<(ObjectKind, String, String)> = HashSet::new();
         let mut keep = VecDeque::new();
         for h in std::mem::take(&mut self.held) {

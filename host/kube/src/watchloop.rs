@@ -121,6 +121,9 @@ pub struct WatchLoop {
     /// within [`CREATION_INDEX_AFTER`] (the term holds a creation's
     /// actions until an index with its object is stored).
     created_at: Option<tokio::time::Instant>,
+    /// Asks for the index now (a leader stepping down sends its last
+    /// save with an index taken after everything it handled).
+    flush: Option<tokio::sync::watch::Receiver<()>>,
     stats: std::sync::Arc<WatchStats>,
     /// A watch request was made before (the next one is a restart).
     watched: bool,
@@ -203,6 +206,7 @@ impl WatchLoop {
             index_dirty: false,
             index_sent: tokio::time::Instant::now(),
             created_at: None,
+            flush: None,
             stats: Default::default(),
             watched: false,
             gone_in_a_row: 0,
@@ -277,6 +281,13 @@ impl WatchLoop {
     }
 
     /// The loop's counters.
+    /// Sends the index at once whenever `flush` is signalled while the
+    /// loop watches.
+    pub fn with_flush(mut self, flush: tokio::sync::watch::Receiver<()>) -> WatchLoop {
+        self.flush = Some(flush);
+        self
+    }
+
     pub fn stats(&self) -> std::sync::Arc<WatchStats> {
         self.stats.clone()
     }
@@ -524,7 +535,23 @@ impl WatchLoop {
                     if let Some(at) = self.created_at {
                         wake = wake.min(at + CREATION_INDEX_AFTER);
                     }
-                    match tokio::time::timeout_at(wake, stream.try_next()).await {
+                    let flush = async {
+                        let Some(f) = self.flush.as_mut() else {
+                            return std::future::pending().await;
+                        };
+                        if f.changed().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    };
+                    let next = tokio::select! {
+                        next = tokio::time::timeout_at(wake, stream.try_next()) => Some(next),
+                        () = flush => None,
+                    };
+                    let Some(next) = next else {
+                        self.send_index(out).await?;
+                        continue;
+                    };
+                    match next {
                         Ok(next) => match next {
                             Ok(next) => break next,
                             Err(e) => {

@@ -588,6 +588,8 @@ impl Service {
         // cost one more task wake-up per change (issue 24).
         let mut streams = Vec::new();
         let mut tasks = Vec::new();
+        // Asks every loop for its index when stepping down.
+        let (flush, flush_rx) = watch::channel(());
         // Per loop: kind, counters, and the values already counted.
         let mut watch_stats = Vec::new();
         for kind in &self.manifest.watch.kinds {
@@ -637,6 +639,7 @@ impl Service {
                 // The checkpoint waits for an index taken after each change:
                 // send it as often as checkpoints are saved.
                 wl.index_interval = self.options.checkpoint_interval;
+                let wl = wl.with_flush(flush_rx.clone());
                 watch_stats.push((*kind, wl.stats(), 0u64, 0u64));
                 let (loop_tx, loop_rx) = mpsc::channel(256);
                 tasks.push(AbortOnDrop(tokio::spawn(wl.run(loop_tx).instrument(span))));
@@ -706,10 +709,24 @@ impl Service {
         let mut health = store
             .as_ref()
             .map(|_| wasmwatch_kube::checkpoint::SaveHealth::new(Instant::now()));
+        // Stepping down (SIGTERM): until when the term may drain.
+        let mut closing: Option<Instant> = None;
         let end = loop {
             let input = tokio::select! {
                 biased;
-                _ = &mut *shutdown => Input::Shutdown,
+                _ = &mut *shutdown, if closing.is_none() => {
+                    // Dispatch nothing more, let what runs finish, and get
+                    // an index after it from every loop: the final save
+                    // then covers everything handled (issue 32).
+                    closing = Some(Instant::now() + DRAIN);
+                    let _ = flush.send(());
+                    Input::Closing
+                }
+                () = std::future::ready(()), if closing.is_some() && term.drained() => Input::Shutdown,
+                () = tokio::time::sleep_until(closing.unwrap_or_else(Instant::now)), if closing.is_some() => {
+                    tracing::warn!("stepping down before every change in flight was handled; the next leader replays them");
+                    Input::Shutdown
+                }
                 r = leadership.changed() => {
                     if r.is_ok() && may_act() {
                         continue;
@@ -1059,6 +1076,11 @@ const CALLS_IN_FLIGHT: usize = 1024;
 /// body written meanwhile. Not tickets: those legitimately wait out debounce
 /// windows, and one app's window must not stall the others.
 const QUEUED_JOBS: usize = 10_000;
+
+/// How long a leader stepping down waits for the changes in flight and a
+/// last index from every watch loop (it then releases the Lease: the
+/// handover waits for this too).
+const DRAIN: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A save being written, with the store it gives back.
 type Writing =

@@ -602,3 +602,40 @@ async fn without_a_store_a_creation_goes_at_once() {
     );
     assert_eq!(dispatched_names(&e), ["added a"]);
 }
+
+/// Issue 32: stepping down (SIGTERM), the term dispatches nothing more,
+/// and is drained once what it dispatched is handled and every stream sent
+/// an index since: the final save's checkpoint then passes everything
+/// handled, even with later changes read and never dispatched (the
+/// successor replays those, which nobody delivered).
+#[tokio::test(start_paused = true)]
+async fn stepping_down_drains_and_the_final_save_covers_everything_handled() {
+    let mut t = term(stored("prod", "5"), &[]);
+    let s = t.stream(CM, Scope::from_key("prod"), Start::Resume);
+    let e = feed(&mut t, vec![Input::Output(s, change("a", Some("10")))]);
+    let [a] = dispatched(&e)[..] else {
+        panic!("{e:?}")
+    };
+    feed(&mut t, vec![Input::Closing]);
+    assert!(!t.drained(), "a is in flight, no index since");
+    let e = feed(&mut t, vec![Input::Output(s, change("b", Some("11")))]);
+    assert!(dispatched(&e).is_empty(), "nothing more is dispatched");
+    feed(&mut t, vec![Input::Finished(a), Input::Finished(a)]);
+    assert!(!t.drained(), "no index since");
+    feed(&mut t, vec![Input::Output(s, index(&["a", "b"]))]);
+    assert!(t.drained());
+    feed(&mut t, vec![Input::Shutdown]);
+    let Some(Effect::Save {
+        checkpoints,
+        indexes,
+    }) = t.final_save()
+    else {
+        panic!("a final save")
+    };
+    assert_eq!(
+        checkpoints.get(CM, &Scope::from_key("prod")),
+        Some("10"),
+        "a, handled, is passed; b is not"
+    );
+    assert_eq!(indexes.len(), 1, "with the index that covers it");
+}
