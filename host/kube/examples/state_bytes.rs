@@ -8,8 +8,9 @@
 //! 250-byte description annotation of `kube-root-ca.crt` are indexed and saved;
 //! then SAVES saves (default 300) of CHANGES_PER_SAVE changed objects each
 //! (default 200: 100 changes/s at the default 2 s interval). Bytes are the
-//! JSON of every object the saves wrote (the state Lease at each save, each
-//! new segment); deletes count as writes of no bytes.
+//! JSON of every object the saves wrote (created, or written over: the
+//! state Lease at each save, each new segment); deletes count as writes of
+//! no bytes.
 use std::collections::BTreeSet;
 use std::time::Instant;
 
@@ -117,10 +118,13 @@ async fn main() {
         {
             rewrites += 1;
         }
-        for name in now
-            .difference(&seen)
-            .chain(["wasmwatch-state".to_string()].iter())
-        {
+        // Created (new names) and written over (updates, by name).
+        let updated: BTreeSet<String> = requests[before..]
+            .iter()
+            .filter(|r| r.resource == "leases" && r.verb == "update")
+            .filter_map(|r| r.name.clone())
+            .collect();
+        for name in now.difference(&seen).chain(updated.iter()) {
             let l = server
                 .get("leases.coordination.k8s.io", "default", name)
                 .unwrap();
