@@ -314,9 +314,9 @@ impl Metrics {
             checkpoint_save_age_seconds: register(
                 r,
                 "wasmwatch_checkpoint_save_age_seconds",
-                "Seconds since the leader last stored its checkpoints and index (since it \
-                 began leading, before its first save); 0 when not leading. A new leader \
-                 would replay from there.",
+                "While saves of the checkpoints and index fail: seconds since the last \
+                 one stored (a new leader would replay from there); 0 when the last save \
+                 succeeded or this replica does not lead.",
                 Gauge::default(),
             ),
             checkpoint_save_failures: register(

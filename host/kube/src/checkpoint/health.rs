@@ -52,8 +52,13 @@ impl SaveHealth {
         }
     }
 
-    /// Time since the last successful save.
+    /// Time since the last successful save, while saves fail; zero once
+    /// the last save succeeded (a term with nothing to save does not save,
+    /// and is not behind).
     pub fn age(&self, now: Instant) -> Duration {
+        if self.failed_in_a_row == 0 {
+            return Duration::ZERO;
+        }
         now.saturating_duration_since(self.last_ok)
     }
 
@@ -90,6 +95,7 @@ mod tests {
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut h = SaveHealth::new(t0);
         assert_eq!(h.saved(Ok(()), at(2)), None);
+        assert_eq!(h.age(at(60)), Duration::ZERO, "nothing failed: not behind");
         let denied = r#"leases.coordination.k8s.io "wasmwatch-state" is forbidden: User "x" cannot update resource "leases""#;
         assert_eq!(h.saved(Err(denied), at(4)), None);
         assert_eq!(h.saved(Err(denied), at(6)), None);
