@@ -357,6 +357,17 @@ async fn index_leases(server: &ServerHandle) -> Vec<String> {
     names
 }
 
+/// `n` ConfigMaps `shop/cm-<i>`, the digest of each `i + bump`.
+fn shop(n: u128, bump: u128) -> ObjectIndex {
+    let lines: Vec<(String, u128)> = (0..n).map(|i| (format!("shop/cm-{i}"), i + bump)).collect();
+    index(
+        &lines
+            .iter()
+            .map(|(a, b)| (a.as_str(), *b))
+            .collect::<Vec<_>>(),
+    )
+}
+
 fn index(lines: &[(&str, u128)]) -> ObjectIndex {
     let text: String = lines
         .iter()
@@ -595,17 +606,7 @@ async fn a_full_rewrite_deletes_the_segments_it_replaces() {
     let server = Server::start(Config::default()).await.unwrap();
     let mut a = store(&server, term("pod-a", 1));
     let cps = a.claim().await.unwrap().checkpoints;
-    let ix = |bump: u128| {
-        let lines: Vec<(String, u128)> = (0..3000)
-            .map(|i| (format!("shop/cm-{i}"), i + bump))
-            .collect();
-        index(
-            &lines
-                .iter()
-                .map(|(a, b)| (a.as_str(), *b))
-                .collect::<Vec<_>>(),
-        )
-    };
+    let ix = |bump: u128| shop(3000, bump);
     let stream = |ix: ObjectIndex| StreamIndex {
         kind: ObjectKind::ConfigMap,
         scope: Scope::from_key("shop"),
@@ -653,13 +654,7 @@ async fn a_full_rewrite_deletes_the_segments_it_replaces() {
 #[tokio::test]
 async fn an_index_in_shards_of_the_format_before_segments_is_read_and_rewritten() {
     let server = Server::start(Config::default()).await.unwrap();
-    let lines: Vec<(String, u128)> = (0..3000).map(|i| (format!("shop/cm-{i}"), i)).collect();
-    let old = index(
-        &lines
-            .iter()
-            .map(|(a, b)| (a.as_str(), *b))
-            .collect::<Vec<_>>(),
-    );
+    let old = shop(3000, 0);
     let shards = wasmwatch_kube::checkpoint::split_shards(&old.encode(), 100 * 1024);
     assert!(shards.len() >= 2);
     state_lease_with(
@@ -715,16 +710,7 @@ async fn an_index_in_shards_of_the_format_before_segments_is_read_and_rewritten(
 #[tokio::test]
 async fn a_save_failing_at_any_of_its_requests_leaves_the_old_state_or_the_new_one_whole() {
     use wasmwatch_apiserver::{FaultAnswer, RequestFault};
-    let ix = |bump: u128, n: u128| {
-        let lines: Vec<(String, u128)> =
-            (0..n).map(|i| (format!("shop/cm-{i}"), i + bump)).collect();
-        index(
-            &lines
-                .iter()
-                .map(|(a, b)| (a.as_str(), *b))
-                .collect::<Vec<_>>(),
-        )
-    };
+    let ix = |bump: u128, n: u128| shop(n, bump);
     // The new index changes every object and adds a third more: more than
     // the stored base, so its save rewrites the whole index.
     let (old, new) = (ix(1, 6000), ix(2, 8000));
@@ -836,13 +822,7 @@ async fn a_failed_save_is_retried_over_what_it_created() {
     let server = Server::start(Config::default()).await.unwrap();
     let mut a = store(&server, term("pod-a", 1));
     let cps = a.claim().await.unwrap().checkpoints;
-    let lines: Vec<(String, u128)> = (0..6000).map(|i| (format!("shop/cm-{i}"), i)).collect();
-    let ix = index(
-        &lines
-            .iter()
-            .map(|(a, b)| (a.as_str(), *b))
-            .collect::<Vec<_>>(),
-    );
+    let ix = shop(6000, 0);
     server.faults().fail_nth(RequestFault {
         verb: Some("update".into()),
         resource: "leases".into(),

@@ -461,24 +461,21 @@ impl Service {
         for p in &problems {
             tracing::error!(lease = %lease, "state Lease unreadable: {p}");
         }
+        self.warn_on_state_lease(store.uid(), "StateUnreadable", problems.join("; "));
+    }
+
+    /// Puts a Warning Event on the state Lease (in the background: leading
+    /// does not wait for it).
+    fn warn_on_state_lease(&self, uid: Option<String>, reason: &'static str, message: String) {
         let kube = self.executors.kube.clone();
         let namespace = self.lease_namespace.clone();
-        let name = lease.clone();
-        let uid = store.uid();
-        let message = problems.join("; ");
+        let name = self.manifest.ha.state_lease_name.clone();
         tokio::spawn(async move {
             if let Err(e) = kube
-                .lease_event(
-                    &namespace,
-                    &name,
-                    uid,
-                    EventType::Warning,
-                    "StateUnreadable",
-                    &message,
-                )
+                .lease_event(&namespace, &name, uid, EventType::Warning, reason, &message)
                 .await
             {
-                tracing::warn!("cannot record the StateUnreadable Event: {e}");
+                tracing::warn!("cannot record the {reason} Event: {e}");
             }
         });
     }
@@ -906,26 +903,12 @@ impl Service {
             .checkpoint_save_age_seconds
             .set(health.age(now).as_secs_f64());
         let Some(message) = warning else { return };
-        let lease = self.manifest.ha.state_lease_name.clone();
-        tracing::error!(lease = %lease, "{message}");
-        let kube = self.executors.kube.clone();
-        let namespace = self.lease_namespace.clone();
-        let uid = store.and_then(CheckpointStore::uid);
-        tokio::spawn(async move {
-            if let Err(e) = kube
-                .lease_event(
-                    &namespace,
-                    &lease,
-                    uid,
-                    EventType::Warning,
-                    "CheckpointSaveFailed",
-                    &message,
-                )
-                .await
-            {
-                tracing::warn!("cannot record the CheckpointSaveFailed Event: {e}");
-            }
-        });
+        tracing::error!(lease = %self.manifest.ha.state_lease_name, "{message}");
+        self.warn_on_state_lease(
+            store.and_then(CheckpointStore::uid),
+            "CheckpointSaveFailed",
+            message,
+        );
     }
 
     fn update_metrics(
