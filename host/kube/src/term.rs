@@ -220,6 +220,11 @@ pub struct Term {
     stored_through: Vec<u64>,
     /// Stepping down: per stream, whether an index came since.
     closing: Option<Vec<bool>>,
+    /// Changes handled in this term; as of the save being written; as of
+    /// the last stored save.
+    handled: u64,
+    handled_saving: u64,
+    handled_stored: u64,
     ended: bool,
 }
 
@@ -256,6 +261,9 @@ impl Term {
             committing: Vec::new(),
             stored_through: Vec::new(),
             closing: None,
+            handled: 0,
+            handled_saving: 0,
+            handled_stored: 0,
             ended: false,
         }
     }
@@ -293,6 +301,18 @@ impl Term {
         self.closing
             .as_ref()
             .is_some_and(|f| f.iter().all(|x| *x) && self.outstanding.len() == self.held.len())
+    }
+
+    /// What a successor would replay if this term ended now: changes not
+    /// handled yet, and those handled since the last stored save (without
+    /// a store, only the former).
+    pub fn unsaved(&self) -> usize {
+        let handled = if self.stores {
+            (self.handled - self.handled_stored) as usize
+        } else {
+            0
+        };
+        self.in_flight() + handled
     }
 
     /// Changes handed out and not handled yet.
@@ -364,6 +384,7 @@ impl Term {
                 let plugins = (self.route)(&event);
                 if plugins.is_empty() {
                     self.progress.complete(ticket);
+                    self.handled += 1;
                     out.push(Effect::Handled(kind));
                     return;
                 }
@@ -391,6 +412,7 @@ impl Term {
                     for t in gone {
                         self.outstanding.remove(&t);
                         self.progress.complete(t);
+                        self.handled += 1;
                         out.push(Effect::Handled(kind));
                     }
                     return;
@@ -450,6 +472,7 @@ impl Term {
         };
         o.left -= 1;
         if o.left == 0 {
+            self.handled += 1;
             out.push(Effect::Handled(o.kind));
             self.outstanding.remove(&ticket);
             self.progress.complete(ticket);
@@ -521,6 +544,7 @@ impl Term {
             }
         }
         self.saving = true;
+        self.handled_saving = self.handled;
         self.committing = (0..self.streams.len())
             .map(|id| self.progress.handed(id))
             .collect();
@@ -539,6 +563,7 @@ impl Term {
                 self.unsaved = false;
                 self.indexes.clear();
                 self.stored_through = self.committing.clone();
+                self.handled_stored = self.handled_saving;
                 self.release(false, out);
                 let progress = &self.progress;
                 self.unreadable.retain(|k| !progress.has_checkpoints(*k));

@@ -302,7 +302,8 @@ impl Metrics {
             checkpoint_lag_versions: register(
                 r,
                 "wasmwatch_checkpoint_lag_versions",
-                "Changes received but not yet passed by the checkpoint.",
+                "Changes a new leader would replay now: received and not handled, or \
+                 handled and not in the stored checkpoint yet.",
                 Gauge::default(),
             ),
             checkpoint_lag_seconds: register(

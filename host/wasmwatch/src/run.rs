@@ -927,7 +927,7 @@ impl Service {
         metrics
             .queue_depth
             .set(pipeline.stats().queued.load(Relaxed) as i64);
-        metrics.checkpoint_lag_versions.set(term.in_flight() as i64);
+        metrics.checkpoint_lag_versions.set(term.unsaved() as i64);
         for (kind, stats, restarts, resyncs) in watch_stats.iter_mut() {
             let (r, s) = (stats.restarts.load(Relaxed), stats.resyncs.load(Relaxed));
             metrics.watch_restarts.add(&[kind.as_str()], r - *restarts);

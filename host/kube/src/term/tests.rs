@@ -639,3 +639,31 @@ async fn stepping_down_drains_and_the_final_save_covers_everything_handled() {
     );
     assert_eq!(indexes.len(), 1, "with the index that covers it");
 }
+
+/// Issue 32: the lag operators see is what a successor would replay: a
+/// handled change counts until a save that covers it is stored.
+#[tokio::test(start_paused = true)]
+async fn the_lag_counts_handled_changes_until_they_are_stored() {
+    let mut t = term(stored("prod", "5"), &[]);
+    let s = t.stream(CM, Scope::from_key("prod"), Start::Resume);
+    let e = feed(&mut t, vec![Input::Output(s, change("a", Some("10")))]);
+    let [a] = dispatched(&e)[..] else {
+        panic!("{e:?}")
+    };
+    assert_eq!(t.unsaved(), 1, "in flight");
+    feed(
+        &mut t,
+        vec![
+            Input::Finished(a),
+            Input::Finished(a),
+            Input::Output(s, index(&["a"])),
+        ],
+    );
+    assert_eq!(t.in_flight(), 0);
+    assert_eq!(t.unsaved(), 1, "handled, not stored");
+    let e = tick(&mut t, INTERVAL).await;
+    assert_eq!(saves(&e).len(), 1);
+    assert_eq!(t.unsaved(), 1, "being written");
+    feed(&mut t, vec![Input::Saved(Saved::Stored)]);
+    assert_eq!(t.unsaved(), 0);
+}
