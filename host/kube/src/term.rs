@@ -56,7 +56,7 @@
 //!   first leaves them to the successor's replay.
 //!
 //! Replays are marked by the watch loops (they know where they resumed).
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -168,15 +168,12 @@ struct Held {
     creation: bool,
 }
 
-impl Held {
-    fn object(&self) -> (ObjectKind, &str, &str) {
-        object_of(&self.event)
-    }
-}
+/// Kind, namespace and name.
+type ObjectKey = (ObjectKind, String, String);
 
-fn object_of(event: &ChangeEvent) -> (ObjectKind, &str, &str) {
+fn object_of(event: &ChangeEvent) -> ObjectKey {
     let o = &event.object;
-    (o.kind, o.namespace.as_str(), o.name.as_str())
+    (o.kind, o.namespace.clone(), o.name.clone())
 }
 
 #[derive(Debug)]
@@ -214,6 +211,10 @@ pub struct Term {
     baseline_while_saving: Option<Instant>,
     /// Changes whose dispatch waits for a stored index, in arrival order.
     held: VecDeque<Held>,
+    /// Per object, how many of `held` are its changes; and how many of
+    /// `held` are creations (a change or a tick looks here, not at each).
+    waiting: HashMap<ObjectKey, usize>,
+    held_creations: usize,
     /// Per stream, [`Progress::handed`] when the save being written was
     /// taken, and as of the last stored save.
     committing: Vec<u64>,
@@ -258,6 +259,8 @@ impl Term {
             due_while_saving: false,
             baseline_while_saving: None,
             held: VecDeque::new(),
+            waiting: HashMap::new(),
+            held_creations: 0,
             committing: Vec::new(),
             stored_through: Vec::new(),
             closing: None,
@@ -396,19 +399,27 @@ impl Term {
                         since: now,
                     },
                 );
-                let waits = self.held.iter().any(|h| h.object() == object_of(&event));
+                let creation =
+                    self.stores && matches!(event.change, ChangeType::Added | ChangeType::Resynced);
+                // Only a creation, or a change while some wait, needs it.
+                let key = (creation || !self.waiting.is_empty()).then(|| object_of(&event));
+                let waits = key.as_ref().is_some_and(|k| self.waiting.contains_key(k));
                 if waits && removes {
                     // Created and deleted before the creation's actions
                     // ran: none of it runs (the apps never saw it).
-                    let key = object_of(&event);
+                    let key = key.expect("waits");
+                    self.waiting.remove(&key);
                     let mut gone = vec![ticket];
+                    let mut creations = 0;
                     self.held.retain(|h| {
-                        let of = h.object() == key;
+                        let of = object_of(&h.event) == key;
                         if of {
                             gone.push(h.ticket);
+                            creations += usize::from(h.creation);
                         }
                         !of
                     });
+                    self.held_creations -= creations;
                     for t in gone {
                         self.outstanding.remove(&t);
                         self.progress.complete(t);
@@ -417,9 +428,9 @@ impl Term {
                     }
                     return;
                 }
-                let creation =
-                    self.stores && matches!(event.change, ChangeType::Added | ChangeType::Resynced);
                 if waits || creation {
+                    *self.waiting.entry(key.expect("held")).or_default() += 1;
+                    self.held_creations += usize::from(creation);
                     self.held.push_back(Held {
                         ticket,
                         event,
@@ -483,7 +494,7 @@ impl Term {
     /// Saves at once (or right after the save being written) when a
     /// creation waits and an index that may be stored is there.
     fn commit_held(&mut self, out: &mut Vec<Effect>) {
-        if self.ended || !self.held.iter().any(|h| h.creation) || !self.progress.has_ready() {
+        if self.ended || self.held_creations == 0 || !self.progress.has_ready() {
             return;
         }
         if self.saving {
@@ -500,15 +511,16 @@ impl Term {
         if self.closing.is_some() {
             return;
         }
-        let mut waiting: HashSet<(ObjectKind, String, String)> = HashSet::new();
+        self.waiting.clear();
+        self.held_creations = 0;
         let mut keep = VecDeque::new();
         for h in std::mem::take(&mut self.held) {
             let (stream, pos) = Progress::position(h.ticket);
-            let key = h.object();
-            let key = (key.0, key.1.to_string(), key.2.to_string());
+            let key = object_of(&h.event);
             let stored = pos < self.stored_through[stream];
-            if !all && ((h.creation && !stored) || waiting.contains(&key)) {
-                waiting.insert(key);
+            if !all && ((h.creation && !stored) || self.waiting.contains_key(&key)) {
+                *self.waiting.entry(key).or_default() += 1;
+                self.held_creations += usize::from(h.creation);
                 keep.push_back(h);
             } else {
                 out.push(Effect::Dispatch {
