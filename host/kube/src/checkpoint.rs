@@ -532,19 +532,21 @@ impl CheckpointStore {
                 }
             }
         }
+        // Never at or below a number named (a hand-edited or missing
+        // annotation): a new segment must never meet a committed one.
+        let past_named = stored_logs
+            .values()
+            .flat_map(|(l, _)| l.segments.iter().map(|n| n + 1))
+            .max()
+            .unwrap_or(0);
         self.next_segment = match annotations.get(NEXT_SEGMENT_ANNOTATION) {
-            Some(v) => v.parse().unwrap_or_else(|_| {
-                // Past every number named: a new segment never meets one.
+            Some(v) => v.parse::<u64>().map(|n| n.max(past_named)).unwrap_or_else(|_| {
                 set_aside.push(format!(
                     "{NEXT_SEGMENT_ANNOTATION}: {v:?} is not a number; numbering goes on after the segments named"
                 ));
-                stored_logs
-                    .values()
-                    .flat_map(|(l, _)| l.segments.iter().map(|n| n + 1))
-                    .max()
-                    .unwrap_or(0)
+                past_named
             }),
-            None => 0,
+            None => past_named,
         };
         self.garbage = annotations
             .get(GARBAGE_ANNOTATION)
@@ -674,25 +676,33 @@ impl CheckpointStore {
     async fn remove_orphans(&self) -> Result<(), CheckpointError> {
         let mut seq = self.next_segment;
         while let Some(lease) = self.api.get_opt(&segment_name(&self.name, seq)).await? {
-            let name = segment_name(&self.name, seq);
-            let empty = BTreeMap::new();
-            self.check_stamp(lease.metadata.annotations.as_ref().unwrap_or(&empty), &name)
-                .await?;
-            let guard = kube::api::DeleteParams {
-                preconditions: Some(kube::api::Preconditions {
-                    resource_version: lease.metadata.resource_version.clone(),
-                    uid: None,
-                }),
-                ..Default::default()
-            };
-            match self.api.delete(&name, &guard).await {
-                Ok(_) => tracing::info!(lease = %name, "removed a segment no save committed"),
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
+            self.remove_orphan(&lease).await?;
+            tracing::info!(lease = %segment_name(&self.name, seq), "removed a segment no save committed");
             seq += 1;
         }
         Ok(())
+    }
+
+    /// Deletes a segment no committed state names, as it was read (one
+    /// written since is left), unless a newer term stamped it: then this
+    /// term is fenced.
+    async fn remove_orphan(&self, lease: &Lease) -> Result<(), CheckpointError> {
+        let name = lease.metadata.name.as_deref().unwrap_or_default();
+        let empty = BTreeMap::new();
+        self.check_stamp(lease.metadata.annotations.as_ref().unwrap_or(&empty), name)
+            .await?;
+        let guard = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: lease.metadata.resource_version.clone(),
+                uid: None,
+            }),
+            ..Default::default()
+        };
+        match self.api.delete(name, &guard).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Deletes the Leases no committed state names any more (best effort:
@@ -781,24 +791,11 @@ impl CheckpointStore {
         match self.api.create(&PostParams::default(), &lease).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                let found = self.api.get(&name).await?;
-                let empty = BTreeMap::new();
-                self.check_stamp(found.metadata.annotations.as_ref().unwrap_or(&empty), &name)
-                    .await?;
                 // Deleted and created again rather than written over: the
                 // shipped Role grants no update of Leases but the two named.
-                let guard = kube::api::DeleteParams {
-                    preconditions: Some(kube::api::Preconditions {
-                        resource_version: found.metadata.resource_version,
-                        uid: None,
-                    }),
-                    ..Default::default()
-                };
-                match self.api.delete(&name, &guard).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e.into()),
-                }
+                // (Written since it was read: the create conflicts, and
+                // the save is retried.)
+                self.remove_orphan(&self.api.get(&name).await?).await?;
                 self.api.create(&PostParams::default(), &lease).await?;
                 Ok(())
             }

@@ -883,3 +883,37 @@ async fn a_commit_whose_answer_was_lost_is_found_and_the_term_goes_on() {
         "shop=8"
     );
 }
+
+/// A state Lease that names segments but not the next number (edited by
+/// hand, say): numbering goes on after the segments named, so the claim's
+/// sweep of uncommitted segments does not take a committed one for one.
+#[tokio::test]
+async fn segments_named_without_a_next_number_are_kept() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let ix = shop(10, 0);
+    state_lease_with(
+        &server,
+        serde_json::json!({
+            "wasmwatch.io/term": "pod-a/1",
+            "wasmwatch.io/configmap-index-log": "segments=0 bytes=10 base=10",
+            "wasmwatch.io/configmap-index-scopes": "shop",
+        }),
+    )
+    .await;
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    let segment: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "wasmwatch-state-segment-0",
+                     "annotations": {"wasmwatch.io/index": ix.encode()}}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &segment).await.unwrap();
+    let claimed = store(&server, term("pod-b", 2)).claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], ix);
+    let claimed = store(&server, term("pod-c", 3)).claim().await.unwrap();
+    assert_eq!(
+        claimed.indexes.get(&ObjectKind::ConfigMap),
+        Some(&ix),
+        "{:?}",
+        claimed.problems()
+    );
+}
