@@ -62,7 +62,9 @@ use std::fmt;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
+
+use crate::apis::LeaseApi;
 use wasmwatch_core::index::ObjectIndex;
 use wasmwatch_core::{ObjectKind, Scope};
 
@@ -310,8 +312,10 @@ impl CheckpointError {
 }
 
 /// Reads and writes the state Lease for one leadership term.
-pub struct CheckpointStore {
-    api: Api<Lease>,
+/// The store of one state Lease. `A`: the Lease API (kube's, or the
+/// simulator's; see [`crate::apis`]).
+pub struct CheckpointStore<A = Api<Lease>> {
+    api: A,
     name: String,
     /// The leader Lease the term was taken on (same namespace).
     leader_lease: String,
@@ -363,8 +367,15 @@ impl CheckpointStore {
         leader_lease: &str,
         term: Term,
     ) -> Self {
+        CheckpointStore::with_api(Api::namespaced(client, namespace), name, leader_lease, term)
+    }
+}
+
+impl<A: LeaseApi> CheckpointStore<A> {
+    /// The store of state Lease `name` for `term` through `api`.
+    pub fn with_api(api: A, name: &str, leader_lease: &str, term: Term) -> Self {
         CheckpointStore {
-            api: Api::namespaced(client, namespace),
+            api,
             name: name.to_string(),
             leader_lease: leader_lease.to_string(),
             term,
@@ -416,7 +427,7 @@ impl CheckpointStore {
                     },
                     spec: None,
                 };
-                match self.api.create(&PostParams::default(), &fresh).await {
+                match self.api.create(&fresh).await {
                     Ok(l) => l,
                     Err(kube::Error::Api(s)) if s.code == 409 => self.api.get(&self.name).await?,
                     Err(e) => return Err(e.into()),
@@ -788,7 +799,7 @@ impl CheckpointStore {
             },
             spec: None,
         };
-        match self.api.create(&PostParams::default(), &lease).await {
+        match self.api.create(&lease).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 // Deleted and created again rather than written over: the
@@ -796,7 +807,7 @@ impl CheckpointStore {
                 // (Written since it was read: the create conflicts, and
                 // the save is retried.)
                 self.remove_orphan(&self.api.get(&name).await?).await?;
-                self.api.create(&PostParams::default(), &lease).await?;
+                self.api.create(&lease).await?;
                 Ok(())
             }
             Err(e) => Err(e.into()),
@@ -906,7 +917,7 @@ impl CheckpointStore {
             .collect();
         let mut next = self.next_segment;
         let max = self.segment_bytes;
-        let (saves, next) = tokio::task::spawn_blocking(move || {
+        let plan_all = move || {
             let saves: Vec<KindSave> = work
                 .into_iter()
                 .map(|(kind, mut index, streams, log, tail, legacy)| {
@@ -935,9 +946,18 @@ impl CheckpointStore {
                 })
                 .collect();
             (saves, next)
-        })
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        };
+        // On a current-thread runtime (the simulator's, tests) there are no
+        // other workers to keep free, and a blocking thread would make the
+        // schedule depend on the machine: worked out in place.
+        let (saves, next) = match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread => {
+                tokio::task::spawn_blocking(plan_all)
+                    .await
+                    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+            }
+            _ => plan_all(),
+        };
         for save in &saves {
             for (seq, text) in &save.plan.create {
                 self.create_segment(*seq, save.kind, text).await?;
@@ -1022,11 +1042,7 @@ impl CheckpointStore {
     /// version to write over next time. Without this, a response lost
     /// after the commit made every later save conflict and end the term.
     async fn replace(&mut self, lease: &Lease) -> Result<Lease, CheckpointError> {
-        let err = match self
-            .api
-            .replace(&self.name, &PostParams::default(), lease)
-            .await
-        {
+        let err = match self.api.replace(&self.name, lease).await {
             Ok(l) => return Ok(l),
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 return Err(CheckpointError::Conflict(format!(

@@ -23,7 +23,9 @@ use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
+
+use crate::apis::LeaseApi;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -262,8 +264,8 @@ fn now_micro() -> MicroTime {
 }
 
 /// The elector. [`Elector::run`] drives it until shutdown.
-pub struct Elector {
-    api: Api<Lease>,
+pub struct Elector<A = Api<Lease>> {
+    api: A,
     config: ElectorConfig,
     observer: Observer,
     /// The Lease as last read or written by us (for its resourceVersion).
@@ -278,9 +280,33 @@ impl Elector {
         client: kube::Client,
         config: ElectorConfig,
     ) -> Result<(Elector, watch::Receiver<Leadership>), String> {
+        let api = Api::namespaced(client, &config.namespace);
+        Elector::with_api(api, config)
+    }
+
+    /// Runs the election until `shutdown` completes; then releases the lease
+    /// if this replica holds it. Leadership changes are published as they
+    /// happen; leading stops at the renew deadline if renewing fails. A
+    /// candidate also looks again as soon as the Lease changes.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
+        let changed = std::sync::Arc::new(Notify::new());
+        let _watch_task = AbortOnDrop(tokio::spawn(watch_lease(
+            self.api.clone(),
+            self.config.lease_name.clone(),
+            changed.clone(),
+        )));
+        self.run_with(shutdown, changed).await
+    }
+}
+
+impl<A: LeaseApi> Elector<A> {
+    /// An elector on Lease API `api` (kube's, or the simulator's).
+    pub fn with_api(
+        api: A,
+        config: ElectorConfig,
+    ) -> Result<(Elector<A>, watch::Receiver<Leadership>), String> {
         config.validate()?;
         let (tx, rx) = watch::channel(Leadership::default());
-        let api = Api::namespaced(client, &config.namespace);
         Ok((
             Elector {
                 api,
@@ -325,7 +351,7 @@ impl Elector {
                     ..Default::default()
                 }),
             };
-            return match self.api.create(&PostParams::default(), &lease).await {
+            return match self.api.create(&lease).await {
                 Ok(created) => Ok(self.took(created, Instant::now())),
                 Err(kube::Error::Api(s)) if s.code == 409 => Err(ElectError::Conflict),
                 Err(e) => Err(e.into()),
@@ -346,11 +372,7 @@ impl Elector {
         spec.holder_identity = Some(me);
         spec.lease_duration_seconds = Some(duration);
         spec.renew_time = Some(now_micro());
-        match self
-            .api
-            .replace(&self.config.lease_name, &PostParams::default(), &lease)
-            .await
-        {
+        match self.api.replace(&self.config.lease_name, &lease).await {
             Ok(written) => Ok(self.took(written, Instant::now())),
             Err(kube::Error::Api(s)) if s.code == 409 => Err(ElectError::Conflict),
             Err(e) => Err(e.into()),
@@ -414,25 +436,19 @@ impl Elector {
         spec.lease_duration_seconds = Some(1);
         spec.acquire_time = Some(now_micro());
         spec.renew_time = Some(now_micro());
-        let result = self
-            .api
-            .replace(&self.config.lease_name, &PostParams::default(), &lease)
-            .await;
+        let result = self.api.replace(&self.config.lease_name, &lease).await;
         self.publish_holder("");
         result.map(|_| ())
     }
 
-    /// Runs the election until `shutdown` completes; then releases the lease
-    /// if this replica holds it. Leadership changes are published as they
-    /// happen; leading stops at the renew deadline if renewing fails.
-    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
+    /// [`Elector::run`], woken early by `changed` (kube's: a watch of the
+    /// Lease; the simulator's: never, candidates look every retry period).
+    pub async fn run_with(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+        changed: std::sync::Arc<Notify>,
+    ) {
         tokio::pin!(shutdown);
-        let changed = std::sync::Arc::new(Notify::new());
-        let _watch_task = AbortOnDrop(tokio::spawn(watch_lease(
-            self.api.clone(),
-            self.config.lease_name.clone(),
-            changed.clone(),
-        )));
         let mut last_renew: Option<Instant> = None;
         // A 409 while leading: someone wrote the Lease between our read and
         // our write (another replica, or a harmless annotation). Look again
@@ -508,11 +524,14 @@ impl Elector {
                 wake = wake.min(last + cfg.renew_deadline);
             }
             let leading = last_renew.is_some();
+            // Biased: the same schedule picks the same branch (the
+            // simulator replays a seed exactly).
             tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
                 _ = tokio::time::sleep_until(wake) => {}
                 // A candidate re-checks as soon as the Lease changes (e.g. released).
                 _ = changed.notified(), if !leading => {}
-                _ = &mut shutdown => break,
             }
         }
         if last_renew.is_some() {

@@ -17,6 +17,7 @@
 //!   by a watch of Namespaces.
 #![forbid(unsafe_code)]
 
+pub mod apis;
 pub mod checkpoint;
 pub mod digest_key;
 pub mod elector;

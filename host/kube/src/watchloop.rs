@@ -21,6 +21,8 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
+
+use crate::apis::ObjectApi;
 use tokio::sync::mpsc;
 use wasmwatch_core::digest::DigestKey;
 use wasmwatch_core::event::Metadata;
@@ -100,9 +102,10 @@ pub enum State {
     Relist,
 }
 
-/// The watch loop for one target.
-pub struct WatchLoop {
-    api: Api<DynamicObject>,
+/// The watch loop for one target. `A`: the collection's API (kube's, or
+/// the simulator's; see [`crate::apis`]).
+pub struct WatchLoop<A = Api<DynamicObject>> {
+    api: A,
     target: WatchTarget,
     index: ObjectIndex,
     state: State,
@@ -186,11 +189,27 @@ impl WatchLoop {
     /// with `replay` set.
     pub fn new(client: kube::Client, target: WatchTarget, checkpoint: Option<String>) -> WatchLoop {
         let ar = api_resource(target.kind);
-        let checkpoint_given = checkpoint.is_some();
         let api = match target.scope.namespace() {
             Some(ns) => Api::namespaced_with(client, ns, &ar),
             None => Api::all_with(client, &ar),
         };
+        WatchLoop::with_api(api, target, checkpoint)
+    }
+
+    /// A loop that lists first and delivers every object as changed (a
+    /// resync against an empty index), then watches: for a kind whose
+    /// checkpoints could not be read, where nobody can tell which changes
+    /// were handled.
+    pub fn deliver_all(client: kube::Client, target: WatchTarget) -> WatchLoop {
+        WatchLoop::new(client, target, None).delivering_all()
+    }
+}
+
+impl<A: ObjectApi> WatchLoop<A> {
+    /// [`WatchLoop::new`] on the collection API `api` (`target`'s kind and
+    /// scope).
+    pub fn with_api(api: A, target: WatchTarget, checkpoint: Option<String>) -> WatchLoop<A> {
+        let checkpoint_given = checkpoint.is_some();
         WatchLoop {
             api,
             index: ObjectIndex::new(target.kind).with_digest_key(target.digest_key.clone()),
@@ -220,15 +239,11 @@ impl WatchLoop {
         }
     }
 
-    /// A loop that lists first and delivers every object as changed (a
-    /// resync against an empty index), then watches: for a kind whose
-    /// checkpoints could not be read, where nobody can tell which changes
-    /// were handled.
-    pub fn deliver_all(client: kube::Client, target: WatchTarget) -> WatchLoop {
-        let mut wl = WatchLoop::new(client, target, None);
-        wl.state = State::Relist;
-        wl.replay = Replay::All;
-        wl
+    /// This loop (made without a checkpoint) as [`WatchLoop::deliver_all`].
+    pub fn delivering_all(mut self) -> WatchLoop<A> {
+        self.state = State::Relist;
+        self.replay = Replay::All;
+        self
     }
 
     /// Whether a change at `rv` (`None`: no version) is a replay, and what
@@ -283,7 +298,7 @@ impl WatchLoop {
     /// The loop's counters.
     /// Sends the index at once whenever `flush` is signalled while the
     /// loop watches.
-    pub fn with_flush(mut self, flush: tokio::sync::watch::Receiver<()>) -> WatchLoop {
+    pub fn with_flush(mut self, flush: tokio::sync::watch::Receiver<()>) -> WatchLoop<A> {
         self.flush = Some(flush);
         self
     }
@@ -316,7 +331,7 @@ impl WatchLoop {
     /// the checkpoint and the list is seen only by the watch's replay (lost
     /// if the history is gone already), and an object created in that span
     /// comes out of a relist as `resynced`, not `added`.
-    pub fn with_index(mut self, mut index: ObjectIndex) -> WatchLoop {
+    pub fn with_index(mut self, mut index: ObjectIndex) -> WatchLoop<A> {
         if matches!(self.state, State::Resume { .. }) {
             index.mark_unverified();
             self.index = index.with_digest_key(self.target.digest_key.clone());
@@ -543,9 +558,12 @@ impl WatchLoop {
                             std::future::pending::<()>().await;
                         }
                     };
+                    // Biased: the same schedule picks the same branch (the
+                    // simulator replays a seed exactly).
                     let next = tokio::select! {
-                        next = tokio::time::timeout_at(wake, stream.try_next()) => Some(next),
+                        biased;
                         () = flush => None,
+                        next = tokio::time::timeout_at(wake, stream.try_next()) => Some(next),
                     };
                     let Some(next) = next else {
                         self.send_index(out).await?;
@@ -662,8 +680,9 @@ impl WatchLoop {
                     let delay = backoff(self.failures);
                     tracing::warn!(kind = self.target.kind.as_str(), state = ?self.state, "watch failed, retrying in {delay:?}: {e}");
                     tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
+                        biased;
                         _ = out.closed() => return,
+                        _ = tokio::time::sleep(delay) => {}
                     }
                 }
             }
@@ -675,13 +694,40 @@ impl WatchLoop {
 pub fn backoff(failures: u32) -> Duration {
     let base = 0.2 * 2f64.powi(failures.saturating_sub(1).min(8) as i32);
     let base = base.min(30.0);
-    // Jitter from the clock's sub-second part: good enough to spread replicas.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let jitter = 0.75 + 0.5 * (nanos as f64 / 1e9);
+    let jitter = 0.75 + 0.5 * JITTER.with(|j| j.next());
     Duration::from_secs_f64(base * jitter)
+}
+
+thread_local! {
+    /// Backoff jitter: seeded from the clock (enough to spread replicas),
+    /// or by the simulator ([`seed_jitter`]) for a schedule it can replay.
+    static JITTER: Jitter = Jitter(std::cell::Cell::new(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+    ));
+}
+
+struct Jitter(std::cell::Cell<u64>);
+
+impl Jitter {
+    /// A number in [0, 1) (splitmix64).
+    fn next(&self) -> f64 {
+        let s = self.0.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0.set(s);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Seeds this thread's backoff jitter (the simulator: one seed, one
+/// schedule).
+pub fn seed_jitter(seed: u64) {
+    JITTER.with(|j| j.0.set(seed));
 }
 
 #[cfg(test)]
