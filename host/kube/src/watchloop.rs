@@ -78,6 +78,60 @@ pub enum Output {
     Index(ObjectIndex),
 }
 
+/// Asks watch loops for their index at once (a leader stepping down; see
+/// [`WatchLoop::with_flush`]). Not a `tokio::sync::watch`: that one wakes
+/// its receivers in an order drawn at random, and the simulator must
+/// replay a schedule exactly; a `Notify` wakes them in a fixed order.
+#[derive(Clone, Default)]
+pub struct Flush(std::sync::Arc<FlushShared>);
+
+#[derive(Default)]
+struct FlushShared {
+    asked: std::sync::atomic::AtomicU64,
+    notify: tokio::sync::Notify,
+}
+
+impl Flush {
+    /// Every loop made `with_flush` this sends its index now.
+    pub fn ask(&self) {
+        self.0
+            .asked
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.notify.notify_waiters();
+    }
+
+    fn watcher(&self) -> FlushWatcher {
+        FlushWatcher {
+            flush: self.clone(),
+            seen: self.0.asked.load(std::sync::atomic::Ordering::SeqCst),
+        }
+    }
+}
+
+/// One loop's view of a [`Flush`]: what it has answered.
+struct FlushWatcher {
+    flush: Flush,
+    seen: u64,
+}
+
+impl FlushWatcher {
+    /// Returns once asked since the last return.
+    async fn asked(&mut self) {
+        let shared = &self.flush.0;
+        loop {
+            let notified = shared.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let now = shared.asked.load(std::sync::atomic::Ordering::SeqCst);
+            if now > self.seen {
+                self.seen = now;
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
 /// How soon the index follows a creation: the creations of this moment
 /// share one save (group commit) before their actions run.
 pub const CREATION_INDEX_AFTER: Duration = Duration::from_millis(10);
@@ -126,7 +180,7 @@ pub struct WatchLoop<A = Api<DynamicObject>> {
     created_at: Option<tokio::time::Instant>,
     /// Asks for the index now (a leader stepping down sends its last
     /// save with an index taken after everything it handled).
-    flush: Option<tokio::sync::watch::Receiver<()>>,
+    flush: Option<FlushWatcher>,
     stats: std::sync::Arc<WatchStats>,
     /// A watch request was made before (the next one is a restart).
     watched: bool,
@@ -298,8 +352,8 @@ impl<A: ObjectApi> WatchLoop<A> {
     /// The loop's counters.
     /// Sends the index at once whenever `flush` is signalled while the
     /// loop watches.
-    pub fn with_flush(mut self, flush: tokio::sync::watch::Receiver<()>) -> WatchLoop<A> {
-        self.flush = Some(flush);
+    pub fn with_flush(mut self, flush: &Flush) -> WatchLoop<A> {
+        self.flush = Some(flush.watcher());
         self
     }
 
@@ -551,11 +605,9 @@ impl<A: ObjectApi> WatchLoop<A> {
                         wake = wake.min(at + CREATION_INDEX_AFTER);
                     }
                     let flush = async {
-                        let Some(f) = self.flush.as_mut() else {
-                            return std::future::pending().await;
-                        };
-                        if f.changed().await.is_err() {
-                            std::future::pending::<()>().await;
+                        match self.flush.as_mut() {
+                            Some(f) => f.asked().await,
+                            None => std::future::pending().await,
                         }
                     };
                     // Biased: the same schedule picks the same branch (the

@@ -586,7 +586,7 @@ impl Service {
         let mut streams = Vec::new();
         let mut tasks = Vec::new();
         // Asks every loop for its index when stepping down.
-        let (flush, flush_rx) = watch::channel(());
+        let flush = wasmwatch_kube::watchloop::Flush::default();
         // Per loop: kind, counters, and the values already counted.
         let mut watch_stats = Vec::new();
         for kind in &self.manifest.watch.kinds {
@@ -636,7 +636,7 @@ impl Service {
                 // The checkpoint waits for an index taken after each change:
                 // send it as often as checkpoints are saved.
                 wl.index_interval = self.options.checkpoint_interval;
-                let wl = wl.with_flush(flush_rx.clone());
+                let wl = wl.with_flush(&flush);
                 watch_stats.push((*kind, wl.stats(), 0u64, 0u64));
                 let (loop_tx, loop_rx) = mpsc::channel(256);
                 tasks.push(AbortOnDrop(tokio::spawn(wl.run(loop_tx).instrument(span))));
@@ -716,7 +716,7 @@ impl Service {
                     // an index after it from every loop: the final save
                     // then covers everything handled (issue 32).
                     closing = Some(Instant::now() + DRAIN);
-                    let _ = flush.send(());
+                    flush.ask();
                     Input::Closing
                 }
                 () = std::future::ready(()), if closing.is_some() && term.drained() => Input::Shutdown,
