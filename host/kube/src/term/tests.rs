@@ -563,6 +563,36 @@ async fn changes_of_a_waiting_object_keep_their_order_and_a_quick_deletion_cance
     assert_eq!(dispatched_names(&e), ["added a", "modified a"]);
 }
 
+/// A replayed creation may have been delivered by the predecessor: its
+/// deletion, while it waits, is not cancelled with it but goes out alone,
+/// at once (nothing older after it, and no index to wait for).
+#[tokio::test(start_paused = true)]
+async fn a_deletion_of_a_waiting_replayed_creation_is_delivered() {
+    let mut t = term(stored("prod", "5"), &[]);
+    let s = t.stream(CM, Scope::from_key("prod"), Start::Resume);
+    let replayed = |o: Output| match o {
+        Output::Change {
+            mut event,
+            resource_version,
+        } => {
+            event.replay = true;
+            Output::Change {
+                event,
+                resource_version,
+            }
+        }
+        o => o,
+    };
+    let e = feed(
+        &mut t,
+        vec![
+            Input::Output(s, replayed(change_of(ChangeType::Added, "a", Some("10")))),
+            Input::Output(s, replayed(change_of(ChangeType::Deleted, "a", Some("11")))),
+        ],
+    );
+    assert_eq!(dispatched_names(&e), ["deleted a"]);
+}
+
 /// A failed save lets waiting creations go (the store is failing, which
 /// is reported): delivery does not stop with it.
 #[tokio::test(start_paused = true)]
