@@ -136,6 +136,25 @@ impl FlushWatcher {
 /// share one save (group commit) before their actions run.
 pub const CREATION_INDEX_AFTER: Duration = Duration::from_millis(10);
 
+/// How long a replay may pause before its held changes go out (see
+/// [`WatchLoop::hold_replay`]).
+pub const REPLAY_QUIET: Duration = Duration::from_millis(250);
+
+/// Two changes of one object as one: the newer, with the keys both
+/// changed; a creation if the older was one (and the object was not
+/// deleted since).
+fn fold(older: ChangeEvent, mut newer: ChangeEvent) -> ChangeEvent {
+    let mut keys = older.changed_keys;
+    keys.append(&mut newer.changed_keys);
+    keys.sort();
+    keys.dedup();
+    newer.changed_keys = keys;
+    if older.change == ChangeType::Added && newer.change == ChangeType::Modified {
+        newer.change = ChangeType::Added;
+    }
+    newer
+}
+
 /// Counters of one loop, readable while it runs (for metrics).
 #[derive(Debug, Default)]
 pub struct WatchStats {
@@ -193,6 +212,11 @@ pub struct WatchLoop<A = Api<DynamicObject>> {
     replay: Replay,
     /// Resuming without a stored index: list first to rebuild it.
     rebuild_index: bool,
+    /// Replayed changes held until the replay is over, the newest per
+    /// object (see [`WatchLoop::hold_replay`]), by version.
+    replays: std::collections::BTreeMap<(String, String), (u64, ChangeEvent, String)>,
+    /// When held replays go out if nothing more comes.
+    replay_quiet: Option<tokio::time::Instant>,
 }
 
 /// Which of a loop's changes happened while nobody led (they reach the
@@ -290,6 +314,8 @@ impl<A: ObjectApi> WatchLoop<A> {
                 Replay::No
             },
             rebuild_index: checkpoint_given,
+            replays: Default::default(),
+            replay_quiet: None,
         }
     }
 
@@ -326,6 +352,90 @@ impl<A: ObjectApi> WatchLoop<A> {
         resource_version: Option<String>,
     ) -> Result<(), WatchError> {
         self.mark_replay(&mut event, resource_version.as_deref());
+        self.send_marked(out, event, resource_version).await
+    }
+
+    /// Holds a replayed change of the watch's history (issue 32: a replay
+    /// must never move an app backwards). The predecessor may have
+    /// delivered any change up to the version the replay runs to, so the
+    /// replay hands out only each object's newest change of it: its
+    /// changed keys, all of the object's held changes' together; a
+    /// creation, if it was one. Held changes go out, in version order, at
+    /// the first change or bookmark past the replay, when the loop is
+    /// asked for its index (stepping down), or once nothing more came for
+    /// [`REPLAY_QUIET`] (the server sends its history at once, so a later
+    /// change of the same object is newer than all of it). Until then no
+    /// progress and no index goes out (either would pass them), and a
+    /// watch that ends goes on holding them (the rest of the history
+    /// follows on the next one); a 410 drops them for the relist (see
+    /// [`WatchLoop::drop_replays`]).
+    fn hold_replay(&mut self, event: ChangeEvent, resource_version: String) {
+        let key = (event.object.namespace.clone(), event.object.name.clone());
+        let at = resource_version.parse::<u64>().unwrap_or(u64::MAX);
+        let event = match self.replays.remove(&key) {
+            None => event,
+            Some((_, older, _)) => fold(older, event),
+        };
+        self.replays.insert(key, (at, event, resource_version));
+        self.replay_quiet = Some(tokio::time::Instant::now() + REPLAY_QUIET);
+    }
+
+    /// Whether a bookmark at `version` is past the replay.
+    fn replay_ends_at(&self, version: &str) -> bool {
+        match (self.replay, version.parse::<u64>()) {
+            (Replay::Until(until), Ok(v)) => v >= until,
+            _ => true,
+        }
+    }
+
+    /// The history is gone while a replay is held: its changes are not
+    /// handed out, and the relist hands out the held objects' current
+    /// state instead (it delivers whatever was written after its floor,
+    /// which goes back to before the oldest held change). The index has
+    /// the held changes' objects already, so without the lower floor
+    /// they would look handled.
+    fn drop_replays(&mut self) {
+        self.replay_quiet = None;
+        let oldest = self.replays.values().map(|(at, _, _)| *at).min();
+        self.replays.clear();
+        if let Some(oldest) = oldest {
+            let floor = oldest.saturating_sub(1);
+            let lower = self
+                .relist_floor
+                .as_deref()
+                .and_then(|f| f.parse::<u64>().ok())
+                .is_some_and(|f| f <= floor);
+            if !lower {
+                self.relist_floor = Some(floor.to_string());
+            }
+        }
+    }
+
+    /// Sends the held replays (see [`WatchLoop::hold_replay`]).
+    async fn flush_replays(&mut self, out: &mpsc::Sender<Output>) -> Result<(), WatchError> {
+        self.replay_quiet = None;
+        if self.replays.is_empty() {
+            return Ok(());
+        }
+        let mut held: Vec<_> = std::mem::take(&mut self.replays).into_values().collect();
+        held.sort_by_key(|(at, _, _)| *at);
+        for (_, event, rv) in held {
+            if event.change == ChangeType::Added {
+                self.created_at
+                    .get_or_insert_with(tokio::time::Instant::now);
+            }
+            self.send_marked(out, event, Some(rv)).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends a change whose `replay` is set.
+    async fn send_marked(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        event: ChangeEvent,
+        resource_version: Option<String>,
+    ) -> Result<(), WatchError> {
         out.send(Output::Change {
             event: Box::new(event),
             resource_version,
@@ -395,6 +505,8 @@ impl<A: ObjectApi> WatchLoop<A> {
     }
 
     async fn send_index(&mut self, out: &mpsc::Sender<Output>) -> Result<(), WatchError> {
+        // The index has the held replays' objects: they go first.
+        self.flush_replays(out).await?;
         self.index_dirty = false;
         self.created_at = None;
         self.index_sent = tokio::time::Instant::now();
@@ -576,6 +688,7 @@ impl<A: ObjectApi> WatchLoop<A> {
                     // Some servers refuse a too-old version with an HTTP 410
                     // instead of an ERROR event: the same resync.
                     Err(kube::Error::Api(status)) if status.code == 410 => {
+                        self.drop_replays();
                         tracing::info!(kind = self.target.kind.as_str(), from = %from, "watch history expired; resynchronising");
                         self.relist_floor.get_or_insert(from);
                         self.state = State::Relist;
@@ -588,6 +701,11 @@ impl<A: ObjectApi> WatchLoop<A> {
                     Err(e) => return Err(e.into()),
                 };
                 futures_util::pin_mut!(stream);
+                // A replay held across a reconnection waits for the rest of
+                // the history from this new watch.
+                if self.replay_quiet.is_some() {
+                    self.replay_quiet = Some(tokio::time::Instant::now() + REPLAY_QUIET);
+                }
                 let mut at = from;
                 // A stream that stays silent longer than this is dead (the
                 // server sends bookmarks and ends streams at its timeout):
@@ -596,13 +714,19 @@ impl<A: ObjectApi> WatchLoop<A> {
                 let mut last_event = tokio::time::Instant::now();
                 while let Some(event) = loop {
                     let idle_at = last_event + idle;
-                    let mut wake = if self.index_dirty {
-                        idle_at.min(self.index_sent + self.index_interval)
-                    } else {
-                        idle_at
-                    };
-                    if let Some(at) = self.created_at {
-                        wake = wake.min(at + CREATION_INDEX_AFTER);
+                    let mut wake = idle_at;
+                    match self.replay_quiet {
+                        // While a replay is held no index goes out: only
+                        // its end is due.
+                        Some(at) => wake = wake.min(at),
+                        None => {
+                            if self.index_dirty {
+                                wake = wake.min(self.index_sent + self.index_interval);
+                            }
+                            if let Some(at) = self.created_at {
+                                wake = wake.min(at + CREATION_INDEX_AFTER);
+                            }
+                        }
                     }
                     let flush = async {
                         match self.flush.as_mut() {
@@ -632,8 +756,22 @@ impl<A: ObjectApi> WatchLoop<A> {
                             }
                         },
                         Err(_) if tokio::time::Instant::now() < idle_at => {
-                            // The index is due: send it while the watch waits.
-                            self.send_index(out).await?;
+                            let now = tokio::time::Instant::now();
+                            if self.replay_quiet.is_some_and(|q| q <= now) {
+                                // The replay went quiet: its changes go.
+                                self.flush_replays(out).await?;
+                            }
+                            // The index is due: send it while the watch
+                            // waits (not while a replay is held: it has
+                            // the held changes' objects).
+                            let due = (self.index_dirty
+                                && now >= self.index_sent + self.index_interval)
+                                || self
+                                    .created_at
+                                    .is_some_and(|t| now >= t + CREATION_INDEX_AFTER);
+                            if due && self.replays.is_empty() {
+                                self.send_index(out).await?;
+                            }
                         }
                         Err(_) => {
                             tracing::warn!(
@@ -655,6 +793,15 @@ impl<A: ObjectApi> WatchLoop<A> {
                         WatchEvent::Deleted(o) => (Seen::Deleted, o),
                         WatchEvent::Bookmark(b) => {
                             at = b.metadata.resource_version;
+                            if !self.replays.is_empty() {
+                                // Past the replay: its changes go first.
+                                // Before its end: no progress may pass
+                                // them.
+                                if !self.replay_ends_at(&at) {
+                                    continue;
+                                }
+                                self.flush_replays(out).await?;
+                            }
                             send(Output::Progress {
                                 resource_version: at.clone(),
                                 index_changed: false,
@@ -663,6 +810,7 @@ impl<A: ObjectApi> WatchLoop<A> {
                             continue;
                         }
                         WatchEvent::Error(status) if status.code == 410 => {
+                            self.drop_replays();
                             tracing::info!(kind = self.target.kind.as_str(), from = %at, "watch history expired; resynchronising");
                             self.relist_floor.get_or_insert(at);
                             self.state = State::Relist;
@@ -691,12 +839,18 @@ impl<A: ObjectApi> WatchLoop<A> {
                     // (the checkpoint waits for an index sent after it).
                     self.index_dirty |= remembered_changed || event.is_some();
                     match event {
-                        Some(event) => {
+                        Some(mut event) => {
+                            self.mark_replay(&mut event, Some(&rv));
+                            if event.replay && matches!(self.replay, Replay::Until(_)) {
+                                self.hold_replay(event, rv);
+                                continue;
+                            }
+                            self.flush_replays(out).await?;
                             if event.change == ChangeType::Added {
                                 self.created_at
                                     .get_or_insert_with(tokio::time::Instant::now);
                             }
-                            self.send_change(out, event, Some(rv)).await?;
+                            self.send_marked(out, event, Some(rv)).await?;
                             if self.index_sent.elapsed() >= self.index_interval
                                 || self
                                     .created_at
@@ -704,6 +858,10 @@ impl<A: ObjectApi> WatchLoop<A> {
                             {
                                 self.send_index(out).await?;
                             }
+                        }
+                        None if !self.replays.is_empty() => {
+                            // Nothing to deliver, but no progress may pass
+                            // the held replays: it waits for a later one.
                         }
                         None => {
                             send(Output::Progress {
@@ -714,7 +872,9 @@ impl<A: ObjectApi> WatchLoop<A> {
                         }
                     }
                 }
-                // The stream ended (timeout, closed by the server): resume.
+                // The stream ended (timeout, closed by the server): resume
+                // (a replay held goes on being held: the rest of it follows
+                // on the next watch).
                 self.state = State::Resume { from: at };
             }
         }

@@ -194,6 +194,25 @@ async fn simulate(seed: u64) -> Outcome {
         let world = world.clone();
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xabcd);
         tokio::spawn(async move {
+            // Objects are written once a first baseline is stored: what
+            // exists before wasmwatch first leads is what the apps already
+            // have, and is not delivered (the first list is a baseline).
+            loop {
+                let baseline = world
+                    .lock()
+                    .leases()
+                    .get(STATE_LEASE)
+                    .and_then(|l| l.metadata.annotations.as_ref())
+                    .is_some_and(|a| {
+                        a.contains_key(wasmwatch_kube::checkpoint::annotation_key(
+                            ObjectKind::ConfigMap,
+                        ))
+                    });
+                if baseline {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             let end = tokio::time::Instant::now() + active;
             while tokio::time::Instant::now() < end {
                 let gap = -mean_gap * (1.0 - rng.random::<f64>()).ln();

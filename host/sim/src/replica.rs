@@ -222,6 +222,9 @@ async fn lead(
             (s, saved) = async { writing.as_mut().expect("checked").await }, if writing.is_some() => {
                 store = Some(s);
                 writing = None;
+                if saved != Saved::Stored {
+                    conn.world.lock().log(format!("node {} save: {saved:?}", conn.node));
+                }
                 Input::Saved(saved)
             }
             Some(ticket) = done.recv() => Input::Finished(ticket),

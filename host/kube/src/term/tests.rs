@@ -593,8 +593,9 @@ async fn a_deletion_of_a_waiting_replayed_creation_is_delivered() {
     assert_eq!(dispatched_names(&e), ["deleted a"]);
 }
 
-/// A failed save lets waiting creations go (the store is failing, which
-/// is reported): delivery does not stop with it.
+/// Saves failing [`HOLD_FAILURES`] times in a row let waiting creations go
+/// (the store is failing, which is reported): delivery does not stop with
+/// it.
 #[tokio::test(start_paused = true)]
 async fn a_failed_save_lets_waiting_creations_go() {
     let mut t = term(stored("prod", "5"), &[]);
@@ -607,6 +608,12 @@ async fn a_failed_save_lets_waiting_creations_go() {
         ],
     );
     assert_eq!(saves(&e).len(), 1);
+    for failed in 1..HOLD_FAILURES {
+        let e = feed(&mut t, vec![Input::Saved(Saved::Failed("503".into()))]);
+        assert!(dispatched(&e).is_empty(), "still held after {failed}");
+        let e = tick(&mut t, INTERVAL).await;
+        assert_eq!(saves(&e).len(), 1, "retried at the interval");
+    }
     let e = feed(&mut t, vec![Input::Saved(Saved::Failed("503".into()))]);
     assert_eq!(dispatched_names(&e), ["added a"]);
 }
