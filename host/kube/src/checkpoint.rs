@@ -336,8 +336,17 @@ pub struct CheckpointStore<A = Api<Lease>> {
     /// The newest safe index of each stream not committed yet: a failed
     /// save keeps them for the next.
     pending: BTreeMap<(ObjectKind, Scope), ObjectIndex>,
-    /// The committed state's next segment number.
+    /// The next segment number: the committed state's, or past the
+    /// segments of this term's failed saves (see `orphans`).
     next_segment: u64,
+    /// Segments this term created for saves that did not commit: listed
+    /// for deletion by the next commit. Their numbers are not used again
+    /// in this term, so a retried save does not meet them one by one
+    /// (three more requests each; under an API server failing a few
+    /// percent of requests, retries of a save of many segments then never
+    /// committed, found by the simulator). They run on from the committed
+    /// next number without a gap, so a successor's claim finds them too.
+    orphans: Vec<u64>,
     /// Leases no committed state names any more, still to delete.
     garbage: Vec<String>,
     /// Largest segment text stored (packed).
@@ -386,6 +395,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             legacy: BTreeMap::new(),
             pending: BTreeMap::new(),
             next_segment: 0,
+            orphans: Vec::new(),
             garbage: Vec::new(),
             segment_bytes: SHARD_BYTES,
             covered: BTreeMap::new(),
@@ -958,9 +968,14 @@ impl<A: LeaseApi> CheckpointStore<A> {
             }
             _ => plan_all(),
         };
+        let mut created = Vec::new();
         for save in &saves {
             for (seq, text) in &save.plan.create {
-                self.create_segment(*seq, save.kind, text).await?;
+                if let Err(e) = self.create_segment(*seq, save.kind, text).await {
+                    self.abandon(created);
+                    return Err(e);
+                }
+                created.push(*seq);
             }
         }
         let annotations = lease
@@ -998,6 +1013,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             }
         }
         annotations.insert(NEXT_SEGMENT_ANNOTATION.to_string(), next.to_string());
+        garbage.extend(self.orphans.iter().map(|&n| segment_name(&self.name, n)));
         if garbage.is_empty() {
             annotations.remove(GARBAGE_ANNOTATION);
         } else {
@@ -1014,7 +1030,14 @@ impl<A: LeaseApi> CheckpointStore<A> {
             };
         }
         // The commit: one conditional write.
-        self.lease = Some(self.replace(&lease).await?);
+        match self.replace(&lease).await {
+            Ok(l) => self.lease = Some(l),
+            Err(e) => {
+                self.abandon(created);
+                return Err(e);
+            }
+        }
+        self.orphans.clear();
         self.next_segment = next;
         self.garbage = garbage;
         self.covered = covered;
@@ -1032,6 +1055,15 @@ impl<A: LeaseApi> CheckpointStore<A> {
         }
         self.collect_garbage().await;
         Ok(())
+    }
+
+    /// A save failed after creating segments `created` (in order): they are
+    /// orphans, and the next save numbers its segments after them.
+    fn abandon(&mut self, created: Vec<u64>) {
+        if let Some(&last) = created.last() {
+            self.next_segment = last + 1;
+        }
+        self.orphans.extend(created);
     }
 
     /// The RV-guarded write of the state Lease. A 409 means another

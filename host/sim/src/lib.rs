@@ -48,6 +48,9 @@ pub struct Outcome {
     pub deliveries: usize,
     /// Deliveries of a content the app had already received.
     pub duplicates: usize,
+    /// Deletions lost after creations went out while the store kept
+    /// failing (the design's one accepted loss, see `term::HOLD_FAILURES`).
+    pub excused: usize,
     pub faults: Vec<String>,
     pub requests: u64,
     pub simulated: Duration,
@@ -148,7 +151,9 @@ async fn simulate(seed: u64) -> Outcome {
         } else {
             0.0
         },
-        segment_bytes: rng.random_range(200..2000),
+        // Small (production: 200 KiB), so that saves write several
+        // segments and a failure can fall between them.
+        segment_bytes: rng.random_range(1_000..20_000),
     };
     {
         let mut w = world.lock();
@@ -405,6 +410,7 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
             }
         }
     }
+    let mut excused = 0;
     for (key, (content, exists)) in &w.truth {
         let last = seen.get(key).and_then(|ds| ds.last());
         match (exists, last) {
@@ -415,6 +421,18 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
                 key.1,
                 last.map_or("nothing".to_string(), |d| describe(d))
             )),
+            // Delivered while the store kept failing: the creation may
+            // have gone without a stored index, and a gap past the history
+            // then hides the deletion (accepted, reported; counted).
+            (false, Some(_))
+                if seen[key]
+                    .iter()
+                    .rev()
+                    .take_while(|d| d.content.is_some())
+                    .any(|d| d.store_failing) =>
+            {
+                excused += 1;
+            }
             (false, Some(d)) if d.content.is_some() => violations.push(format!(
                 "{}/{}: deleted, but the app ends with {}",
                 key.0,
@@ -441,6 +459,7 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
         writes: w.truth.len(),
         deliveries: w.app.len(),
         duplicates,
+        excused,
         requests: w.requests,
         ..Default::default()
     }

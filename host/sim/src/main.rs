@@ -31,8 +31,8 @@ fn main() {
             println!("{line}");
         }
         println!(
-            "seed {seed}: {} writes, {} deliveries, {} duplicates, {} requests, {:?} simulated, faults {:?}",
-            o.writes, o.deliveries, o.duplicates, o.requests, o.simulated, o.faults
+            "seed {seed}: {} objects, {} deliveries, {} duplicates, {} excused, {} requests, {:?} simulated, faults {:?}",
+            o.writes, o.deliveries, o.duplicates, o.excused, o.requests, o.simulated, o.faults
         );
         for v in &o.violations {
             println!("VIOLATION: {v}");
@@ -41,7 +41,8 @@ fn main() {
     }
     let started = Instant::now();
     let mut failed = Vec::new();
-    let (mut deliveries, mut duplicates, mut simulated) = (0, 0, std::time::Duration::ZERO);
+    let (mut deliveries, mut duplicates, mut excused, mut simulated) =
+        (0, 0, 0, std::time::Duration::ZERO);
     for seed in args.from..args.from + args.seeds {
         let o = wasmwatch_sim::run(seed);
         if args.twice && wasmwatch_sim::run(seed).trace != o.trace {
@@ -50,6 +51,7 @@ fn main() {
         }
         deliveries += o.deliveries;
         duplicates += o.duplicates;
+        excused += o.excused;
         simulated += o.simulated;
         if !o.violations.is_empty() {
             for v in &o.violations {
@@ -62,7 +64,7 @@ fn main() {
         }
     }
     println!(
-        "{} schedules in {:.1?} ({:.1?} simulated): {} failed {:?}; {deliveries} deliveries, {duplicates} duplicates",
+        "{} schedules in {:.1?} ({:.1?} simulated): {} failed {:?}; {deliveries} deliveries, {duplicates} duplicates, {excused} deletions lost while the store kept failing",
         args.seeds,
         started.elapsed(),
         simulated,

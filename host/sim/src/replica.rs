@@ -19,7 +19,7 @@ use wasmwatch_kube::checkpoint::{
     CheckpointError, CheckpointStore, Checkpoints, StreamIndex, Ticket,
 };
 use wasmwatch_kube::elector::{Acting, Elector, ElectorConfig, Fence, Leadership};
-use wasmwatch_kube::term::{Effect, End, Input, Saved, Start, Term};
+use wasmwatch_kube::term::{Effect, End, HOLD_FAILURES, Input, Saved, Start, Term};
 use wasmwatch_kube::watchloop::{WatchLoop, WatchTarget};
 
 use crate::world::{Conn, Delivery, Objects};
@@ -201,6 +201,7 @@ async fn lead(
     let mut writing: Option<Writing> = None;
     let mut store = Some(store);
     let mut closing: Option<Instant> = None;
+    let mut failed_saves = 0;
     let end = loop {
         conn.gate().await;
         let input = tokio::select! {
@@ -222,9 +223,17 @@ async fn lead(
             (s, saved) = async { writing.as_mut().expect("checked").await }, if writing.is_some() => {
                 store = Some(s);
                 writing = None;
-                if saved != Saved::Stored {
-                    conn.world.lock().log(format!("node {} save: {saved:?}", conn.node));
+                match &saved {
+                    Saved::Stored => failed_saves = 0,
+                    Saved::Failed(_) => failed_saves += 1,
+                    _ => {}
                 }
+                let mut w = conn.world.lock();
+                w.nodes[conn.node].store_failing = failed_saves >= HOLD_FAILURES;
+                if saved != Saved::Stored {
+                    w.log(format!("node {} save: {saved:?}", conn.node));
+                }
+                drop(w);
                 Input::Saved(saved)
             }
             Some(ticket) = done.recv() => Input::Finished(ticket),
@@ -259,6 +268,7 @@ async fn lead(
                         content: (event.change != ChangeType::Deleted).then_some(content),
                         of: content,
                         replay: event.replay,
+                        store_failing: false,
                     };
                     calls.spawn(act(
                         conn.clone(),
@@ -290,9 +300,11 @@ async fn lead(
             break why;
         }
     };
-    conn.world
-        .lock()
-        .log(format!("node {} term ends: {end:?}", conn.node));
+    {
+        let mut w = conn.world.lock();
+        w.nodes[conn.node].store_failing = false;
+        w.log(format!("node {} term ends: {end:?}", conn.node));
+    }
     drop(watches);
     calls.abort_all();
     drop(calls);
@@ -386,6 +398,7 @@ async fn act(
             w.violations.push(v);
         }
         delivery.at = w.elapsed();
+        delivery.store_failing = w.nodes[conn.node].store_failing;
         w.log(format!(
             "node {} delivers {}/{} {} {}{}",
             conn.node,

@@ -89,6 +89,10 @@ pub struct Delivery {
     /// The content delivered, or the one a deletion was of.
     pub of: u64,
     pub replay: bool,
+    /// Made while the replica's saves had failed `term::HOLD_FAILURES`
+    /// times in a row (creations then go without a stored index: the one
+    /// loss the design accepts, reported by a Warning Event).
+    pub store_failing: bool,
 }
 
 /// Faults on requests, drawn per request.
@@ -112,6 +116,9 @@ pub struct Node {
     pub paused: bool,
     pub resumed: Arc<tokio::sync::Notify>,
     pub partitioned: bool,
+    /// Its saves failed `term::HOLD_FAILURES` times in a row, and none
+    /// was stored since.
+    pub store_failing: bool,
 }
 
 /// The world.
@@ -192,6 +199,7 @@ impl World {
             paused: false,
             resumed: Default::default(),
             partitioned: false,
+            store_failing: false,
         });
         self.nodes.len() - 1
     }
