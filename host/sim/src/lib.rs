@@ -73,6 +73,61 @@ enum Fault {
     Errors { p: f64, for_: Duration },
 }
 
+/// What a run of many schedules found.
+#[derive(Debug, Default)]
+pub struct Sweep {
+    pub schedules: u64,
+    /// Failing seeds, each with its violations, by seed.
+    pub failed: Vec<(u64, Vec<String>)>,
+    pub deliveries: usize,
+    pub duplicates: usize,
+    pub excused: usize,
+    pub simulated: Duration,
+}
+
+/// Runs schedules `seeds` on `threads` threads (each schedule is its own
+/// single-threaded world).
+pub fn sweep(seeds: std::ops::Range<u64>, threads: usize) -> Sweep {
+    let threads = threads.max(1) as u64;
+    let parts: Vec<Sweep> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let seeds = seeds.clone();
+                s.spawn(move || {
+                    let mut part = Sweep::default();
+                    for seed in seeds.skip(t as usize).step_by(threads as usize) {
+                        let o = run(seed);
+                        part.schedules += 1;
+                        part.deliveries += o.deliveries;
+                        part.duplicates += o.duplicates;
+                        part.excused += o.excused;
+                        part.simulated += o.simulated;
+                        if !o.violations.is_empty() {
+                            part.failed.push((seed, o.violations));
+                        }
+                    }
+                    part
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a schedule panicked"))
+            .collect()
+    });
+    let mut all = Sweep::default();
+    for p in parts {
+        all.schedules += p.schedules;
+        all.failed.extend(p.failed);
+        all.deliveries += p.deliveries;
+        all.duplicates += p.duplicates;
+        all.excused += p.excused;
+        all.simulated += p.simulated;
+    }
+    all.failed.sort();
+    all
+}
+
 /// Runs schedule `seed`.
 pub fn run(seed: u64) -> Outcome {
     let rt = tokio::runtime::Builder::new_current_thread()

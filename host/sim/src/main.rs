@@ -1,4 +1,4 @@
-//! `cargo run -p wasmwatch-sim --release -- --seeds 10000` runs schedules
+//! `cargo run -p wasmwatch-sim -- --seeds 100000` runs schedules
 //! 0..10000; `-- --seed N` runs one and prints its trace.
 use std::time::Instant;
 
@@ -15,9 +15,9 @@ struct Args {
     seeds: u64,
     #[arg(long, default_value_t = 0)]
     from: u64,
-    /// Stop at the first failing schedule.
+    /// Threads (default: one per core).
     #[arg(long)]
-    fail_fast: bool,
+    jobs: Option<usize>,
     /// Run each schedule twice and fail if the traces differ.
     #[arg(long)]
     twice: bool,
@@ -40,37 +40,36 @@ fn main() {
         std::process::exit(if o.violations.is_empty() { 0 } else { 1 });
     }
     let started = Instant::now();
+    let threads = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut failed = Vec::new();
-    let (mut deliveries, mut duplicates, mut excused, mut simulated) =
-        (0, 0, 0, std::time::Duration::ZERO);
-    for seed in args.from..args.from + args.seeds {
-        let o = wasmwatch_sim::run(seed);
-        if args.twice && wasmwatch_sim::run(seed).trace != o.trace {
-            println!("seed {seed}: not deterministic (two runs, two traces)");
-            failed.push(seed);
-        }
-        deliveries += o.deliveries;
-        duplicates += o.duplicates;
-        excused += o.excused;
-        simulated += o.simulated;
-        if !o.violations.is_empty() {
-            for v in &o.violations {
-                println!("seed {seed}: {v}");
-            }
-            failed.push(seed);
-            if args.fail_fast {
-                break;
+    if args.twice {
+        for seed in args.from..args.from + args.seeds {
+            if wasmwatch_sim::run(seed).trace != wasmwatch_sim::run(seed).trace {
+                println!("seed {seed}: not deterministic (two runs, two traces)");
+                failed.push(seed);
             }
         }
     }
+    let sweep = wasmwatch_sim::sweep(args.from..args.from + args.seeds, threads);
+    for (seed, violations) in &sweep.failed {
+        for v in violations {
+            println!("seed {seed}: {v}");
+        }
+        failed.push(*seed);
+    }
     println!(
-        "{} schedules in {:.1?} ({:.1?} simulated): {} failed {:?}; {deliveries} deliveries, {duplicates} duplicates, {excused} deletions lost while the store kept failing",
-        args.seeds,
+        "{} schedules in {:.1?} on {threads} threads ({:.1?} simulated): {} failed {:?}; {} deliveries, {} duplicates, {} deletions lost while the store kept failing",
+        sweep.schedules,
         started.elapsed(),
-        simulated,
+        sweep.simulated,
         failed.len(),
-        &failed[..failed.len().min(20)]
+        &failed[..failed.len().min(20)],
+        sweep.deliveries,
+        sweep.duplicates,
+        sweep.excused,
     );
-    println!("reproduce one: cargo run -p wasmwatch-sim --release -- --seed N");
+    println!("reproduce one: cargo run -p wasmwatch-sim -- --seed N");
     std::process::exit(if failed.is_empty() { 0 } else { 1 });
 }
