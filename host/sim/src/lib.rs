@@ -280,7 +280,8 @@ async fn simulate(seed: u64) -> Outcome {
                 let ns = namespaces[rng.random_range(0..namespaces.len())];
                 let name = format!("cm-{}", rng.random_range(0..names));
                 let delete = rng.random_bool(0.15);
-                world.lock().write(ns, &name, delete);
+                let revert = rng.random_bool(0.15);
+                world.lock().write(ns, &name, delete, revert);
             }
         })
     };
@@ -449,10 +450,11 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
         let mut newest = 0;
         let mut had = std::collections::BTreeSet::new();
         for d in ds {
-            // A deletion of unknown content (0) is judged by the end state.
+            // A deletion a relist found (no version) is judged by the end
+            // state.
             if d.of < newest && d.of != 0 {
                 violations.push(format!(
-                    "{}/{}: moved backwards: {} delivered at {:?} after {newest}",
+                    "{}/{}: moved backwards: {} delivered at {:?} after rv {newest}",
                     key.0,
                     key.1,
                     describe(d),
@@ -523,10 +525,11 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
 fn describe(d: &world::Delivery) -> String {
     match d.content {
         Some(c) => format!(
-            "content {c} (node {}{})",
+            "content {c} at rv {} (node {}{})",
+            d.of,
             d.node,
             if d.replay { ", replay" } else { "" }
         ),
-        None => format!("the deletion of {} (node {})", d.of, d.node),
+        None => format!("its deletion at rv {} (node {})", d.of, d.node),
     }
 }

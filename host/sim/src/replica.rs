@@ -266,7 +266,7 @@ async fn lead(
                         namespace: o.namespace.clone(),
                         name: o.name.clone(),
                         content: (event.change != ChangeType::Deleted).then_some(content),
-                        of: content,
+                        of: o.resource_version.parse().unwrap_or(0),
                         replay: event.replay,
                         store_failing: false,
                     };
@@ -400,14 +400,13 @@ async fn act(
         delivery.at = w.elapsed();
         delivery.store_failing = w.nodes[conn.node].store_failing;
         w.log(format!(
-            "node {} delivers {}/{} {} {}{}",
+            "node {} delivers {}/{} {} at rv {}{}",
             conn.node,
             delivery.namespace,
             delivery.name,
-            if delivery.content.is_some() {
-                "content"
-            } else {
-                "deletion of"
+            match delivery.content {
+                Some(c) => format!("content {c}"),
+                None => "its deletion".to_string(),
             },
             delivery.of,
             if delivery.replay { " (replay)" } else { "" }

@@ -39,9 +39,11 @@ pub struct Obj {
     pub name: String,
     pub uid: String,
     pub rv: u64,
-    /// The content: the number of the write that made it (writes are
-    /// numbered in the order they happen, so a larger content is newer).
+    /// The content: the number of the write that made it, or, for a
+    /// revert, the content before the current one again.
     pub content: u64,
+    /// The content before this one.
+    pub previous: Option<u64>,
 }
 
 impl Obj {
@@ -86,7 +88,8 @@ pub struct Delivery {
     pub name: String,
     /// `None`: a deletion.
     pub content: Option<u64>,
-    /// The content delivered, or the one a deletion was of.
+    /// The resourceVersion delivered (the order of writes); 0 when
+    /// unknown (a deletion a relist found).
     pub of: u64,
     pub replay: bool,
     /// Made while the replica's saves had failed `term::HOLD_FAILURES`
@@ -221,8 +224,9 @@ impl World {
         }
     }
 
-    /// The writer: creates, changes or deletes `namespace/name`.
-    pub fn write(&mut self, namespace: &str, name: &str, delete: bool) {
+    /// The writer: creates, changes or deletes `namespace/name`; `revert`
+    /// changes it back to its content before the current one (A, B, A).
+    pub fn write(&mut self, namespace: &str, name: &str, delete: bool, revert: bool) {
         self.compact();
         let key = (namespace.to_string(), name.to_string());
         let rv = self.next_rv();
@@ -245,6 +249,13 @@ impl World {
                 } else {
                     EvType::Added
                 };
+                let (content, previous) = match &old {
+                    Some(o) if revert && o.previous.is_some() => {
+                        (o.previous.unwrap_or(0), Some(o.content))
+                    }
+                    Some(o) => (content, Some(o.content)),
+                    None => (content, None),
+                };
                 let uid = match old {
                     Some(o) => o.uid,
                     None => {
@@ -258,6 +269,7 @@ impl World {
                     uid,
                     rv,
                     content,
+                    previous,
                 };
                 self.objects.insert(key.clone(), o.clone());
                 self.truth.insert(key, (content, true));
