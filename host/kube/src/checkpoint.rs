@@ -91,7 +91,7 @@ pub const SEGMENT_KIND_ANNOTATION: &str = "wasmwatch.io/index-kind";
 mod health;
 mod segments;
 pub use health::{REPORT_AFTER, SaveHealth};
-pub use segments::{Log, Plan, pack, split_lines as split_shards, unpack};
+pub use segments::{Log, Plan, Sizes, pack, split_lines as split_shards, unpack};
 
 /// The state Lease's annotation naming the segments of a kind's index.
 pub fn log_key(kind: ObjectKind) -> &'static str {
@@ -350,7 +350,7 @@ pub struct CheckpointStore<A = Api<Lease>> {
     /// Leases no committed state names any more, still to delete.
     garbage: Vec<String>,
     /// Largest segment text stored (packed).
-    segment_bytes: usize,
+    sizes: segments::Sizes,
     /// Per kind, the scopes the stored index covers (claimed, then grown
     /// with every stream index written).
     covered: BTreeMap<ObjectKind, std::collections::BTreeSet<Scope>>,
@@ -397,7 +397,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             next_segment: 0,
             orphans: Vec::new(),
             garbage: Vec::new(),
-            segment_bytes: SHARD_BYTES,
+            sizes: segments::Sizes::with_segment(SHARD_BYTES),
             covered: BTreeMap::new(),
             unreadable: Default::default(),
         }
@@ -406,7 +406,14 @@ impl<A: LeaseApi> CheckpointStore<A> {
     /// Segments of at most `bytes` (packed) instead of [`SHARD_BYTES`]:
     /// tests make indexes of several segments with few objects.
     pub fn segment_bytes(mut self, bytes: usize) -> Self {
-        self.segment_bytes = bytes;
+        self.sizes.segment = bytes;
+        self
+    }
+
+    /// All of a save's limits (the simulator: a tail and a rewrite floor
+    /// small enough that saves of a few objects write segments).
+    pub fn sizes(mut self, sizes: Sizes) -> Self {
+        self.sizes = sizes;
         self
     }
 
@@ -926,7 +933,8 @@ impl<A: LeaseApi> CheckpointStore<A> {
             })
             .collect();
         let mut next = self.next_segment;
-        let max = self.segment_bytes;
+        let sizes = self.sizes;
+        let max = sizes.segment;
         let plan_all = move || {
             let saves: Vec<KindSave> = work
                 .into_iter()
@@ -950,7 +958,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
                         log.rewrite(&fit(index.encode()), &mut next, max)
                     } else {
                         let delta = fit(delta);
-                        log.plan(&tail, &delta, || fit(index.encode()), &mut next, max)
+                        log.plan(&tail, &delta, || fit(index.encode()), &mut next, sizes)
                     };
                     KindSave { kind, index, plan }
                 })

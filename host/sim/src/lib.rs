@@ -206,9 +206,10 @@ async fn simulate(seed: u64) -> Outcome {
         } else {
             0.0
         },
-        // Small (production: 200 KiB), so that saves write several
-        // segments and a failure can fall between them.
-        segment_bytes: rng.random_range(1_000..20_000),
+        // Small (production: 200 KiB; the tail a tenth of it, rewrites from
+        // four), so that saves write several segments, rewrite often, and
+        // a failure can fall between any two writes.
+        segment_bytes: rng.random_range(300..3_000),
     };
     {
         let mut w = world.lock();

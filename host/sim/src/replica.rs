@@ -101,7 +101,11 @@ async fn lead(
     };
     let mut store =
         CheckpointStore::with_api(conn.clone(), STATE_LEASE, LEADER_LEASE, acting.term.clone())
-            .segment_bytes(setup.segment_bytes);
+            .sizes(wasmwatch_kube::checkpoint::Sizes {
+                segment: setup.segment_bytes,
+                tail: setup.segment_bytes / 10,
+                compact_floor: setup.segment_bytes * 4,
+            });
     let mut failures = 0;
     let mut claimed = loop {
         match store.claim().await {

@@ -35,6 +35,31 @@ pub const TAIL_BYTES: usize = 16 * 1024;
 /// is cheap to read.
 pub const COMPACT_FLOOR: usize = 64 * 1024;
 
+/// The limits a save plans with: production's ([`Sizes::with_segment`]),
+/// or smaller in tests and the simulator, so that saves of a few objects
+/// write several segments and rewrite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// The largest stored segment (packed, see [`pack`]).
+    pub segment: usize,
+    /// The largest tail (packed): [`TAIL_BYTES`].
+    pub tail: usize,
+    /// Segments written since the last rewrite up to this never cause
+    /// one: [`COMPACT_FLOOR`].
+    pub compact_floor: usize,
+}
+
+impl Sizes {
+    /// Segments of at most `segment` bytes, the rest production's.
+    pub fn with_segment(segment: usize) -> Sizes {
+        Sizes {
+            segment,
+            tail: TAIL_BYTES,
+            compact_floor: COMPACT_FLOOR,
+        }
+    }
+}
+
 /// The whole index is rewritten once the segments written since its last
 /// rewrite outweigh it this many times: the store holds at most about
 /// `1 + COMPACT_FACTOR` times the index (what a new leader reads), and a
@@ -101,18 +126,18 @@ impl Log {
     /// What a save that changes this kind's index by `delta` writes, with
     /// the current `tail`, new segments numbered from `next` (advanced),
     /// and `full` giving the whole new index's text if it is rewritten.
-    /// `max` is the largest stored segment (packed, see [`pack`]).
     pub fn plan(
         &self,
         tail: &str,
         delta: &str,
         full: impl FnOnce() -> String,
         next: &mut u64,
-        max: usize,
+        sizes: Sizes,
     ) -> Plan {
+        let max = sizes.segment;
         let text = format!("{tail}{delta}");
         // The tail is stored packed: its limit is on that.
-        if text.len() <= TAIL_BYTES || pack(&text).len() <= TAIL_BYTES {
+        if text.len() <= sizes.tail || pack(&text).len() <= sizes.tail {
             return Plan {
                 create: Vec::new(),
                 log: self.clone(),
@@ -123,7 +148,7 @@ impl Log {
         let parts = pack_parts(&text, max);
         let added: usize = parts.iter().map(String::len).sum();
         let written = self.bytes - self.base.min(self.bytes) + added;
-        if written > (COMPACT_FACTOR * self.base).max(COMPACT_FLOOR) {
+        if written > (COMPACT_FACTOR * self.base).max(sizes.compact_floor) {
             return self.rewrite(&full(), next, max);
         }
         let create = numbered(parts, next);
@@ -373,13 +398,25 @@ mod tests {
             bytes: 100_000,
             base: 100_000,
         };
-        let p = log.plan("a x\n", "b y\n", || unreachable!(), &mut next, 1000);
+        let p = log.plan(
+            "a x\n",
+            "b y\n",
+            || unreachable!(),
+            &mut next,
+            Sizes::with_segment(1000),
+        );
         assert!(p.create.is_empty());
         assert_eq!(p.tail, "a x\nb y\n");
         assert_eq!(p.log, log);
 
         let delta = lines(TAIL_BYTES / 10, 7);
-        let p = log.plan("a x\n", &delta, || unreachable!(), &mut next, 5_000);
+        let p = log.plan(
+            "a x\n",
+            &delta,
+            || unreachable!(),
+            &mut next,
+            Sizes::with_segment(5_000),
+        );
         assert_eq!(next, 10 + p.create.len() as u64);
         assert!(p.create.len() > 1);
         assert!(p.create.iter().all(|(_, t)| t.len() <= 5_000));
@@ -403,7 +440,13 @@ mod tests {
             bytes: 300_000 - packed,
             base: 100_000,
         };
-        let p = log.plan("", &delta, || unreachable!(), &mut next, 50_000);
+        let p = log.plan(
+            "",
+            &delta,
+            || unreachable!(),
+            &mut next,
+            Sizes::with_segment(50_000),
+        );
         assert_eq!(p.log.segments[..3], [1, 2, 7]);
         assert!(p.dropped.is_empty());
         // A little more passes it: everything is rewritten.
@@ -412,7 +455,13 @@ mod tests {
             ..log
         };
         let full = lines(40_000, 5);
-        let p = log.plan("", &delta, || full.clone(), &mut next, 50_000);
+        let p = log.plan(
+            "",
+            &delta,
+            || full.clone(),
+            &mut next,
+            Sizes::with_segment(50_000),
+        );
         assert!(p.log.segments.iter().all(|n| *n > 7));
         let stored: usize = p.create.iter().map(|(_, t)| t.len()).sum();
         assert_eq!((p.log.bytes, p.log.base), (stored, stored));
