@@ -231,6 +231,12 @@ impl ObjectIndex {
         self.objects.len()
     }
 
+    /// Whether the index has `namespace/name`.
+    pub fn contains(&self, namespace: &str, name: &str) -> bool {
+        self.objects
+            .contains_key(&(namespace.to_string(), name.to_string()))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.objects.is_empty()
     }

@@ -57,7 +57,7 @@
 //! them (`wasmwatch.io/<kind>-index-shards`); the next save of that kind
 //! rewrites the whole index as segments, drops the shard count and deletes
 //! the shards.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -65,8 +65,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 
 use crate::apis::LeaseApi;
-use wasmwatch_core::index::ObjectIndex;
-use wasmwatch_core::{ObjectKind, Scope};
+use wasmwatch_core::index::{ObjectIndex, Seen};
+use wasmwatch_core::{ObjectKind, ObjectSnapshot, Scope};
 
 use crate::elector::Term;
 
@@ -1210,14 +1210,19 @@ struct Stream {
     /// No index-changing entry completed since the last safe index: the
     /// index to be stored covers everything up to `last`.
     covered: bool,
-    /// Positions of the changes that remove an object from the index (a
-    /// deletion) and are not handled yet: an index taken after one of them
-    /// may not be stored (it would hide the deletion from a successor).
-    removals: BTreeSet<u64>,
+    /// The changes that remove an object from the index (a deletion) and
+    /// are not handled yet, by position, with the object as it was: an
+    /// index taken after one of them is stored only with the object put
+    /// back (it would hide the deletion from a successor).
+    removals: BTreeMap<u64, ObjectSnapshot>,
     /// Positions of indexes taken after such a removal, in order.
     blocked: std::collections::VecDeque<u64>,
     /// One past the position of the newest index handed out to be stored.
     handed: u64,
+    /// That index had unhandled deletions' objects put back (see
+    /// [`Progress::index`]): the plain index at its position, once its
+    /// deletions are handled, is newer.
+    handed_patched: bool,
     /// The position of the newest index that may be stored (ready or
     /// handed out): it is stored with any checkpoint taken from now on, so
     /// the checkpoint may pass every handled entry before it, even while
@@ -1260,8 +1265,9 @@ pub struct Progress {
     streams: Vec<Stream>,
     checkpoints: Checkpoints,
     dirty: bool,
-    /// Per stream, the newest index that may be stored and its position.
-    ready: BTreeMap<usize, (u64, StreamIndex)>,
+    /// Per stream, the newest index that may be stored, its position,
+    /// and whether unhandled deletions' objects were put back into it.
+    ready: BTreeMap<usize, (u64, bool, StreamIndex)>,
 }
 
 impl Progress {
@@ -1289,9 +1295,10 @@ impl Progress {
             pending: Default::default(),
             last: None,
             covered: true,
-            removals: BTreeSet::new(),
+            removals: BTreeMap::new(),
             blocked: Default::default(),
             handed: 0,
+            handed_patched: false,
             storable: 0,
         });
         self.streams.len() - 1
@@ -1300,7 +1307,7 @@ impl Progress {
     /// A change at `resource_version` was handed out (`None`: a change
     /// without a version of its own, which only waits its turn).
     pub fn change(&mut self, stream: usize, resource_version: Option<&str>) -> Ticket {
-        self.change_of(stream, resource_version, false)
+        self.change_of(stream, resource_version, None)
     }
 
     /// [`Progress::change`] of a change that `removes` its object from the
@@ -1310,7 +1317,7 @@ impl Progress {
         &mut self,
         stream: usize,
         resource_version: Option<&str>,
-        removes: bool,
+        removes: Option<&ObjectSnapshot>,
     ) -> Ticket {
         let s = &mut self.streams[stream];
         let seq = s.push(|seq| Entry::Change {
@@ -1322,8 +1329,8 @@ impl Progress {
                 .map(str::to_string),
             done: false,
         });
-        if removes {
-            s.removals.insert(seq);
+        if let Some(object) = removes {
+            s.removals.insert(seq, object.clone());
         }
         Ticket { stream, seq }
     }
@@ -1353,22 +1360,41 @@ impl Progress {
     /// far: it becomes safe to store (see [`Progress::take_indexes`]) once
     /// all those changes are handled.
     ///
-    /// It may be stored earlier, before the changes are handled, as soon as
-    /// no deletion among them is unhandled: a successor's resync after a
-    /// 410 delivers every object written after its checkpoint whatever the
-    /// index says (additions and modifications cannot be hidden by an index
-    /// ahead of the checkpoint), but an index without an unhandled
-    /// deletion's object would hide that deletion. So an object created
-    /// and handed out is in a stored index soon, before its deletion in a
-    /// gap could be missed (issue 32; the term holds a creation's actions
-    /// until then).
+    /// It may be stored earlier, before the changes are handled: a
+    /// successor's resync after a 410 delivers every object written after
+    /// its checkpoint whatever the index says (additions and modifications
+    /// cannot be hidden by an index ahead of the checkpoint), but an index
+    /// without an unhandled deletion's object would hide that deletion, so
+    /// such objects are put back into the copy stored (a relist finds them
+    /// gone). So an object created and handed out is in a stored index
+    /// soon, before its deletion in a gap could be missed (issue 32; the
+    /// term holds a creation's actions until then).
     pub fn index(&mut self, stream: usize, index: ObjectIndex) {
         let s = &mut self.streams[stream];
+        let patched = (!s.removals.is_empty()).then(|| {
+            // The objects of unhandled deletions put back: a successor
+            // relisting finds them gone and delivers their deletions.
+            // Without this a deletion whose action waits (an app answering
+            // 503, retried for up to half a minute by default) held back
+            // every index, and every creation waiting for one (found by
+            // the simulator).
+            let mut patched = index.clone();
+            for object in s.removals.values() {
+                if !patched.contains(&object.namespace, &object.name) {
+                    patched.apply(Seen::Added, object.clone(), false);
+                }
+            }
+            patched
+        });
         let pos = s.push(|_| Entry::Index(index));
-        if s.removals.is_empty() {
-            self.storable(stream, pos);
-        } else {
-            s.blocked.push_back(pos);
+        match patched {
+            None => self.storable(stream, pos),
+            Some(patched) => {
+                s.blocked.push_back(pos);
+                if let Some(kind) = s.kind {
+                    self.offer(stream, pos, kind, patched, true);
+                }
+            }
         }
         self.advance(stream);
     }
@@ -1379,23 +1405,48 @@ impl Progress {
         let Some(kind) = s.kind else { return };
         let at = pos.checked_sub(s.front).map(|i| i as usize);
         if let Some(Entry::Index(index)) = at.and_then(|i| s.pending.get(i)) {
-            self.offer(stream, pos, kind, index.clone());
+            self.offer(stream, pos, kind, index.clone(), false);
         }
     }
 
     /// Keeps `index` (at `pos`) as the stream's newest to store, unless a
     /// newer one is ready or was handed out.
-    fn offer(&mut self, stream: usize, pos: u64, kind: ObjectKind, index: ObjectIndex) {
+    ///
+    /// `patched`: the objects of unhandled deletions were put back into it.
+    /// It then covers only the changes before the first of them (the
+    /// checkpoint may not pass that deletion with it), and the plain index
+    /// at the same position is newer.
+    fn offer(
+        &mut self,
+        stream: usize,
+        pos: u64,
+        kind: ObjectKind,
+        index: ObjectIndex,
+        patched: bool,
+    ) {
         let s = &self.streams[stream];
-        if pos < s.handed || self.ready.get(&stream).is_some_and(|(p, _)| *p >= pos) {
+        // Plain after patched at one position.
+        let key = (pos, !patched);
+        let handed = s.handed.checked_sub(1).map(|p| (p, !s.handed_patched));
+        if handed.is_some_and(|h| key <= h)
+            || self
+                .ready
+                .get(&stream)
+                .is_some_and(|(p, pp, _)| key <= (*p, !*pp))
+        {
             return;
         }
+        let cover = if patched {
+            s.removals.keys().next().copied().unwrap_or(pos)
+        } else {
+            pos
+        };
         let scope = s.scope.clone();
         self.ready
-            .insert(stream, (pos, StreamIndex { kind, scope, index }));
+            .insert(stream, (pos, patched, StreamIndex { kind, scope, index }));
         let s = &mut self.streams[stream];
-        if pos > s.storable {
-            s.storable = pos;
+        if cover > s.storable {
+            s.storable = cover;
             self.advance_covered(stream);
         }
     }
@@ -1426,8 +1477,8 @@ impl Progress {
             debug_assert_eq!(*seq, ticket.seq, "a ticket's position is its entry's");
             *done = true;
         }
-        if s.removals.remove(&ticket.seq) {
-            let first = s.removals.first().copied().unwrap_or(u64::MAX);
+        if s.removals.remove(&ticket.seq).is_some() {
+            let first = s.removals.keys().next().copied().unwrap_or(u64::MAX);
             let mut newest = None;
             while s.blocked.front().is_some_and(|p| *p < first) {
                 newest = s.blocked.pop_front();
@@ -1487,7 +1538,7 @@ impl Progress {
             self.dirty = true;
         }
         if let (Some((pos, index)), Some(kind)) = (safe, s.kind) {
-            self.offer(stream, pos, kind, index);
+            self.offer(stream, pos, kind, index, false);
         }
     }
 
@@ -1517,13 +1568,15 @@ impl Progress {
     }
 
     /// The indexes that may be stored, newest per stream, not handed out
-    /// before: safe ones, and newer ones no unhandled deletion stands
-    /// before (see [`Progress::index`]).
+    /// before: safe ones, and newer ones taken before their changes were
+    /// handled (see [`Progress::index`]).
     pub fn take_indexes(&mut self) -> Vec<StreamIndex> {
         std::mem::take(&mut self.ready)
             .into_iter()
-            .map(|(stream, (pos, ix))| {
-                self.streams[stream].handed = pos + 1;
+            .map(|(stream, (pos, patched, ix))| {
+                let s = &mut self.streams[stream];
+                s.handed = pos + 1;
+                s.handed_patched = patched;
                 ix
             })
             .collect()
@@ -1702,10 +1755,12 @@ mod progress_tests {
 
     /// Issue 32: an index may be stored before its changes are handled
     /// (a successor's resync delivers every object written after its
-    /// checkpoint whatever the index says), but not while a deletion it
-    /// has seen is unhandled (it would hide that deletion).
+    /// checkpoint whatever the index says); while a deletion it has seen
+    /// is unhandled, with that object put back (else it would hide the
+    /// deletion; and holding the index back held every creation waiting
+    /// for one behind an app that answers 503).
     #[test]
-    fn an_index_is_stored_early_unless_a_deletion_it_has_seen_is_unhandled() {
+    fn an_index_is_stored_early_with_the_objects_of_unhandled_deletions_put_back() {
         let mut p = Progress::new(Checkpoints::default());
         let s = p.stream(ObjectKind::ConfigMap, Scope::from_key("prod"));
         let a = p.change(s, Some("9"));
@@ -1715,19 +1770,21 @@ mod progress_tests {
         assert_eq!(early.len(), 1, "change 9 in flight is no deletion");
         assert_eq!(early[0].index, ix);
         assert_eq!(p.handed(s), 2);
-        let gone = p.change_of(s, Some("10"), true);
+        let gone = p.change_of(s, Some("10"), Some(&gone_object()));
         p.index(s, ix.clone());
         let b = p.change(s, Some("11"));
-        assert!(p.take_indexes().is_empty(), "deletion 10 is in flight");
+        let early = p.take_indexes();
+        assert_eq!(early.len(), 1, "stored while deletion 10 is in flight");
+        assert!(early[0].index.contains("prod", "gone"), "put back");
+        assert!(early[0].index.contains("prod", "a"));
+        assert_eq!(p.handed(s), 4);
         p.complete(b);
-        assert!(p.take_indexes().is_empty(), "still in flight");
         p.complete(gone);
-        let ready = p.take_indexes();
-        assert_eq!(ready.len(), 1);
-        assert_eq!(
-            (ready[0].kind, ready[0].scope.key()),
-            (ObjectKind::ConfigMap, "prod")
-        );
+        // The deletion handled: the same index, plain, replaces the one
+        // with the object put back (a stale entry would stay stored).
+        let plain = p.take_indexes();
+        assert_eq!(plain.len(), 1);
+        assert_eq!(plain[0].index, ix);
         assert_eq!(p.handed(s), 4);
         // Change 9 is not handled: the checkpoint does not move at all.
         assert_eq!(
@@ -1736,14 +1793,21 @@ mod progress_tests {
             None
         );
         p.complete(a);
-        // Both indexes were taken before 11: the checkpoint stays at 10
-        // until an index with 11 in it is there; nothing is handed twice.
+        // The index stored was taken before 11: the checkpoint stays at
+        // 10 until an index with 11 in it is there.
         assert_eq!(
             p.checkpoints()
                 .get(ObjectKind::ConfigMap, &Scope::from_key("prod")),
             Some("10")
         );
         assert!(p.take_indexes().is_empty());
+    }
+
+    fn gone_object() -> ObjectSnapshot {
+        ObjectSnapshot::from_json(&serde_json::json!({"kind": "ConfigMap",
+            "metadata": {"name": "gone", "namespace": "prod", "resourceVersion": "10"},
+            "data": {"k": "v"}}))
+        .unwrap()
     }
 
     /// Issue 19's second loss, at the state machine: W is created at 20 and

@@ -390,9 +390,11 @@ impl Term {
                 let kind = event.object.kind;
                 out.push(Effect::Received(kind));
                 let removes = event.change == ChangeType::Deleted;
-                let ticket = self
-                    .progress
-                    .change_of(id, resource_version.as_deref(), removes);
+                let ticket = self.progress.change_of(
+                    id,
+                    resource_version.as_deref(),
+                    removes.then_some(&event.object),
+                );
                 if self.closing.is_some() {
                     // Not handled: the successor replays it.
                     return;
