@@ -51,6 +51,9 @@ pub struct Outcome {
     /// Deletions lost after creations went out while the store kept
     /// failing (the design's one accepted loss, see `term::HOLD_FAILURES`).
     pub excused: usize,
+    /// Objects not judged: a delivery of theirs was dead-lettered (the
+    /// app answered 503 six times in a row).
+    pub dead_lettered: usize,
     pub faults: Vec<String>,
     pub requests: u64,
     pub simulated: Duration,
@@ -331,9 +334,22 @@ async fn simulate(seed: u64) -> Outcome {
                 reps.start(node);
             }
             Fault::Term { node, down } => {
-                // Not waited for: it steps down while the world goes on.
-                reps.terminate(node);
+                // It steps down while the world goes on; restarted (same
+                // identity: the same pod's container) only once it has
+                // exited, as a kubelet does, which kills it after the
+                // grace period (30 s).
+                let stopping = reps.terminate(node);
                 tokio::time::sleep(down).await;
+                if let Some(mut task) = stopping
+                    && tokio::time::timeout(Duration::from_secs(30), &mut task)
+                        .await
+                        .is_err()
+                {
+                    task.abort();
+                    world
+                        .lock()
+                        .log(format!("node {node} killed after the grace period"));
+                }
                 reps.start(node);
             }
             Fault::Pause { node, for_ } => {
@@ -469,8 +485,14 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
         }
     }
     let mut excused = 0;
+    let mut dead_lettered = 0;
     for (key, (content, exists)) in &w.truth {
         let last = seen.get(key).and_then(|ds| ds.last());
+        if w.dead_letters.contains(key) {
+            // A dead letter: what the app ends with is not judged.
+            dead_lettered += 1;
+            continue;
+        }
         match (exists, last) {
             (true, Some(d)) if d.content == Some(*content) => {}
             (true, last) => violations.push(format!(
@@ -518,6 +540,7 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
         deliveries: w.app.len(),
         duplicates,
         excused,
+        dead_lettered,
         requests: w.requests,
         ..Default::default()
     }

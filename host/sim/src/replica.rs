@@ -385,10 +385,23 @@ async fn act(
         }
         // The app is reachable from a partitioned replica (only the API
         // server is not).
+        // Refused: retried as the pipeline's default delivery policy does
+        // (5 retries, 1 s doubling), then dead-lettered (handled, and the
+        // app keeps what it had: counted apart by the checks).
         let refused = setup.app_503 > 0.0 && conn.world.lock().rng.random_bool(setup.app_503);
         if refused {
             attempt += 1;
-            tokio::time::sleep(wasmwatch_kube::watchloop::backoff(attempt)).await;
+            if attempt > 5 {
+                let mut w = conn.world.lock();
+                w.log(format!(
+                    "node {} dead-letters {}/{} at rv {}",
+                    conn.node, delivery.namespace, delivery.name, delivery.of
+                ));
+                w.dead_letters
+                    .insert((delivery.namespace.clone(), delivery.name.clone()));
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1 << (attempt - 1))).await;
             continue;
         }
         let mut w = conn.world.lock();

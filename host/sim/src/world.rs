@@ -145,6 +145,8 @@ pub struct World {
     /// and whether it exists now.
     pub truth: BTreeMap<(String, String), (u64, bool)>,
     pub trace: Vec<String>,
+    /// Objects a delivery of which was dead-lettered.
+    pub dead_letters: std::collections::BTreeSet<(String, String)>,
     /// Violations seen while running (an action outside the fence).
     pub violations: Vec<String>,
     /// Woken at every write (a `Notify`, for the fixed order).
@@ -180,6 +182,7 @@ impl World {
             truth: BTreeMap::new(),
             trace: Vec::new(),
             violations: Vec::new(),
+            dead_letters: Default::default(),
             changed: Default::default(),
             requests: 0,
         })))
