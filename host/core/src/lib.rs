@@ -25,6 +25,7 @@ mod repair;
 pub mod scope;
 pub mod selector;
 pub mod text;
+pub mod turns;
 pub mod units;
 
 pub use action::Action;

@@ -5,7 +5,6 @@
 //!
 //! The wiring here mirrors run.rs by hand: moving that shell out of the
 //! binary so both run the same one is issue 33's next step.
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +13,7 @@ use rand::Rng;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use wasmwatch_core::turns::{Call, Offered, Turns};
 use wasmwatch_core::{ChangeType, ObjectKind, Scope};
 use wasmwatch_kube::checkpoint::{
     CheckpointError, CheckpointStore, Checkpoints, StreamIndex, Ticket,
@@ -197,9 +197,21 @@ async fn lead(
 
     let (done_tx, mut done) = mpsc::unbounded_channel::<Ticket>();
     let mut calls = JoinSet::new();
-    // Per object, one action at a time in dispatch order (the decide
-    // stage's per-object turn).
-    let mut turns: BTreeMap<(String, String), Arc<tokio::sync::Mutex<()>>> = BTreeMap::new();
+    // The decide stage's rules (run.rs's `Decide`): per object, one call
+    // at a time in change order, changes waiting for their turn folded
+    // into one call. The simulated plugin call holds its turn through its
+    // action (stricter than run.rs, where the pipeline orders the actions).
+    let mut turns: Turns<(String, String), Ticket> = Turns::default();
+    let start = |calls: &mut JoinSet<_>, key: (String, String), call: Call<Ticket>| {
+        calls.spawn(act(
+            conn.clone(),
+            setup.clone(),
+            fence.clone(),
+            acting.clone(),
+            key,
+            call,
+        ));
+    };
     type Writing =
         std::pin::Pin<Box<dyn std::future::Future<Output = (CheckpointStore<Conn>, Saved)> + Send>>;
     let mut writing: Option<Writing> = None;
@@ -223,7 +235,16 @@ async fn lead(
                 }
                 Input::NotActing
             }
-            Some(_) = calls.join_next(), if !calls.is_empty() => continue,
+            Some(joined) = calls.join_next(), if !calls.is_empty() => {
+                let (key, tickets) = joined.expect("a call does not panic");
+                for ticket in tickets {
+                    let _ = done_tx.send(ticket);
+                }
+                if let Some(next) = turns.finished(&key) {
+                    start(&mut calls, key, next);
+                }
+                continue;
+            }
             (s, saved) = async { writing.as_mut().expect("checked").await }, if writing.is_some() => {
                 store = Some(s);
                 writing = None;
@@ -253,37 +274,11 @@ async fn lead(
         for effect in term.handle(input, Instant::now()) {
             match effect {
                 Effect::Dispatch { ticket, event, .. } => {
-                    let o = &event.object;
-                    let turn = turns
-                        .entry((o.namespace.clone(), o.name.clone()))
-                        .or_default()
-                        .clone();
-                    // A deletion found at a resync carries the index's
-                    // entry: no data, content unknown (0).
-                    let content = match event.object.data.get("v") {
-                        Some(wasmwatch_core::event::DataValue::Text(v)) => v.parse().unwrap_or(0),
-                        _ => 0,
-                    };
-                    let delivery = Delivery {
-                        at: Duration::ZERO,
-                        node: conn.node,
-                        namespace: o.namespace.clone(),
-                        name: o.name.clone(),
-                        content: (event.change != ChangeType::Deleted).then_some(content),
-                        of: o.resource_version.parse().unwrap_or(0),
-                        replay: event.replay,
-                        store_failing: false,
-                    };
-                    calls.spawn(act(
-                        conn.clone(),
-                        setup.clone(),
-                        fence.clone(),
-                        acting.clone(),
-                        turn,
-                        delivery,
-                        ticket,
-                        done_tx.clone(),
-                    ));
+                    let key = (event.object.namespace.clone(), event.object.name.clone());
+                    if let Offered::Start(call) = turns.offer(key.clone(), Arc::new(*event), ticket)
+                    {
+                        start(&mut calls, key, call);
+                    }
                 }
                 Effect::Save {
                     checkpoints,
@@ -358,18 +353,32 @@ async fn write(
 
 /// The plugin's decision and its action: POST to the app, retried on 503,
 /// never outside the fence (the executors' check before every action).
-#[allow(clippy::too_many_arguments)]
+/// Gives back the key and the changes it finished (none: abandoned).
 async fn act(
     conn: Conn,
     setup: Setup,
     fence: Fence,
     acting: Acting,
-    turn: Arc<tokio::sync::Mutex<()>>,
-    mut delivery: Delivery,
-    ticket: Ticket,
-    done: mpsc::UnboundedSender<Ticket>,
-) {
-    let _turn = turn.lock().await;
+    key: (String, String),
+    call: Call<Ticket>,
+) -> ((String, String), Vec<Ticket>) {
+    let event = &call.event;
+    // A deletion found at a resync carries the index's entry: no data,
+    // content unknown (0).
+    let content = match event.object.data.get("v") {
+        Some(wasmwatch_core::event::DataValue::Text(v)) => v.parse().unwrap_or(0),
+        _ => 0,
+    };
+    let mut delivery = Delivery {
+        at: Duration::ZERO,
+        node: conn.node,
+        namespace: key.0.clone(),
+        name: key.1.clone(),
+        content: (event.change != ChangeType::Deleted).then_some(content),
+        of: event.object.resource_version.parse().unwrap_or(0),
+        replay: event.replay,
+        store_failing: false,
+    };
     let mut attempt = 0u32;
     loop {
         let latency = {
@@ -381,7 +390,7 @@ async fn act(
         conn.gate().await;
         if !fence.still(&acting) {
             // Abandoned: the term ends, the successor replays it.
-            return;
+            return (key, Vec::new());
         }
         // The app is reachable from a partitioned replica (only the API
         // server is not).
@@ -431,5 +440,5 @@ async fn act(
         w.app.push(delivery);
         break;
     }
-    let _ = done.send(ticket);
+    (key, call.tickets)
 }

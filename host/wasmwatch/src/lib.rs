@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod cli;
+mod decide;
 pub mod dryrun;
 pub mod event_file;
 pub mod local;
