@@ -56,7 +56,11 @@ fn the_schedules_that_found_bugs_stay_clean() {
         54383, 55934, 58483, //
         // The simulator's own: a killed identity restarted while its old
         // incarnation still ran (a false fence violation).
-        69051, 100759, 104332,
+        69051, 100759, 104332, //
+        // The simulator's own: one delivery per change (before it ran the
+        // decide stage's folding) fell behind 15 writes/s and 24% app
+        // 503s, and the app ended minutes behind.
+        7580,
     ] {
         assert_clean(seed..seed + 1);
     }
