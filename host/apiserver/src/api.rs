@@ -763,39 +763,32 @@ pub fn list(
         }
     }
     let ns = t.namespace.as_deref();
-    let (items, rv) = match sh.store.list(t.resource, ns, at) {
+    let filtered = !sel.labels.is_empty() || !sel.fields.is_empty();
+    let keep = |o: &serde_json::Value| !filtered || sel.matches(o);
+    let page = match sh
+        .store
+        .list_page(t.resource, ns, at, start_after.as_ref(), &keep, limit)
+    {
         Err(e) if e.code == 410 && start_after.is_some() => {
             return Err(ApiError::continue_expired());
         }
         r => r?,
     };
+    let rv = page.rv;
     if let Some(n) = not_older_than
         && n > rv
     {
         return Err(ApiError::too_large_rv(n, rv));
     }
-    let filtered = !sel.labels.is_empty() || !sel.fields.is_empty();
-    let mut iter = items
-        .iter()
-        .filter(|(k, _)| start_after.as_ref().is_none_or(|s| k > s))
-        .filter(|(_, o)| !filtered || sel.matches(o));
-    let mut page: Vec<&(Key, Arc<Value>)> = Vec::new();
-    let mut more = false;
-    for it in iter.by_ref() {
-        if limit > 0 && page.len() == limit {
-            more = true;
-            break;
-        }
-        page.push(it);
-    }
     let mut meta = json!({ "resourceVersion": rv.to_string() });
-    if more {
-        let last = &page.last().expect("limit > 0").0;
+    if page.remaining > 0 {
+        let last = &page.items.last().expect("limit > 0").0;
         meta["continue"] = json!(encode_continue(rv, last));
         if !filtered {
-            meta["remainingItemCount"] = json!(1 + iter.count());
+            meta["remainingItemCount"] = json!(page.remaining);
         }
     }
+    let page = page.items;
     if let Some(req) = table {
         let items = page.iter().map(|(_, o)| o.as_ref());
         return Ok(Reply::Json(200, table::list(rt, items, meta, req)));

@@ -477,3 +477,71 @@ async fn open_watches_are_counted_and_released_when_clients_go() {
         .unwrap()
         .unwrap();
 }
+
+/// Pages read in place (`Store::list_page`): a namespace's pages stop at
+/// its last object, and a selector pages over the objects it admits only,
+/// without a remaining count (kube-apiserver gives none when filtering).
+#[tokio::test]
+async fn list_pages_keep_to_the_namespace_and_the_selector() {
+    let server = common::start().await;
+    let h = http();
+    let base = server.url();
+    for ns in ["a", "b"] {
+        post(
+            &h,
+            &format!("{base}/api/v1/namespaces"),
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await;
+        for i in 0..5 {
+            let mut o = cm(&format!("c{i}"), &[]);
+            if i % 2 == 0 {
+                o["metadata"]["labels"] = json!({"even": "yes"});
+            }
+            post(&h, &format!("{base}/api/v1/namespaces/{ns}/configmaps"), &o).await;
+        }
+    }
+    let names = |body: &Value| -> Vec<String> {
+        body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                format!(
+                    "{}/{}",
+                    i["metadata"]["namespace"].as_str().unwrap(),
+                    i["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    // Every page of a paged list, in order, and the last page's metadata.
+    let pages = |url: String| {
+        let h = h.clone();
+        async move {
+            let (mut all, mut pages) = (Vec::new(), Vec::new());
+            let mut next = url.clone();
+            loop {
+                let r = get(&h, &next).await;
+                assert_eq!(r.status, 200, "{}", r.body);
+                all.extend(names(&r.body));
+                pages.push(r.body["metadata"].clone());
+                match r.body["metadata"]["continue"].as_str() {
+                    Some(c) => next = format!("{url}&continue={c}"),
+                    None => return (all, pages),
+                }
+            }
+        }
+    };
+    let (all, meta) = pages(format!("{base}/api/v1/namespaces/a/configmaps?limit=2")).await;
+    assert_eq!(all, ["a/c0", "a/c1", "a/c2", "a/c3", "a/c4"]);
+    assert_eq!(meta[0]["remainingItemCount"], 3);
+    assert_eq!(meta.len(), 3);
+    let (all, meta) = pages(format!(
+        "{base}/api/v1/configmaps?limit=2&labelSelector=even%3Dyes"
+    ))
+    .await;
+    assert_eq!(all, ["a/c0", "a/c2", "a/c4", "b/c0", "b/c2", "b/c4"]);
+    assert!(meta.iter().all(|m| m.get("remainingItemCount").is_none()));
+    assert_eq!(meta.len(), 3, "no empty last page");
+}
