@@ -541,13 +541,18 @@ fn the_local_run_works_without_ha_and_hands_over_on_stop() {
         admins.push((line.trim().split(':').next().unwrap().to_string(), url));
     }
     for (identity, url) in &admins {
-        let out = Command::new("curl").args(["-s", url]).output();
+        // Retried: once, in CI under a heavy load beside it, curl printed
+        // nothing (its exit status was not kept; it is now).
+        let out = Command::new("curl")
+            .args(["-s", "-m", "10", "--retry", "3", "--retry-all-errors", url])
+            .output();
         if let Ok(out) = out {
             let body = String::from_utf8_lossy(&out.stdout);
             assert_eq!(
                 body.trim(),
                 (identity == &leader).to_string(),
-                "{identity} {url}"
+                "{identity} {url}: curl {}",
+                out.status
             );
         }
     }
