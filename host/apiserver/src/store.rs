@@ -480,7 +480,9 @@ impl Store {
     /// in place from the key-ordered map, as kube-apiserver reads a range
     /// from etcd: a page costs its own objects, not the whole resource
     /// (a paged list of 200,000 objects copied every one of them for each
-    /// of its 800 pages).
+    /// of its 800 pages). So is a page at an older version when nothing of
+    /// the resource changed since; otherwise the snapshot is rebuilt from
+    /// the history (O(objects) a page, as before).
     pub fn list_page(
         &self,
         res: ResourceId,
@@ -492,7 +494,15 @@ impl Store {
     ) -> Result<Page, ApiError> {
         let current = {
             let g = self.lock();
-            at.is_none_or(|at| at == g.rv).then(|| {
+            // The objects as they were at `at` are the current ones when
+            // nothing of this resource changed since (other resources'
+            // writes, a leader's Lease renewals, move the version on).
+            let unchanged_since = |at: u64| {
+                at <= g.rv
+                    && at >= g.compacted[res]
+                    && g.history[res].back().is_none_or(|c| c.rv <= at)
+            };
+            at.is_none_or(unchanged_since).then(|| {
                 let map = &g.objects[res];
                 let from = match (start_after, ns) {
                     (Some(k), _) => Bound::Excluded(k.clone()),
