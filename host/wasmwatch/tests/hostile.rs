@@ -37,29 +37,7 @@ plugins:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_plugin_delays_neither_another_plugins_refresh_nor_shutdown() {
-    let env = test_env(MANIFEST, NS).await;
-    let pod = Pod::start().await;
-    service(&env.client, NS, "orders", &[&pod], &[]).await;
-    apply(
-        &env.client,
-        json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "orders", "namespace": NS,
-                "labels": {"spring.cloud.kubernetes.config": "true"}},
-            "data": {"greeting": "hello"}}),
-    )
-    .await;
-    let (k, m) = (env.kubeconfig.clone(), env.manifest.clone());
-    let replica = tokio::task::spawn_blocking(move || Replica::start(&k, &m, "r0"))
-        .await
-        .unwrap();
-    eventually(Duration::from_secs(20), "r0 leads", || replica.leading()).await;
-    // Its ConfigMap watch has taken its baseline (saved at once).
-    eventually(
-        Duration::from_secs(20),
-        "the baseline checkpoint",
-        || async { checkpoint(&env.client, NS).await.is_some() },
-    )
-    .await;
+    let (env, pod, replica) = leading(MANIFEST).await;
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), NS);
     for (round, value) in ["hi", "hey"].into_iter().enumerate() {
         cms.patch(
@@ -134,28 +112,7 @@ plugins:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_failing_for_good_is_dead_lettered_and_holds_neither_the_checkpoint_nor_the_next_change()
  {
-    let env = test_env(FAILING_MANIFEST, NS).await;
-    let pod = Pod::start().await;
-    service(&env.client, NS, "orders", &[&pod], &[]).await;
-    apply(
-        &env.client,
-        json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "orders", "namespace": NS,
-                "labels": {"spring.cloud.kubernetes.config": "true"}},
-            "data": {"greeting": "hello"}}),
-    )
-    .await;
-    let (k, m) = (env.kubeconfig.clone(), env.manifest.clone());
-    let replica = tokio::task::spawn_blocking(move || Replica::start(&k, &m, "r0"))
-        .await
-        .unwrap();
-    eventually(Duration::from_secs(20), "r0 leads", || replica.leading()).await;
-    eventually(
-        Duration::from_secs(20),
-        "the baseline checkpoint",
-        || async { checkpoint(&env.client, NS).await.is_some() },
-    )
-    .await;
+    let (env, pod, replica) = leading(FAILING_MANIFEST).await;
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), NS);
     let failed = "wasmwatch_plugin_invocations_total{plugin=\"failer\",outcome=\"error\"}";
     for (round, value) in ["hi", "hey"].into_iter().enumerate() {
@@ -209,4 +166,33 @@ async fn a_plugin_failing_for_good_is_dead_lettered_and_holds_neither_the_checkp
         "no call after the dead letters"
     );
     drop(replica);
+}
+
+/// `manifest` run by one replica, r0, over `shop/orders` (a labelled
+/// ConfigMap) and its app: r0 leads and its baseline is saved.
+async fn leading(manifest: &str) -> (TestEnv, Pod, Replica) {
+    let env = test_env(manifest, NS).await;
+    let pod = Pod::start().await;
+    service(&env.client, NS, "orders", &[&pod], &[]).await;
+    apply(
+        &env.client,
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "orders", "namespace": NS,
+                "labels": {"spring.cloud.kubernetes.config": "true"}},
+            "data": {"greeting": "hello"}}),
+    )
+    .await;
+    let (k, m) = (env.kubeconfig.clone(), env.manifest.clone());
+    let replica = tokio::task::spawn_blocking(move || Replica::start(&k, &m, "r0"))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "r0 leads", || replica.leading()).await;
+    // Its ConfigMap watch has taken its baseline (saved at once).
+    eventually(
+        Duration::from_secs(20),
+        "the baseline checkpoint",
+        || async { checkpoint(&env.client, NS).await.is_some() },
+    )
+    .await;
+    (env, pod, replica)
 }
