@@ -525,7 +525,26 @@ impl<A: LeaseApi> CheckpointStore<A> {
         // tail), or shards of the format before segments.
         let mut stored_logs = BTreeMap::new();
         let mut shard_counts = BTreeMap::new();
+        let mut superseded = Vec::new();
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+            // Both a log and a shard count: a version before segments led
+            // after this version's last commit (a rollback). It keeps the
+            // annotations it does not know and writes its shard count on
+            // every save, while this version drops the count at its first
+            // save of the kind: the shards are the newer index, the log
+            // (and its tail) is what stood before the rollback.
+            if annotations.contains_key(shards_key(kind)) {
+                if let Some(v) = annotations.remove(log_key(kind)) {
+                    annotations.remove(tail_key(kind));
+                    let stale = Log::parse(&v).map(|l| l.segments).unwrap_or_default();
+                    tracing::info!(
+                        kind = kind.as_str(),
+                        segments = stale.len(),
+                        "the state holds index shards a version before segments wrote after this version's segments (a rollback and back): the shards are read, the segments deleted"
+                    );
+                    superseded.extend(stale);
+                }
+            }
             if let Some(v) = annotations.get(log_key(kind)) {
                 match Log::parse(v) {
                     Ok(log) => {
@@ -565,6 +584,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
         let past_named = stored_logs
             .values()
             .flat_map(|(l, _)| l.segments.iter().map(|n| n + 1))
+            .chain(superseded.iter().map(|n| n + 1))
             .max()
             .unwrap_or(0);
         self.next_segment = match annotations.get(NEXT_SEGMENT_ANNOTATION) {
@@ -585,6 +605,11 @@ impl<A: LeaseApi> CheckpointStore<A> {
                     .collect()
             })
             .unwrap_or_default();
+        if !superseded.is_empty() {
+            self.garbage
+                .extend(superseded.iter().map(|&n| segment_name(&self.name, n)));
+            annotations.insert(GARBAGE_ANNOTATION.to_string(), self.garbage.join(","));
+        }
         self.stamp(annotations);
         let stored_scopes: BTreeMap<ObjectKind, String> =
             [ObjectKind::ConfigMap, ObjectKind::Secret]

@@ -701,6 +701,93 @@ async fn an_index_in_shards_of_the_format_before_segments_is_read_and_rewritten(
     );
 }
 
+/// Rollback and back: this version stores segments, a version before
+/// segments then leads (it keeps the annotations it does not know, so the
+/// stale log stays beside its shard count), then this version leads again.
+/// It must read the shards, the newer index, not the log: the log misses
+/// what was created under the old version, whose deletion in a gap past
+/// the history would be lost. The stale segments are deleted.
+#[tokio::test]
+async fn after_a_rollback_and_back_the_shards_of_the_old_version_win_over_the_stale_log() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let stream = |ix: ObjectIndex| StreamIndex {
+        kind: ObjectKind::ConfigMap,
+        scope: Scope::from_key("shop"),
+        index: ix,
+    };
+    let mut a = store(&server, term("pod-a", 1));
+    let mut cps = a.claim().await.unwrap().checkpoints;
+    cps.set(ObjectKind::ConfigMap, &Scope::from_key("shop"), "5");
+    a.save(&cps, &[stream(shop(3000, 0))]).await.unwrap();
+    let stale = named_segments(&server, "configmap");
+    assert!(stale.len() >= 2, "{stale:?}");
+    // The version before segments (ae9dce3^) claims and saves: it reads
+    // the state Lease, sets its term, checkpoints and shard count in the
+    // annotations it read, replaces the Lease, and writes its shards.
+    let newer = shop(3100, 1);
+    let shards = wasmwatch_kube::checkpoint::split_shards(&newer.encode(), 100 * 1024);
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    let mut lease = api.get("wasmwatch-state").await.unwrap();
+    let annotations = lease.metadata.annotations.as_mut().unwrap();
+    for (k, v) in [
+        ("wasmwatch.io/term", "pod-b/2".to_string()),
+        ("wasmwatch.io/configmap-resource-version", "shop=9".into()),
+        (
+            "wasmwatch.io/configmap-index-shards",
+            shards.len().to_string(),
+        ),
+    ] {
+        annotations.insert(k.into(), v);
+    }
+    api.replace("wasmwatch-state", &PostParams::default(), &lease)
+        .await
+        .unwrap();
+    for (n, text) in shards.iter().enumerate() {
+        let shard: Lease = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("wasmwatch-state-index-configmap-{n}"),
+                         "annotations": {"wasmwatch.io/index": text,
+                                         "wasmwatch.io/term": "pod-b/2"}}
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &shard).await.unwrap();
+    }
+    // This version again.
+    let mut c = store(&server, term("pod-c", 3));
+    let claimed = c.claim().await.unwrap();
+    let read = &claimed.indexes[&ObjectKind::ConfigMap];
+    assert!(
+        *read == newer,
+        "read {} objects, the shards hold {} (the stale log 3000)",
+        read.len(),
+        newer.len()
+    );
+    assert_eq!(
+        claimed
+            .checkpoints
+            .get(ObjectKind::ConfigMap, &Scope::from_key("shop")),
+        Some("9")
+    );
+    assert!(
+        annotation(&server, "wasmwatch.io/configmap-index-log").is_null(),
+        "the stale log is dropped at the claim"
+    );
+    c.save(&claimed.checkpoints, &[]).await.unwrap();
+    let segments = named_segments(&server, "configmap");
+    assert!(
+        !segments.iter().any(|n| stale.contains(n)),
+        "{stale:?} then {segments:?}"
+    );
+    let mut sorted = segments.clone();
+    sorted.sort();
+    assert_eq!(
+        index_leases(&server).await,
+        sorted,
+        "the stale segments and the shards are deleted"
+    );
+    let claimed = store(&server, term("pod-d", 4)).claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], newer);
+}
+
 /// Issue 32: a save commits all or nothing. A save that rewrites an index
 /// of several segments (new segments, the state Lease, then deletes) is
 /// failed at each of its requests in turn, each way a request can fail
