@@ -5,6 +5,7 @@
 //! cargo build --release -p wasmwatch --bins --examples
 //! /var/tmp/wasmwatch-target/release/examples/bench [latency|throughput|throughput-in-process|burst|startup|startup-python|memory|workloads|all]
 //! /var/tmp/wasmwatch-target/release/examples/bench compare [N]
+//! /var/tmp/wasmwatch-target/release/examples/bench state [OBJECTS]
 //! ```
 //!
 //! - `latency`: ConfigMap write → POST /actuator/refresh arriving at the app,
@@ -59,6 +60,8 @@ use wasmwatch_apiserver::{Config, Server, ServerHandle};
 mod baseline;
 #[path = "bench/compare.rs"]
 mod compare;
+#[path = "bench/state.rs"]
+mod state;
 #[path = "bench/workloads.rs"]
 mod workloads;
 
@@ -713,6 +716,11 @@ async fn main() {
             .map(|n| n.parse().expect("compare N: a number of runs"))
             .unwrap_or(3);
         compare::compare(runs).await;
+        return;
+    }
+    if what == "state" {
+        // Issue 32: the stored state of a 200k-object cluster.
+        state::state().await;
         return;
     }
     let all = what == "all";

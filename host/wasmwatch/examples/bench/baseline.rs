@@ -30,7 +30,7 @@ use hyper::header::CONTENT_LENGTH;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, ResourceExt};
@@ -61,13 +61,35 @@ pub async fn run() {
     let (configmaps, writer) = reflector::store::<ConfigMap>();
     let cm_events = reflector(
         writer,
-        watcher(Api::<ConfigMap>::all(client), watcher::Config::default()).default_backoff(),
+        watcher(
+            Api::<ConfigMap>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
     );
+    // `BASELINE_SECRETS=1` (`bench state`): a reflector over every Secret
+    // too, as Reloader keeps one when it watches Secrets; it only caches.
+    let secrets = std::env::var_os("BASELINE_SECRETS").map(|_| {
+        let (secrets, writer) = reflector::store::<Secret>();
+        let events = reflector(
+            writer,
+            watcher(
+                Api::<Secret>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff(),
+        );
+        tokio::spawn(events.for_each(|_| std::future::ready(())));
+        secrets
+    });
     {
         let (slices, configmaps) = (slices.clone(), configmaps.clone());
         tokio::spawn(async move {
             let _ = slices.wait_until_ready().await;
             let _ = configmaps.wait_until_ready().await;
+            if let Some(secrets) = secrets {
+                let _ = secrets.wait_until_ready().await;
+            }
             println!("{}", serde_json::json!({"ready": true, "baseline": true}));
         });
     }

@@ -98,7 +98,7 @@ fn put(s: &mut Sample, key: &'static str, who: Who, v: f64) {
 }
 
 /// The API server's runtime: its threads carry a name of their own.
-fn apiserver_runtime() -> &'static tokio::runtime::Runtime {
+pub(super) fn apiserver_runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
@@ -209,7 +209,7 @@ impl Drop for Profile {
 }
 
 /// utime + stime of a whole process (every thread, also those that ended).
-fn process_cpu(pid: u32) -> Duration {
+pub(super) fn process_cpu(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let fields: Vec<&str> = rest.split_whitespace().collect();
