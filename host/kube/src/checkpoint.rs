@@ -533,17 +533,17 @@ impl<A: LeaseApi> CheckpointStore<A> {
             // every save, while this version drops the count at its first
             // save of the kind: the shards are the newer index, the log
             // (and its tail) is what stood before the rollback.
-            if annotations.contains_key(shards_key(kind)) {
-                if let Some(v) = annotations.remove(log_key(kind)) {
-                    annotations.remove(tail_key(kind));
-                    let stale = Log::parse(&v).map(|l| l.segments).unwrap_or_default();
-                    tracing::info!(
-                        kind = kind.as_str(),
-                        segments = stale.len(),
-                        "the state holds index shards a version before segments wrote after this version's segments (a rollback and back): the shards are read, the segments deleted"
-                    );
-                    superseded.extend(stale);
-                }
+            if annotations.contains_key(shards_key(kind))
+                && let Some(v) = annotations.remove(log_key(kind))
+            {
+                annotations.remove(tail_key(kind));
+                let stale = Log::parse(&v).map(|l| l.segments).unwrap_or_default();
+                tracing::info!(
+                    kind = kind.as_str(),
+                    segments = stale.len(),
+                    "the state holds index shards a version before segments wrote after this version's segments (a rollback and back): the shards are read, the segments deleted"
+                );
+                superseded.extend(stale);
             }
             if let Some(v) = annotations.get(log_key(kind)) {
                 match Log::parse(v) {
