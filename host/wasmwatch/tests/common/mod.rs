@@ -216,7 +216,26 @@ pub fn run_command(
     checkpoint_interval: &str,
     namespace: &str,
 ) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmwatch"));
+    run_command_of(
+        std::path::Path::new(env!("CARGO_BIN_EXE_wasmwatch")),
+        kubeconfig,
+        manifest,
+        identity,
+        checkpoint_interval,
+        namespace,
+    )
+}
+
+/// [`run_command`] of another build of wasmwatch (an older version).
+pub fn run_command_of(
+    bin: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    manifest: &std::path::Path,
+    identity: &str,
+    checkpoint_interval: &str,
+    namespace: &str,
+) -> Command {
+    let mut cmd = Command::new(bin);
     cmd.args(["run", "--manifest", manifest.to_str().unwrap()])
         .args(["--identity", identity, "--admin-addr", "127.0.0.1:0"])
         .args([
@@ -324,7 +343,12 @@ impl Replica {
             namespace,
         );
         cmd.envs(env.iter().copied());
-        let (child, ready, lines) = spawn_ready(&mut cmd, ready_within);
+        Replica::spawn(&mut cmd, identity, ready_within)
+    }
+
+    /// A replica from a prepared command (see [`run_command_of`]).
+    pub fn spawn(cmd: &mut Command, identity: &str, ready_within: Duration) -> Replica {
+        let (child, ready, lines) = spawn_ready(cmd, ready_within);
         Replica {
             identity: identity.to_string(),
             child,
