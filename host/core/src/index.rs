@@ -65,19 +65,103 @@ struct Meta {
 /// like `kubectl.kubernetes.io/last-applied-configuration`, not routing).
 const MAX_REMEMBERED_VALUE: usize = 512;
 
-fn remembered(o: &ObjectSnapshot, keyed: bool) -> Meta {
+fn remembered(o: &ObjectSnapshot, keyed: bool, remember: &Remember) -> Meta {
     Meta {
         keyed,
-        labels: o.labels.clone(),
+        labels: o
+            .labels
+            .iter()
+            .filter(|(k, _)| remember.label(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         annotations: o
             .annotations
             .iter()
             .filter(|(k, v)| {
                 v.len() <= MAX_REMEMBERED_VALUE
                     && k.as_str() != "kubectl.kubernetes.io/last-applied-configuration"
+                    && remember.annotation(k)
             })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+    }
+}
+
+/// Which labels and annotations an index remembers of each object: all of
+/// them, or only the keys the plugins declare they read (their
+/// `wasmwatch:needs` `metadata`, see [`crate::needs::MetadataReads`]) and
+/// the keys the manifest's label selectors name. A deletion found at a
+/// resync carries what is remembered, and routing and the plugins read no
+/// other key of it. Keys outside the declaration are dropped from a line
+/// when its object is next seen.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Remember {
+    #[default]
+    All,
+    Only {
+        labels: Keys,
+        annotations: Keys,
+    },
+}
+
+/// A set of label or annotation keys; a key ending in `*` stands for every
+/// key it starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Keys {
+    exact: std::collections::BTreeSet<String>,
+    prefixes: Vec<String>,
+}
+
+impl Keys {
+    pub fn add(&mut self, key: &str) {
+        match key.strip_suffix('*') {
+            Some(prefix) => self.prefixes.push(prefix.to_string()),
+            None => {
+                self.exact.insert(key.to_string());
+            }
+        }
+    }
+
+    pub fn has(&self, key: &str) -> bool {
+        self.exact.contains(key) || self.prefixes.iter().any(|p| key.starts_with(p.as_str()))
+    }
+}
+
+impl Remember {
+    /// What to remember for the plugins whose declarations are `reads`
+    /// (`None`: a plugin that declares nothing, so everything is kept) and
+    /// the label selectors' keys.
+    pub fn of<'a>(
+        reads: impl IntoIterator<Item = Option<crate::needs::MetadataReads>>,
+        selector_keys: impl IntoIterator<Item = &'a str>,
+    ) -> Remember {
+        let (mut labels, mut annotations) = (Keys::default(), Keys::default());
+        for r in reads {
+            let Some(r) = r else {
+                return Remember::All;
+            };
+            r.labels.iter().for_each(|k| labels.add(k));
+            r.annotations.iter().for_each(|k| annotations.add(k));
+        }
+        selector_keys.into_iter().for_each(|k| labels.add(k));
+        Remember::Only {
+            labels,
+            annotations,
+        }
+    }
+
+    fn label(&self, key: &str) -> bool {
+        match self {
+            Remember::All => true,
+            Remember::Only { labels, .. } => labels.has(key),
+        }
+    }
+
+    fn annotation(&self, key: &str) -> bool {
+        match self {
+            Remember::All => true,
+            Remember::Only { annotations, .. } => annotations.has(key),
+        }
     }
 }
 
@@ -101,7 +185,7 @@ fn metadata_hash(o: &ObjectSnapshot) -> u64 {
 impl Handled {
     /// What is remembered of `o`, and its full hex digest (the event's),
     /// keyed when `key` is given.
-    fn of(o: &ObjectSnapshot, key: Option<&DigestKey>) -> (Handled, String) {
+    fn of(o: &ObjectSnapshot, key: Option<&DigestKey>, remember: &Remember) -> (Handled, String) {
         let hex = data_digest(&o.data, key);
         let handled = Handled {
             digest: u128::from_str_radix(&hex[..32], 16).expect("hex digest"),
@@ -112,7 +196,7 @@ impl Handled {
                 .map(|(k, v)| (k.clone(), short_hash(v.as_bytes(), key)))
                 .collect(),
             meta: {
-                let m = remembered(o, key.is_some());
+                let m = remembered(o, key.is_some(), remember);
                 (m != Meta::default()).then(|| {
                     serde_json::to_string(&m)
                         .expect("string maps serialize")
@@ -178,6 +262,8 @@ pub struct ObjectIndex {
     objects: Objects,
     /// Keys the digests (of Secrets; see the module docs).
     key: Option<DigestKey>,
+    /// The labels and annotations kept of each object.
+    remember: Arc<Remember>,
 }
 
 impl ObjectIndex {
@@ -186,7 +272,16 @@ impl ObjectIndex {
             kind,
             objects: Objects::new(),
             key: None,
+            remember: Arc::default(),
         }
+    }
+
+    /// Objects seen from now on keep only the labels and annotations
+    /// `remember` names; lines already held keep theirs until their object
+    /// is seen again.
+    pub fn with_remember(mut self, remember: Arc<Remember>) -> Self {
+        self.remember = remember;
+        self
     }
 
     /// Digests of objects seen from now on are keyed with `key` (or plain
@@ -212,7 +307,7 @@ impl ObjectIndex {
 
     /// What is remembered of `o`, with its digest, under this index's key.
     fn handled(&self, o: &ObjectSnapshot) -> (Handled, String) {
-        Handled::of(o, self.key.as_ref())
+        Handled::of(o, self.key.as_ref(), &self.remember)
     }
 
     /// `now` in the hashes `before` was written with, so that they compare:
@@ -223,7 +318,7 @@ impl ObjectIndex {
         if before.keyed || !now.keyed {
             Cow::Borrowed(now)
         } else {
-            Cow::Owned(Handled::of(o, None).0)
+            Cow::Owned(Handled::of(o, None, &Remember::All).0)
         }
     }
 
@@ -264,6 +359,7 @@ impl ObjectIndex {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             key: self.key.clone(),
+            remember: self.remember.clone(),
         }
     }
 
@@ -852,6 +948,68 @@ mod tests {
         // Deleting what is not remembered changes nothing.
         let (ev, changed) = idx.apply_noting(Seen::Deleted, cm("a", json!({}), json!({})), false);
         assert!(ev.is_some() && !changed);
+    }
+
+    /// With the plugins' declarations, a line keeps only the labels and
+    /// annotations they read (and the selectors' keys): a deletion found
+    /// at a resync still carries those, and nothing else is stored.
+    #[test]
+    fn only_the_declared_labels_and_annotations_are_remembered() {
+        let reads = crate::needs::MetadataReads {
+            labels: vec![],
+            annotations: vec![
+                "spring.cloud.kubernetes.configmap.apps".into(),
+                "acme.io/*".into(),
+            ],
+        };
+        let remember = Remember::of([Some(reads.clone())], ["app"]);
+        let object = || {
+            ObjectSnapshot::from_json(&json!({"kind": "ConfigMap",
+                "metadata": {"name": "a", "namespace": "ns",
+                    "labels": {"app": "shop", "helm.sh/chart": "shop-1.2.3"},
+                    "annotations": {
+                        "spring.cloud.kubernetes.configmap.apps": "orders",
+                        "acme.io/team": "x",
+                        "kubernetes.io/description": "a long description",
+                        "meta.helm.sh/release-name": "shop"}},
+                "data": {"k": "1"}}))
+            .unwrap()
+        };
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap).with_remember(Arc::new(remember));
+        idx.apply(Seen::Added, object(), false);
+        let line = idx.encode();
+        assert!(
+            line.contains("orders") && line.contains("acme.io/team") && line.contains("\"app\""),
+            "{line}"
+        );
+        assert!(
+            !line.contains("helm") && !line.contains("description"),
+            "{line}"
+        );
+        let gone = idx.resync(vec![], false);
+        assert_eq!(gone[0].change, ChangeType::Deleted);
+        assert_eq!(
+            gone[0].object.labels,
+            BTreeMap::from([("app".into(), "shop".into())])
+        );
+        assert_eq!(gone[0].object.annotations.len(), 2);
+        // A change of a key nobody reads delivers nothing and keeps it out
+        // (the line's hash of all labels and annotations, which
+        // `metadataChanges` compares, still follows it).
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap)
+            .with_remember(Arc::new(Remember::of([Some(reads.clone())], ["app"])));
+        idx.apply(Seen::Added, object(), false);
+        let mut relabelled = object();
+        relabelled
+            .labels
+            .insert("helm.sh/chart".into(), "shop-1.2.4".into());
+        assert_eq!(idx.apply_noting(Seen::Modified, relabelled, false).0, None);
+        assert!(!idx.encode().contains("helm"));
+        // One plugin without a declaration: everything is kept.
+        assert_eq!(Remember::of([Some(reads), None], ["app"]), Remember::All);
+        let mut all = ObjectIndex::new(ObjectKind::ConfigMap);
+        all.apply(Seen::Added, object(), false);
+        assert!(all.encode().contains("description"));
     }
 
     #[test]

@@ -15,7 +15,14 @@
 //! - `bus`: `connection/destination` pairs it publishes to;
 //! - `http`: URLs it calls;
 //! - `events`: it emits Kubernetes Events; `secretValues`: it reads Secret
-//!   values.
+//!   values;
+//! - `metadata`: the labels and annotations of the changed object it reads
+//!   (`{"labels": [...], "annotations": [...]}`, keys; a key ending in `*`
+//!   stands for every key it starts). When every plugin of a kind declares
+//!   it, the stored index keeps only those (and the keys the manifest's
+//!   label selectors name): a deletion found at a resync still carries
+//!   what routes it, and a large cluster's index stays small. Undeclared:
+//!   everything is kept.
 //!
 //! In any string, `{config.KEY}` is the string (or number) `KEY` of the
 //! plugin's `config`, and `{config.KEY|DEFAULT}` the same with a default;
@@ -58,6 +65,30 @@ pub struct Needs {
     pub events: bool,
     #[serde(default)]
     pub secret_values: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<MetadataReads>,
+}
+
+/// The labels and annotations of the changed object a plugin reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetadataReads {
+    #[serde(default)]
+    pub labels: Vec<String>,
+    #[serde(default)]
+    pub annotations: Vec<String>,
+}
+
+impl MetadataReads {
+    /// The keys with `{config...}` placeholders filled from `config`; a key
+    /// whose placeholder has no value (and no default) is left out.
+    pub fn expanded(&self, config: &serde_json::Value) -> MetadataReads {
+        let fill = |keys: &[String]| keys.iter().filter_map(|k| expand(k, config)).collect();
+        MetadataReads {
+            labels: fill(&self.labels),
+            annotations: fill(&self.annotations),
+        }
+    }
 }
 
 /// Stands for each namespace the plugin's events come from.
@@ -348,6 +379,7 @@ pub fn shortfalls(manifest: &Manifest, index: usize, needs: &Needs) -> Vec<Probl
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn config_placeholders() {
@@ -365,6 +397,27 @@ mod tests {
             Some("http://x:8080/")
         );
         assert_eq!(expand("{config.missing}/x", &c), None);
+    }
+
+    #[test]
+    fn metadata_keys_take_their_names_from_the_config() {
+        let needs: Needs = serde_json::from_str(
+            r#"{"metadata": {"annotations": ["{config.annotations.match|reloader.stakater.com/match}", "wasmwatch.io/match", "{config.missing}"]}}"#,
+        )
+        .unwrap();
+        let reads = needs.metadata.unwrap();
+        assert_eq!(
+            reads.expanded(&json!({})).annotations,
+            ["reloader.stakater.com/match", "wasmwatch.io/match"]
+        );
+        assert_eq!(
+            reads
+                .expanded(&json!({"annotations": {"match": "acme.io/match"}}))
+                .annotations,
+            ["acme.io/match", "wasmwatch.io/match"]
+        );
+        assert!(serde_json::from_str::<Needs>(r#"{"metadata": {"label": []}}"#).is_err());
+        assert_eq!(serde_json::from_str::<Needs>("{}").unwrap().metadata, None);
     }
 
     #[test]

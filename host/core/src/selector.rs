@@ -37,6 +37,11 @@ impl LabelSelector {
         &self.raw
     }
 
+    /// The label keys it reads.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.reqs.iter().map(Requirement::key)
+    }
+
     /// Why no object's labels can satisfy all of `selectors` at once, if
     /// none can: two requirements on one key that exclude each other
     /// (`a=true,a=false`, `a=x` with `a notin (x)`, `a` with `!a`), within

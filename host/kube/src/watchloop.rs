@@ -16,6 +16,7 @@
 //! checkpoint, the first list is a baseline and delivers nothing. After a
 //! 410 the loop lists and delivers only what differs from the
 //! [`ObjectIndex`] of handled objects.
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
@@ -26,7 +27,7 @@ use crate::apis::ObjectApi;
 use tokio::sync::mpsc;
 use wasmwatch_core::digest::DigestKey;
 use wasmwatch_core::event::Metadata;
-use wasmwatch_core::index::{ObjectIndex, Resync, Seen};
+use wasmwatch_core::index::{ObjectIndex, Remember, Resync, Seen};
 use wasmwatch_core::{ChangeEvent, ChangeType, ObjectKind, ObjectSnapshot, Scope};
 
 /// What one watch loop watches.
@@ -43,6 +44,18 @@ pub struct WatchTarget {
     /// Keys the digests of this kind's objects (Secrets; see
     /// `wasmwatch_core::digest`). `None`: plain SHA-256.
     pub digest_key: Option<DigestKey>,
+    /// The labels and annotations the index keeps of each object (what the
+    /// plugins of this kind declare they read; see `Remember`).
+    pub remember: Arc<Remember>,
+}
+
+impl WatchTarget {
+    /// An empty index for this target's objects.
+    fn new_index(&self) -> ObjectIndex {
+        ObjectIndex::new(self.kind)
+            .with_digest_key(self.digest_key.clone())
+            .with_remember(self.remember.clone())
+    }
 }
 
 /// What the loop reports, in order.
@@ -290,7 +303,7 @@ impl<A: ObjectApi> WatchLoop<A> {
         let checkpoint_given = checkpoint.is_some();
         WatchLoop {
             api,
-            index: ObjectIndex::new(target.kind).with_digest_key(target.digest_key.clone()),
+            index: target.new_index(),
             target,
             state: match checkpoint {
                 Some(from) => State::Resume { from },
@@ -498,7 +511,9 @@ impl<A: ObjectApi> WatchLoop<A> {
     pub fn with_index(mut self, mut index: ObjectIndex) -> WatchLoop<A> {
         if matches!(self.state, State::Resume { .. }) {
             index.mark_unverified();
-            self.index = index.with_digest_key(self.target.digest_key.clone());
+            self.index = index
+                .with_digest_key(self.target.digest_key.clone())
+                .with_remember(self.target.remember.clone());
             self.rebuild_index = false;
         }
         self
@@ -658,8 +673,7 @@ impl<A: ObjectApi> WatchLoop<A> {
                     };
                 }
                 if self.rebuild_index {
-                    self.index = ObjectIndex::new(self.target.kind)
-                        .with_digest_key(self.target.digest_key.clone());
+                    self.index = self.target.new_index();
                     self.list_into_index().await?;
                     self.index.mark_unverified();
                     self.rebuild_index = false;

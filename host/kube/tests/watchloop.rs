@@ -15,6 +15,7 @@ fn target(ns: Option<&str>) -> WatchTarget {
         field_selector: None,
         metadata_changes: false,
         digest_key: None,
+        remember: Default::default(),
     }
 }
 

@@ -65,6 +65,9 @@ pub struct Plugin {
     refused: AtomicU64,
     /// This plugin's share of the sandbox slots.
     permits: Arc<tokio::sync::Semaphore>,
+    /// The labels and annotations of a changed object it declares it reads
+    /// (`wasmwatch:needs` `metadata`, placeholders filled from its config).
+    metadata_reads: Option<wasmwatch_core::needs::MetadataReads>,
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -119,6 +122,13 @@ impl Runtime {
                 });
             }
         };
+        // What it reads of an object's labels and annotations, if it says
+        // (`wasmwatch validate` reports a section it cannot read).
+        let metadata_reads = wasmwatch_core::needs::Needs::from_wasm(&bytes)
+            .ok()
+            .flatten()
+            .and_then(|n| n.metadata)
+            .map(|m| m.expanded(&entry.config));
         let inner = &self.inner;
         let compiled = {
             let engine = inner.engine.clone();
@@ -199,6 +209,7 @@ impl Runtime {
             filter: entry.events.clone(),
             module_sha256: actual,
             refused: AtomicU64::new(0),
+            metadata_reads,
         };
         // The first instantiation checks the exports' types; later ones
         // rely on it, and so does `output::call_handle`.
@@ -295,6 +306,12 @@ impl Plugin {
     /// Which events this plugin gets.
     pub fn filter(&self) -> &EventFilter {
         &self.filter
+    }
+
+    /// The labels and annotations of a changed object it reads; `None`
+    /// when it does not declare them (any of them, then).
+    pub fn metadata_reads(&self) -> Option<&wasmwatch_core::needs::MetadataReads> {
+        self.metadata_reads.as_ref()
     }
 
     pub fn capabilities(&self) -> &Capabilities {

@@ -159,6 +159,7 @@ async fn lead(
             field_selector: None,
             metadata_changes: false,
             digest_key: None,
+            remember: Default::default(),
         };
         let api = Objects {
             conn: conn.clone(),

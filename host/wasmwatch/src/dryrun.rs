@@ -104,6 +104,8 @@ pub async fn run(
                     ObjectKind::Secret => digest_key.clone(),
                     ObjectKind::ConfigMap => None,
                 },
+                // A dry run stores no index.
+                remember: Default::default(),
             };
             let id = loops.len() / 2;
             let (loop_tx, mut loop_rx) = mpsc::channel(256);

@@ -137,7 +137,10 @@ async fn an_upgrade_across_a_failover_and_a_410_restarts_nothing_then_keys_every
     let secrets: Api<Secret> = Api::namespaced(c.clone(), "shop");
     for name in ["db", "cache"] {
         let s: Secret = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name}, "stringData": {"pin": "1234"}
+            "metadata": {"name": name, "annotations": {
+                "meta.helm.sh/release-name": "shop",
+                "reloader.stakater.com/match": "false"}},
+            "stringData": {"pin": "1234"}
         }))
         .unwrap();
         secrets.create(&PostParams::default(), &s).await.unwrap();
@@ -232,6 +235,12 @@ async fn an_upgrade_across_a_failover_and_a_410_restarts_nothing_then_keys_every
     assert!(
         text.contains(r#""k":true"#),
         "keyed lines are marked: {text}"
+    );
+    // rollout-restart declares the annotations it reads: only those are
+    // kept of each object.
+    assert!(
+        text.contains("reloader.stakater.com/match") && !text.contains("meta.helm.sh"),
+        "{text}"
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use wasmwatch_core::needs::Needs;
+use wasmwatch_core::needs::{MetadataReads, Needs};
 use wasmwatch_testkit::{pin, plugin, repo_root, sha256_file};
 
 fn wasmwatch(args: &[&str]) -> Output {
@@ -156,10 +156,25 @@ fn the_bundled_plugins_declare_what_they_need() {
             .unwrap()
             .unwrap_or_else(|| panic!("{c} declares no needs"))
     };
+    // The object's annotations the Spring plugins read (`target_apps`).
+    let spring = || {
+        Some(MetadataReads {
+            labels: vec![],
+            annotations: [
+                "spring.cloud.kubernetes.configmap.apps",
+                "spring.cloud.kubernetes.secret.apps",
+                "spring.cloud.kubernetes.configmap.labels",
+                "spring.cloud.kubernetes.secret.labels",
+            ]
+            .map(String::from)
+            .to_vec(),
+        })
+    };
     assert_eq!(
         needs("http-refresh"),
         Needs {
             refresh: vec!["{namespace}".into()],
+            metadata: spring(),
             ..Needs::default()
         }
     );
@@ -171,6 +186,17 @@ fn the_bundled_plugins_declare_what_they_need() {
                 "{config.mode=webhook}{config.webhook.url}".into(),
                 "{config.mode=alert}{config.alert.url}".into()
             ],
+            metadata: Some(MetadataReads {
+                labels: vec![],
+                annotations: [
+                    "{config.annotations.match|reloader.stakater.com/match}",
+                    "{config.annotations.ignore|reloader.stakater.com/ignore}",
+                    "wasmwatch.io/match",
+                    "wasmwatch.io/ignore",
+                ]
+                .map(String::from)
+                .to_vec(),
+            }),
             ..Needs::default()
         }
     );
@@ -178,6 +204,7 @@ fn the_bundled_plugins_declare_what_they_need() {
         needs("bus-refresh"),
         Needs {
             bus: vec!["{config.connection}/{config.destination|springCloudBus}".into()],
+            metadata: spring(),
             ..Needs::default()
         }
     );

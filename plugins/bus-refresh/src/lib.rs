@@ -144,7 +144,7 @@ fn now_millis() -> u64 {
 
 // It publishes to `connection`/`destination` of its config.
 wasmwatch_plugin_sdk::declare_needs!(
-    r#"{"bus": ["{config.connection}/{config.destination|springCloudBus}"]}"#
+    r#"{"bus": ["{config.connection}/{config.destination|springCloudBus}"], "metadata": {"annotations": ["spring.cloud.kubernetes.configmap.apps", "spring.cloud.kubernetes.secret.apps", "spring.cloud.kubernetes.configmap.labels", "spring.cloud.kubernetes.secret.labels"]}}"#
 );
 
 struct BusRefresh;

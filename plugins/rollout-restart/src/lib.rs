@@ -687,8 +687,10 @@ fn alert(url: &str, sink: Sink, message: &str) -> Action {
 
 // Restart and alert modes restart workloads in the namespace of each event
 // they get; webhook mode and alert mode call the URL of their config.
+// `metadata`: the changed object's annotations it reads (`match`,
+// `ignore`); a stored index keeps only these of each object.
 wasmwatch_plugin_sdk::declare_needs!(
-    r#"{"restart": ["{config.mode|restart=restart,alert}{namespace}"], "http": ["{config.mode=webhook}{config.webhook.url}", "{config.mode=alert}{config.alert.url}"]}"#
+    r#"{"restart": ["{config.mode|restart=restart,alert}{namespace}"], "http": ["{config.mode=webhook}{config.webhook.url}", "{config.mode=alert}{config.alert.url}"], "metadata": {"annotations": ["{config.annotations.match|reloader.stakater.com/match}", "{config.annotations.ignore|reloader.stakater.com/ignore}", "wasmwatch.io/match", "wasmwatch.io/ignore"]}}"#
 );
 
 struct RolloutRestart;

@@ -44,9 +44,12 @@ const CHURN: usize = 3000;
 const GAP: usize = 20;
 const DESCRIPTION: &str = "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters.";
 
+/// rollout-restart declares which labels and annotations it reads, so the
+/// index keeps only those; `BENCH_KEEP_ALL_METADATA=1` adds a plugin that
+/// declares nothing (and gets no event: only `resynced` changes), so that
+/// every label and annotation is kept, as before declarations.
 fn manifest() -> String {
-    wasmwatch_testkit::pin(
-        "apiVersion: wasmwatch.io/v1alpha1
+    let mut m = "apiVersion: wasmwatch.io/v1alpha1
 kind: PluginManifest
 watch: {kinds: [ConfigMap, Secret]}
 ha: {enabled: true, namespace: default, leaseDuration: 15s, renewDeadline: 10s, retryPeriod: 2s}
@@ -57,8 +60,19 @@ plugins:
     events: {kinds: [ConfigMap, Secret]}
     capabilities: {restart: [\"*\"]}
     delivery: {debounce: 0s}
+"
+    .to_string();
+    if std::env::var_os("BENCH_KEEP_ALL_METADATA").is_some() {
+        m.push_str(
+            "  - name: undeclared
+    module: {module:v3-restart}
+    sha256: {sha256:v3-restart}
+    events: {kinds: [ConfigMap, Secret], changes: [resynced]}
+    capabilities: {restart: [\"*\"]}
 ",
-    )
+        );
+    }
+    wasmwatch_testkit::pin(&m)
 }
 
 fn config_map(i: usize, version: usize) -> ConfigMap {

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
 use wasmwatch_core::action::EventType;
+use wasmwatch_core::index::Remember;
 use wasmwatch_core::{ChangeEvent, ObjectKind};
 use wasmwatch_exec::pipeline::{Execute, Outcome, Pipeline, PipelineConfig, Report};
 use wasmwatch_kube::checkpoint::{
@@ -29,6 +30,7 @@ use wasmwatch_kube::checkpoint::{
 use wasmwatch_kube::elector::{Fence, Leadership};
 use wasmwatch_kube::term::{Effect, End, Input, Saved, Start, Term};
 use wasmwatch_kube::watchloop::{Flush, Output, WatchLoop, WatchStats, WatchTarget};
+use wasmwatch_runtime::Plugin;
 
 use super::{AbortOnDrop, Reports, Service, describe, print_report};
 use crate::decide::{Decide, Tickets};
@@ -214,6 +216,7 @@ impl Service {
                         ObjectKind::Secret => self.digest_key.clone(),
                         ObjectKind::ConfigMap => None,
                     },
+                    remember: self.remember(*kind),
                 };
                 let from = claimed.checkpoints.get(*kind, &scope).map(str::to_string);
                 let client = self.client.clone();
@@ -252,6 +255,26 @@ impl Service {
     }
 
     /// Counts every action report in the metrics and prints it as asked.
+    /// What the index keeps of each object of `kind`: the labels and
+    /// annotations its plugins declare they read and the keys the label
+    /// selectors name; all of them when a plugin declares nothing.
+    fn remember(&self, kind: ObjectKind) -> Arc<Remember> {
+        let plugins: Vec<&Plugin> = self
+            .plugins
+            .iter()
+            .map(|l| &*l.plugin)
+            .filter(|p| p.filter().kinds.contains(&kind))
+            .collect();
+        let selectors = plugins
+            .iter()
+            .filter_map(|p| p.filter().label_selector.as_ref())
+            .chain(self.manifest.watch.label_selector.as_ref());
+        Arc::new(Remember::of(
+            plugins.iter().map(|p| p.metadata_reads().cloned()),
+            selectors.flat_map(|s| s.keys()),
+        ))
+    }
+
     fn on_report(&self) -> Arc<dyn Fn(&Report) + Send + Sync> {
         let metrics = self.metrics.clone();
         let print = self.options.reports;
