@@ -24,5 +24,6 @@ pub mod elector;
 pub mod lookups;
 pub mod namespaces;
 pub mod references;
+pub mod shell;
 pub mod term;
 pub mod watchloop;

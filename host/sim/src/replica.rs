@@ -3,23 +3,22 @@
 //! `wasmwatch run` wires them (host/wasmwatch/src/run.rs, `Service::lead`),
 //! with the plugin and its HTTP action replaced by the simulated app.
 //!
-//! The wiring here mirrors run.rs by hand: moving that shell out of the
-//! binary so both run the same one is issue 33's next step.
+//! The term's loop is host/kube's `shell::Shell`, the one `wasmwatch run`
+//! runs; what acts on a change is [`SimAct`] (the binary's is its
+//! `Acting`: plugin calls, the pipeline, the executors).
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use rand::Rng;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use wasmwatch_core::turns::{Call, Offered, Turns};
-use wasmwatch_core::{ChangeType, ObjectKind, Scope};
-use wasmwatch_kube::checkpoint::{
-    CheckpointError, CheckpointStore, Checkpoints, StreamIndex, Ticket,
-};
+use wasmwatch_core::{ChangeEvent, ChangeType, ObjectKind, Scope};
+use wasmwatch_kube::checkpoint::{CheckpointError, CheckpointStore, Ticket};
 use wasmwatch_kube::elector::{Acting, Elector, ElectorConfig, Fence, Leadership};
-use wasmwatch_kube::term::{Effect, End, HOLD_FAILURES, Input, Saved, Start, Term};
+use wasmwatch_kube::shell::{Act, Shell};
+use wasmwatch_kube::term::{End, HOLD_FAILURES, Saved, Start, Term};
 use wasmwatch_kube::watchloop::{WatchLoop, WatchTarget};
 
 use crate::world::{Conn, Delivery, Objects};
@@ -186,169 +185,115 @@ async fn lead(
         let wl = wl.with_flush(&flush);
         let (tx, rx) = mpsc::channel(256);
         watches.spawn(wl.run(tx));
-        streams.push(
-            futures_util::stream::unfold(rx, move |mut rx| async move {
-                rx.recv().await.map(|o| ((id, o), rx))
-            })
-            .boxed(),
-        );
+        streams.push(wasmwatch_kube::shell::tagged(id, rx));
     }
-    let mut outputs = futures_util::stream::select_all(streams);
+    let outputs = futures_util::stream::select_all(streams);
     drop(indexes);
-
-    let (done_tx, mut done) = mpsc::unbounded_channel::<Ticket>();
-    let mut calls = JoinSet::new();
-    // The decide stage's rules (run.rs's `Decide`): per object, one call
-    // at a time in change order, changes waiting for their turn folded
-    // into one call. The simulated plugin call holds its turn through its
-    // action (stricter than run.rs, where the pipeline orders the actions).
-    let mut turns: Turns<(String, String), Ticket> = Turns::default();
-    let start = |calls: &mut JoinSet<_>, key: (String, String), call: Call<Ticket>| {
-        calls.spawn(act(
-            conn.clone(),
-            setup.clone(),
-            fence.clone(),
-            acting.clone(),
-            key,
-            call,
-        ));
+    let shell = Shell {
+        term,
+        store: Some(store),
+        outputs,
+        flush,
+        may_act: Arc::new(may_act),
+        act: SimAct {
+            conn: conn.clone(),
+            setup: setup.clone(),
+            fence: fence.clone(),
+            acting: acting.clone(),
+            turns: Turns::default(),
+            calls: JoinSet::new(),
+            watches,
+            failed_saves: 0,
+        },
+        drain: DRAIN,
     };
-    type Writing =
-        std::pin::Pin<Box<dyn std::future::Future<Output = (CheckpointStore<Conn>, Saved)> + Send>>;
-    let mut writing: Option<Writing> = None;
-    let mut store = Some(store);
-    let mut closing: Option<Instant> = None;
-    let mut failed_saves = 0;
-    let end = loop {
-        conn.gate().await;
-        let input = tokio::select! {
-            biased;
-            _ = shutdown.wait_for(|s| *s), if closing.is_none() => {
-                closing = Some(Instant::now() + DRAIN);
-                flush.ask();
-                Input::Closing
-            }
-            () = std::future::ready(()), if closing.is_some() && term.drained() => Input::Shutdown,
-            () = tokio::time::sleep_until(closing.unwrap_or_else(Instant::now)), if closing.is_some() => Input::Shutdown,
-            r = leadership.changed() => {
-                if r.is_ok() && may_act() {
-                    continue;
-                }
-                Input::NotActing
-            }
-            Some(joined) = calls.join_next(), if !calls.is_empty() => {
-                let (key, tickets) = joined.expect("a call does not panic");
-                for ticket in tickets {
-                    let _ = done_tx.send(ticket);
-                }
-                if let Some(next) = turns.finished(&key) {
-                    start(&mut calls, key, next);
-                }
-                continue;
-            }
-            (s, saved) = async { writing.as_mut().expect("checked").await }, if writing.is_some() => {
-                store = Some(s);
-                writing = None;
-                match &saved {
-                    Saved::Stored => failed_saves = 0,
-                    Saved::Failed(_) => failed_saves += 1,
-                    _ => {}
-                }
-                let mut w = conn.world.lock();
-                w.nodes[conn.node].store_failing = failed_saves >= HOLD_FAILURES;
-                if saved != Saved::Stored {
-                    w.log(format!("node {} save: {saved:?}", conn.node));
-                }
-                drop(w);
-                Input::Saved(saved)
-            }
-            Some(ticket) = done.recv() => Input::Finished(ticket),
-            _ = tokio::time::sleep_until(term.wake_at()) => {
-                if may_act() { Input::Tick } else { Input::NotActing }
-            }
-            o = outputs.next(), if term.wants_outputs() => match o {
-                Some((id, output)) => Input::Output(id, output),
-                None => Input::WatchesGone,
-            },
-        };
-        let mut ended = None;
-        for effect in term.handle(input, Instant::now()) {
-            match effect {
-                Effect::Dispatch { ticket, event, .. } => {
-                    let key = (event.object.namespace.clone(), event.object.name.clone());
-                    if let Offered::Start(call) = turns.offer(key.clone(), Arc::new(*event), ticket)
-                    {
-                        start(&mut calls, key, call);
-                    }
-                }
-                Effect::Save {
-                    checkpoints,
-                    indexes,
-                } => {
-                    let mut s = store.take().expect("one save at a time");
-                    let may_act = may_act.clone();
-                    writing = Some(Box::pin(async move {
-                        let saved = write(&mut s, &checkpoints, &indexes, &may_act).await;
-                        (s, saved)
-                    }));
-                }
-                Effect::Received(_) | Effect::Handled(_) => {}
-                Effect::End(why) => ended = Some(why),
-            }
-        }
-        if let Some(why) = ended {
-            break why;
-        }
+    let stop = async {
+        let _ = shutdown.wait_for(|s| *s).await;
     };
+    tokio::pin!(stop);
+    let (end, _) = shell.run(&mut leadership, stop.as_mut()).await;
     {
         let mut w = conn.world.lock();
         w.nodes[conn.node].store_failing = false;
         w.log(format!("node {} term ends: {end:?}", conn.node));
     }
-    drop(watches);
-    calls.abort_all();
-    drop(calls);
-    let mut fenced = false;
-    if let Some(w) = writing.take() {
-        let (s, saved) = w.await;
-        store = Some(s);
-        fenced = matches!(saved, Saved::Fenced(_) | Saved::NotActing);
-    }
-    while let Ok(ticket) = done.try_recv() {
-        term.finish_late(ticket);
-    }
-    if let (
-        Some(store),
-        Some(Effect::Save {
-            checkpoints,
-            indexes,
-        }),
-    ) = (store.as_mut(), term.final_save())
-        && !fenced
-        && may_act()
-    {
-        let saved = write(store, &checkpoints, &indexes, &may_act).await;
-        conn.world
-            .lock()
-            .log(format!("node {} final save: {saved:?}", conn.node));
-    }
     matches!(end, End::Shutdown)
 }
 
-/// run.rs's `write`.
-async fn write(
-    store: &mut CheckpointStore<Conn>,
-    checkpoints: &Checkpoints,
-    indexes: &[StreamIndex],
-    may_act: &impl Fn() -> bool,
-) -> Saved {
-    if !may_act() {
-        return Saved::NotActing;
+/// The simulated plugin and app behind the shared shell (run.rs's
+/// `Acting`): the decide stage's rules (per object, one call at a time in
+/// change order, changes waiting for their turn folded into one call),
+/// each call holding its turn through its action (stricter than run.rs,
+/// where the pipeline orders the actions).
+struct SimAct {
+    conn: Conn,
+    setup: Setup,
+    fence: Fence,
+    acting: Acting,
+    turns: Turns<(String, String), Ticket>,
+    calls: JoinSet<((String, String), Vec<Ticket>)>,
+    watches: JoinSet<()>,
+    failed_saves: u32,
+}
+
+impl SimAct {
+    fn start(&mut self, key: (String, String), call: Call<Ticket>) {
+        self.calls.spawn(act(
+            self.conn.clone(),
+            self.setup.clone(),
+            self.fence.clone(),
+            self.acting.clone(),
+            key,
+            call,
+        ));
     }
-    match store.save(checkpoints, indexes).await {
-        Ok(()) => Saved::Stored,
-        Err(CheckpointError::Api(e)) => Saved::Failed(e.to_string()),
-        Err(e) => Saved::Fenced(e.to_string()),
+}
+
+impl Act for SimAct {
+    fn dispatch(&mut self, ticket: Ticket, event: Box<ChangeEvent>, _plugins: Vec<usize>) {
+        let key = (event.object.namespace.clone(), event.object.name.clone());
+        if let Offered::Start(call) = self.turns.offer(key.clone(), Arc::new(*event), ticket) {
+            self.start(key, call);
+        }
+    }
+
+    async fn next(&mut self) -> Option<Vec<Ticket>> {
+        let Some(joined) = self.calls.join_next().await else {
+            return std::future::pending().await;
+        };
+        let (key, tickets) = joined.expect("a call does not panic");
+        if let Some(next) = self.turns.finished(&key) {
+            self.start(key, next);
+        }
+        // None: abandoned (the successor replays it).
+        (!tickets.is_empty()).then_some(tickets)
+    }
+
+    fn stop(&mut self) -> Vec<Ticket> {
+        self.watches.abort_all();
+        self.calls.abort_all();
+        Vec::new()
+    }
+
+    fn gate(&mut self) -> impl std::future::Future<Output = ()> + Send {
+        self.conn.gate()
+    }
+
+    fn saved(&mut self, saved: &Saved, _state_uid: Option<String>, last: bool) {
+        let mut w = self.conn.world.lock();
+        if last {
+            w.log(format!("node {} final save: {saved:?}", self.conn.node));
+            return;
+        }
+        match saved {
+            Saved::Stored => self.failed_saves = 0,
+            Saved::Failed(_) => self.failed_saves += 1,
+            _ => {}
+        }
+        w.nodes[self.conn.node].store_failing = self.failed_saves >= HOLD_FAILURES;
+        if *saved != Saved::Stored {
+            w.log(format!("node {} save: {saved:?}", self.conn.node));
+        }
     }
 }
 

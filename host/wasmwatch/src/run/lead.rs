@@ -2,21 +2,20 @@
 //!
 //! ```text
 //! lead: claim the state ─▶ watch loops (one per kind × namespace)
-//!   Shell::next: one input (a watch output, a call over, a save written,
-//!                a ticket done, a tick, shutdown, the fence)
-//!   Term::handle: input ─▶ effects
-//!   Shell::apply: Dispatch ─▶ Decide (plugin calls) ─▶ pipeline ─▶ done
-//!                 Save ─▶ the checkpoint store (one save at a time)
-//!   Shell::finish: stop, then the final save of what is complete
+//!   kube::shell::Shell::run: one input at a time (a watch output, a call
+//!       over, a save written, changes done, a tick, shutdown, the fence)
+//!     Term::handle: input ─▶ effects
+//!     Dispatch ─▶ Acting (Act): Decide (plugin calls) ─▶ pipeline ─▶ done
+//!     Save ─▶ the checkpoint store (one save at a time)
+//!   then: stop acting, the final save of what is complete
 //! ```
 //!
 //! The rules live in [`Term`] (host/kube/src/term.rs) and
-//! [`wasmwatch_core::turns`]; this file only carries out what they decide.
-use std::collections::VecDeque;
+//! [`wasmwatch_core::turns`]; the loop around them in `wasmwatch_kube::shell`
+//! (the simulator runs the same one); this file wires the binary's parts
+//! into it.
 use std::sync::Arc;
 
-use futures_util::StreamExt;
-use futures_util::stream::{BoxStream, SelectAll};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -24,21 +23,15 @@ use wasmwatch_core::action::EventType;
 use wasmwatch_core::index::Remember;
 use wasmwatch_core::{ChangeEvent, ObjectKind};
 use wasmwatch_exec::pipeline::{Execute, Outcome, Pipeline, PipelineConfig, Report};
-use wasmwatch_kube::checkpoint::{
-    CheckpointError, CheckpointStore, Checkpoints, Claimed, SaveHealth, StreamIndex, Ticket,
-};
+use wasmwatch_kube::checkpoint::{CheckpointError, CheckpointStore, Claimed, SaveHealth, Ticket};
 use wasmwatch_kube::elector::{Fence, Leadership};
-use wasmwatch_kube::term::{Effect, End, Input, Saved, Start, Term};
-use wasmwatch_kube::watchloop::{Flush, Output, WatchLoop, WatchStats, WatchTarget};
+use wasmwatch_kube::shell::{Act, MayAct, Outputs, Shell};
+use wasmwatch_kube::term::{End, Saved, Start, Term};
+use wasmwatch_kube::watchloop::{Flush, WatchLoop, WatchStats, WatchTarget};
 use wasmwatch_runtime::Plugin;
 
 use super::{AbortOnDrop, Reports, Service, describe, print_report};
 use crate::decide::{Decide, Tickets};
-use crate::metrics::Metrics;
-
-/// "May this replica act": the stretch of acting its term began in (HA
-/// off: always).
-type MayAct = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// Plugin calls in flight (waiting for their turn, deciding, retrying)
 /// before the term stops reading watch outputs. Changes folded into a
@@ -59,10 +52,6 @@ const QUEUED_JOBS: usize = 10_000;
 /// last index from every watch loop (it then releases the Lease: the
 /// handover waits for this too).
 const DRAIN: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// A save being written, with the store it gives back.
-type Writing =
-    std::pin::Pin<Box<dyn std::future::Future<Output = (CheckpointStore, Saved)> + Send>>;
 
 /// Per watch loop: its kind, counters, and the values already counted.
 type WatchCounters = Vec<(ObjectKind, Arc<WatchStats>, u64, u64)>;
@@ -104,23 +93,20 @@ impl Service {
         let flush = Flush::default();
         let (outputs, tasks, counters) = self.watch(&mut term, &mut claimed, &flush);
         drop(claimed);
-        let mut shell = Shell::new(self, may_act, store, outputs, tasks, counters, flush);
-        let end = loop {
-            let Some(input) = shell.next(&mut term, &mut leadership, shutdown).await else {
-                continue;
-            };
-            // A call that stood for several changes (folded while waiting
-            // for its turn) finishes each of them, in order.
-            let mut effects = VecDeque::new();
-            for ticket in shell.folded.drain(..) {
-                effects.extend(term.handle(Input::Finished(ticket), Instant::now()));
-            }
-            effects.extend(term.handle(input, Instant::now()));
-            if let Some(end) = shell.apply(effects) {
-                break end;
-            }
+        let store_is_some = store.is_some();
+        let shell = Shell {
+            term,
+            store,
+            outputs,
+            flush,
+            may_act: may_act.clone(),
+            act: Acting::new(self, may_act, tasks, counters, store_is_some),
+            drain: DRAIN,
         };
-        shell.finish(term, end).await
+        let (end, _) = shell.run(&mut leadership, shutdown.as_mut()).await;
+        self.metrics.checkpoint_save_age_seconds.set(0.0);
+        self.metrics.checkpoint_save_failures.set(0);
+        matches!(end, End::Shutdown)
     }
 
     /// Claims the state Lease (HA only: no store without it), retrying
@@ -243,18 +229,12 @@ impl Service {
                 counters.push((*kind, wl.stats(), 0u64, 0u64));
                 let (loop_tx, loop_rx) = mpsc::channel(256);
                 tasks.push(AbortOnDrop(tokio::spawn(wl.run(loop_tx).instrument(span))));
-                streams.push(
-                    futures_util::stream::unfold(loop_rx, move |mut rx| async move {
-                        rx.recv().await.map(|o| ((id, o), rx))
-                    })
-                    .boxed(),
-                );
+                streams.push(wasmwatch_kube::shell::tagged(id, loop_rx));
             }
         }
         (futures_util::stream::select_all(streams), tasks, counters)
     }
 
-    /// Counts every action report in the metrics and prints it as asked.
     /// What the index keeps of each object of `kind`: the labels and
     /// annotations its plugins declare they read and the keys the label
     /// selectors name; all of them when a plugin declares nothing.
@@ -275,6 +255,7 @@ impl Service {
         ))
     }
 
+    /// Counts every action report in the metrics and prints it as asked.
     fn on_report(&self) -> Arc<dyn Fn(&Report) + Send + Sync> {
         let metrics = self.metrics.clone();
         let print = self.options.reports;
@@ -335,291 +316,129 @@ impl Service {
     }
 }
 
-/// Every watch loop's outputs, tagged with its stream; ends (`None`) when
-/// every loop has ended.
-type Outputs = SelectAll<BoxStream<'static, (usize, Output)>>;
-
-/// What one term carries out: the watch loops' outputs, the plugin calls,
-/// the pipeline, and the save being written.
-struct Shell {
+/// What acts on a term's changes: the plugin calls (the decide stage),
+/// the pipeline and its executors; the metrics and the save health.
+struct Acting {
     service: Arc<Service>,
-    may_act: MayAct,
-    store: Option<CheckpointStore>,
-    /// The save being written (it holds the store until it is over):
-    /// polled beside the other inputs, so that changes go on meanwhile
-    /// (the term asks for one save at a time; issue 24).
-    writing: Option<Writing>,
-    /// How the saves go, for the metrics and a Warning Event.
-    health: Option<SaveHealth>,
-    /// Stepping down (SIGTERM): until when the term may drain.
-    closing: Option<Instant>,
-    outputs: Outputs,
-    tasks: Vec<AbortOnDrop>,
-    counters: WatchCounters,
-    /// Asks every loop for its index when stepping down.
-    flush: Flush,
-    decide: Decide,
-    pipeline: Pipeline<Tickets>,
+    /// Dropped first when the term ends (see [`Act::stop`]).
+    running: Option<Running>,
     done_tx: mpsc::UnboundedSender<Tickets>,
     done: mpsc::UnboundedReceiver<Tickets>,
-    /// The changes finished before the last one of a call that stood for
-    /// several, for the term before that one.
-    folded: Vec<Ticket>,
+    counters: WatchCounters,
+    /// How the saves go, for the metrics and a Warning Event.
+    health: Option<SaveHealth>,
 }
 
-impl Shell {
+/// The watch loops, the plugin calls and the pipeline of a term.
+struct Running {
+    /// The watch loops (dropped first: fields drop in order).
+    _watches: Vec<AbortOnDrop>,
+    decide: Decide,
+    pipeline: Pipeline<Tickets>,
+}
+
+impl Acting {
     fn new(
         service: &Arc<Service>,
         may_act: MayAct,
-        store: Option<CheckpointStore>,
-        outputs: Outputs,
         tasks: Vec<AbortOnDrop>,
         counters: WatchCounters,
-        flush: Flush,
+        saves: bool,
     ) -> Self {
         let (done_tx, done) = mpsc::unbounded_channel::<Tickets>();
         let pipeline = Pipeline::start_with_pauses(
             service.executors.clone() as Arc<dyn Execute>,
             PipelineConfig::from(&service.manifest.rate_limits),
             Some(service.pause_of.clone()),
-            may_act.clone(),
+            may_act,
             Some(service.on_report()),
             done_tx.clone(),
         );
-        Shell {
-            health: store.as_ref().map(|_| SaveHealth::new(Instant::now())),
-            decide: Decide::new(
-                &service.plugins,
-                service.executors.clone(),
-                service.metrics.clone(),
-            ),
+        Acting {
+            health: saves.then(|| SaveHealth::new(Instant::now())),
+            running: Some(Running {
+                _watches: tasks,
+                decide: Decide::new(
+                    &service.plugins,
+                    service.executors.clone(),
+                    service.metrics.clone(),
+                ),
+                pipeline,
+            }),
             service: service.clone(),
-            may_act,
-            store,
-            writing: None,
-            closing: None,
-            outputs,
-            tasks,
-            counters,
-            flush,
-            pipeline,
             done_tx,
             done,
-            folded: Vec::new(),
+            counters,
         }
     }
 
-    /// The term's next input; `None`: nothing for the term (look again).
-    async fn next(
-        &mut self,
-        // `&mut`: held across the wait, it must be `Send` (a `Term` is not `Sync`).
-        term: &mut Term,
-        leadership: &mut watch::Receiver<Leadership>,
-        shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
-    ) -> Option<Input> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let reading = term.wants_outputs()
-            && self.decide.in_flight() < CALLS_IN_FLIGHT
-            && self.pipeline.stats().queued.load(Relaxed) < QUEUED_JOBS;
-        let Shell {
-            may_act,
-            closing,
-            writing,
-            decide,
+    fn running(&mut self) -> &mut Running {
+        self.running.as_mut().expect("acting until stopped")
+    }
+}
+
+impl Act for Acting {
+    fn dispatch(&mut self, ticket: Ticket, event: Box<ChangeEvent>, plugins: Vec<usize>) {
+        self.running().decide.dispatch(*event, ticket, &plugins);
+    }
+
+    async fn next(&mut self) -> Option<Vec<Ticket>> {
+        let Acting {
+            running,
             done,
-            outputs,
+            done_tx,
             ..
         } = self;
-        let input = tokio::select! {
+        let Running {
+            decide, pipeline, ..
+        } = running.as_mut().expect("acting until stopped");
+        tokio::select! {
             biased;
-            _ = &mut *shutdown, if closing.is_none() => {
-                // Dispatch nothing more, let what runs finish, and get an
-                // index after it from every loop: the final save then
-                // covers everything handled (issue 32).
-                *closing = Some(Instant::now() + DRAIN);
-                self.flush.ask();
-                Input::Closing
-            }
-            () = std::future::ready(()), if closing.is_some() && term.drained() => Input::Shutdown,
-            () = tokio::time::sleep_until(closing.unwrap_or_else(Instant::now)), if closing.is_some() => {
-                tracing::warn!("stepping down before every change in flight was handled; the next leader replays them");
-                Input::Shutdown
-            }
-            r = leadership.changed() => {
-                if r.is_ok() && may_act() {
-                    return None;
-                }
-                tracing::warn!("not leading any more; stopping leader work");
-                Input::NotActing
-            }
             decided = decide.next() => {
-                self.decide.settle(decided, &self.pipeline, &self.done_tx);
-                return None;
+                // Its decision goes to the pipeline, which finishes
+                // its changes once the actions are over.
+                decide.settle(decided, pipeline, done_tx);
+                None
             }
-            (store, saved) = async { writing.as_mut().expect("checked").await }, if writing.is_some() => {
-                self.store = Some(store);
-                self.writing = None;
-                self.saved(&saved);
-                Input::Saved(saved)
-            }
-            Some(mut tickets) = done.recv() => {
-                let last = tickets.pop().expect("a call has a ticket");
-                self.folded = tickets;
-                Input::Finished(last)
-            }
-            _ = tokio::time::sleep_until(term.wake_at()) => {
-                self.update_metrics(term);
-                if (self.may_act)() {
-                    Input::Tick
-                } else {
-                    tracing::warn!("the fence closed; stopping leader work");
-                    Input::NotActing
-                }
-            }
-            // Back-pressure: outputs are read only while the plugin calls
-            // in flight and the pipeline's jobs are under a budget, so a
-            // burst (or a destination that keeps failing while contents
-            // queue for it) waits in the watch loops' channels, not in
-            // memory.
-            o = outputs.next(), if reading => match o {
-                Some((id, output)) => Input::Output(id, output),
-                None => Input::WatchesGone,
-            },
-        };
-        Some(input)
+            Some(tickets) = done.recv() => Some(tickets),
+        }
     }
 
-    /// Carries out the term's effects; the end of the term, if one says so.
-    fn apply(&mut self, mut effects: VecDeque<Effect>) -> Option<End> {
-        let mut ended = None;
-        while let Some(effect) = effects.pop_front() {
-            match effect {
-                Effect::Dispatch {
-                    ticket,
-                    event,
-                    plugins,
-                } => self.decide.dispatch(*event, ticket, &plugins),
-                Effect::Save {
-                    checkpoints,
-                    indexes,
-                } => {
-                    let mut store = self
-                        .store
-                        .take()
-                        .expect("a term without a store saves nothing (or one save at a time)");
-                    let may_act = self.may_act.clone();
-                    let metrics = self.service.metrics.clone();
-                    self.writing = Some(Box::pin(async move {
-                        let saved =
-                            write(&mut store, &checkpoints, &indexes, &*may_act, &metrics).await;
-                        (store, saved)
-                    }));
-                }
-                Effect::Received(kind) => {
-                    self.service.metrics.events_received.inc(&[kind.as_str()])
-                }
-                Effect::Handled(kind) => self.service.metrics.events_handled.inc(&[kind.as_str()]),
-                Effect::End(why) => ended = Some(why),
-            }
-        }
-        ended
+    fn accepting(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.running.as_ref().is_some_and(|r| {
+            r.decide.in_flight() < CALLS_IN_FLIGHT
+                && r.pipeline.stats().queued.load(Relaxed) < QUEUED_JOBS
+        })
     }
 
-    /// Stops watching, deciding and executing first (dropping a plugin
-    /// call ends its sandbox at once), then saves what is complete. True:
-    /// the term ended at shutdown.
-    async fn finish(mut self, mut term: Term, end: End) -> bool {
-        if let End::Fenced(why) = &end {
-            tracing::error!("{why}; stopping leader work");
+    /// Stops watching, deciding and executing (dropping a plugin call
+    /// ends its sandbox at once).
+    fn stop(&mut self) -> Vec<Ticket> {
+        drop(self.running.take());
+        let mut late = Vec::new();
+        while let Ok(tickets) = self.done.try_recv() {
+            late.extend(tickets);
         }
-        let metrics = self.service.metrics.clone();
-        drop(std::mem::take(&mut self.tasks));
-        let Shell {
-            decide,
-            pipeline,
-            writing,
-            mut store,
-            mut done,
-            may_act,
-            ..
-        } = self;
-        drop(decide);
-        drop(pipeline);
-        // The save being written ends first: one write at a time. One that
-        // found the state fenced leaves nothing more to write.
-        let mut fenced = false;
-        if let Some(w) = writing {
-            let (s, saved) = w.await;
-            store = Some(s);
-            fenced = matches!(saved, Saved::Fenced(_) | Saved::NotActing);
-        }
-        while let Ok(tickets) = done.try_recv() {
-            for ticket in tickets {
-                if let Some(kind) = term.finish_late(ticket) {
-                    metrics.events_handled.inc(&[kind.as_str()]);
-                }
-            }
-        }
-        if let (
-            Some(store),
-            Some(Effect::Save {
-                checkpoints,
-                indexes,
-            }),
-        ) = (store.as_mut(), term.final_save())
-            && !fenced
-            && may_act()
-        {
-            match write(store, &checkpoints, &indexes, &*may_act, &metrics).await {
-                Saved::Stored => {}
-                Saved::Failed(e) | Saved::Fenced(e) => {
-                    tracing::warn!("final checkpoint not saved: {e}")
-                }
-                Saved::NotActing => tracing::warn!("final checkpoint not saved: the fence closed"),
-            }
-        }
-        metrics.checkpoint_save_age_seconds.set(0.0);
-        metrics.checkpoint_save_failures.set(0);
-        matches!(end, End::Shutdown)
+        late
     }
 
-    /// Feeds a save's outcome to `health`: the metrics, and a Warning Event
-    /// `CheckpointSaveFailed` on the state Lease after failures in a row
-    /// (in the background).
-    fn saved(&mut self, saved: &Saved) {
-        let Some(health) = self.health.as_mut() else {
-            return;
-        };
-        let outcome = match saved {
-            Saved::Stored => Ok(()),
-            Saved::Failed(e) => Err(e.as_str()),
-            Saved::Fenced(_) | Saved::NotActing => return,
-        };
-        let now = Instant::now();
-        let warning = health.saved(outcome, now);
-        let metrics = &self.service.metrics;
-        metrics
-            .checkpoint_save_failures
-            .set(i64::from(health.failed_in_a_row()));
-        metrics
-            .checkpoint_save_age_seconds
-            .set(health.age(now).as_secs_f64());
-        let Some(message) = warning else { return };
-        let service = &self.service;
-        tracing::error!(lease = %service.manifest.ha.state_lease_name, "{message}");
-        service.warn_on_state_lease(
-            self.store.as_ref().and_then(CheckpointStore::uid),
-            "CheckpointSaveFailed",
-            message,
-        );
+    fn received(&mut self, kind: ObjectKind) {
+        self.service.metrics.events_received.inc(&[kind.as_str()]);
     }
 
-    fn update_metrics(&mut self, term: &Term) {
+    fn handled(&mut self, kind: ObjectKind) {
+        self.service.metrics.events_handled.inc(&[kind.as_str()]);
+    }
+
+    fn tick(&mut self, term: &Term) {
         use std::sync::atomic::Ordering::Relaxed;
         let metrics = &self.service.metrics;
-        metrics
-            .queue_depth
-            .set(self.pipeline.stats().queued.load(Relaxed) as i64);
+        if let Some(r) = &self.running {
+            metrics
+                .queue_depth
+                .set(r.pipeline.stats().queued.load(Relaxed) as i64);
+        }
         metrics.checkpoint_lag_versions.set(term.unsaved() as i64);
         for (kind, stats, restarts, resyncs) in self.counters.iter_mut() {
             let (r, s) = (stats.restarts.load(Relaxed), stats.resyncs.load(Relaxed));
@@ -636,32 +455,38 @@ impl Shell {
                 .set(h.age(Instant::now()).as_secs_f64());
         }
     }
-}
 
-/// Writes one save of the term; what it did, for [`Input::Saved`].
-async fn write(
-    store: &mut CheckpointStore,
-    checkpoints: &Checkpoints,
-    indexes: &[StreamIndex],
-    may_act: &(dyn Fn() -> bool + Send + Sync),
-    metrics: &Metrics,
-) -> Saved {
-    if !may_act() {
-        return Saved::NotActing;
-    }
-    match store.save(checkpoints, indexes).await {
-        Ok(()) => {
-            metrics.checkpoint_writes.inc(&["ok"]);
-            Saved::Stored
-        }
-        Err(CheckpointError::Api(e)) => {
-            metrics.checkpoint_writes.inc(&["error"]);
-            tracing::warn!("checkpoint not saved, retrying: {e}");
-            Saved::Failed(e.to_string())
-        }
-        Err(e) => {
-            metrics.checkpoint_writes.inc(&["fenced"]);
-            Saved::Fenced(e.to_string())
-        }
+    /// Counts the save, and feeds its outcome to `health`: the metrics,
+    /// and a Warning Event `CheckpointSaveFailed` on the state Lease after
+    /// failures in a row (in the background).
+    fn saved(&mut self, saved: &Saved, state_uid: Option<String>, last: bool) {
+        let metrics = &self.service.metrics;
+        let outcome = match saved {
+            Saved::Stored => Ok(()),
+            Saved::Failed(e) => Err(e.as_str()),
+            Saved::Fenced(_) => {
+                metrics.checkpoint_writes.inc(&["fenced"]);
+                return;
+            }
+            Saved::NotActing => return,
+        };
+        metrics
+            .checkpoint_writes
+            .inc(&[if outcome.is_ok() { "ok" } else { "error" }]);
+        let Some(health) = self.health.as_mut().filter(|_| !last) else {
+            return;
+        };
+        let now = Instant::now();
+        let warning = health.saved(outcome, now);
+        metrics
+            .checkpoint_save_failures
+            .set(i64::from(health.failed_in_a_row()));
+        metrics
+            .checkpoint_save_age_seconds
+            .set(health.age(now).as_secs_f64());
+        let Some(message) = warning else { return };
+        let service = &self.service;
+        tracing::error!(lease = %service.manifest.ha.state_lease_name, "{message}");
+        service.warn_on_state_lease(state_uid, "CheckpointSaveFailed", message);
     }
 }
