@@ -9,6 +9,7 @@
 //! | `publish` | `RefreshPublished` | `RefreshFailed` |
 //! | `restart` | `Restarted` on the object, `Reloaded` on the workload in Stakater Reloader's words (only when the template was patched; one per object whose content the patch recorded) | `RefreshFailed`; and `ReloadFail` (Warning, Reloader's words) on the workload for every failed attempt, retried or not |
 //! | `event` | the Event itself (written by the action, not aggregated) | `RefreshFailed` |
+//! | (none: the plugin call failed through its retries) | | `PluginFailed` (`plugin P failed: …; the change is dead-lettered`) |
 //!
 //! Every Event of the table but the plugins' own goes through
 //! [`crate::recorder::EventRecorder`], which aggregates repeats: one
@@ -295,6 +296,19 @@ impl Execute for Executors {
     }
 
     fn dead_letter(&self, origin: &Origin, action: &Action, error: &ExecError) {
+        // A plugin call that failed through its retries (the decide
+        // stage's dead letter): its own reason, the failure as it is.
+        if let Action::Event { reason, .. } = action
+            && reason == PLUGIN_FAILED
+        {
+            self.events.record(
+                origin,
+                EventType::Warning,
+                PLUGIN_FAILED,
+                format!("{error}; the change is dead-lettered"),
+            );
+            return;
+        }
         let message = format!(
             "{} by plugin {} failed for good: {error}",
             action.type_name(),
@@ -336,6 +350,10 @@ pub fn success_event(action: &Action, executed: &Executed) -> Option<(&'static s
 }
 
 /// The reason of the Warning Event about an action that failed for good.
+/// The reason of the Warning Event about a plugin call that failed through
+/// its retries (dead-lettered before any action).
+pub const PLUGIN_FAILED: &str = "PluginFailed";
+
 pub fn failure_reason(action: &Action) -> &'static str {
     match action {
         Action::Http { .. } => "WebhookFailed",

@@ -156,7 +156,7 @@ impl Decide {
                 );
                 let action = Action::Event {
                     event_type: EventType::Warning,
-                    reason: "PluginFailed".into(),
+                    reason: wasmwatch_exec::executors::PLUGIN_FAILED.into(),
                     message: error.to_string(),
                 };
                 let _ = done.send(call.tickets);

@@ -153,6 +153,7 @@ async fn a_plugin_failing_for_good_is_dead_lettered_and_holds_neither_the_checkp
         .into_iter()
         .filter(|e| {
             e.type_.as_deref() == Some("Warning")
+                && e.reason.as_deref() == Some("PluginFailed")
                 && e.involved_object.name.as_deref() == Some("orders")
                 && e.message
                     .as_deref()

@@ -14,8 +14,9 @@
 //!    stored state holding both kinds' indexes, RSS idle, what is stored
 //!    (bytes of the state Lease and its segments, as JSON);
 //! 2. 3,000 changes at 100/s, both kinds: state writes and bytes per change
-//!    (every write to a state Lease from the request log; the bytes are
-//!    the size of what each write left);
+//!    (every write to a state Lease from the request log, deletes
+//!    included; the bytes of every version written, as JSON, from a
+//!    watch);
 //! 3. SIGTERM to A with a standby B: B's takeover (SIGTERM → both watches
 //!    open → first save), the changes B delivers doing so (0: no storm),
 //!    B's RSS;
@@ -28,12 +29,16 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use wasmwatch_apiserver::{Config, Server, ServerHandle};
 
 use super::compare::{apiserver_runtime, process_cpu};
@@ -274,6 +279,32 @@ async fn stored_bytes(client: &kube::Client) -> (usize, usize) {
     (leases.len(), bytes)
 }
 
+/// Sums the JSON size of every version of a state Lease written from
+/// `from` on (creations and updates), as a watch sees them.
+fn watch_state_bytes(client: kube::Client, from: u64) -> Arc<AtomicUsize> {
+    let total = Arc::new(AtomicUsize::new(0));
+    let sum = total.clone();
+    tokio::spawn(async move {
+        let api: Api<Lease> = Api::namespaced(client, "default");
+        let stream = api
+            .watch(&WatchParams::default().timeout(290), &from.to_string())
+            .await
+            .unwrap();
+        futures_util::pin_mut!(stream);
+        while let Some(Ok(e)) = stream.next().await {
+            if let WatchEvent::Added(l) | WatchEvent::Modified(l) = e
+                && l.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("wasmwatch-state"))
+            {
+                sum.fetch_add(serde_json::to_vec(&l).unwrap().len(), Ordering::Relaxed);
+            }
+        }
+    });
+    total
+}
+
 async fn received(admin: SocketAddr) -> f64 {
     metric_sum(admin, "wasmwatch_events_received_total").await
 }
@@ -354,7 +385,9 @@ pub async fn state() {
         bytes as f64 / objects as f64
     );
 
-    // 2. Churn at 100/s over both kinds.
+    // 2. Churn at 100/s over both kinds; the bytes of every state Lease
+    //    version written, from a watch.
+    let written = watch_state_bytes(client.clone(), server.resource_version());
     server.clear_requests();
     let t = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(10));
@@ -398,16 +431,7 @@ pub async fn state() {
                     .is_some_and(|n| n.starts_with("wasmwatch-state"))
         })
         .collect();
-    let lease_api: Api<Lease> = Api::namespaced(client.clone(), "default");
-    let mut written_bytes = 0;
-    for w in &writes {
-        if w.verb == "delete" {
-            continue;
-        }
-        if let Some(l) = lease_api.get_opt(w.name.as_deref().unwrap()).await.unwrap() {
-            written_bytes += serde_json::to_vec(&l).unwrap().len();
-        }
-    }
+    let written_bytes = written.load(std::sync::atomic::Ordering::Relaxed);
     println!(
         "state: churn {CHURN} changes in {churn_time:.1?}: {} state writes ({:.4} per change), ~{:.0} state bytes per change",
         writes.len(),
