@@ -533,7 +533,11 @@ impl<A: LeaseApi> CheckpointStore<A> {
             // every save, while this version drops the count at its first
             // save of the kind: the shards are the newer index, the log
             // (and its tail) is what stood before the rollback.
-            if annotations.contains_key(shards_key(kind))
+            // (A shard count that does not parse is no index: the log
+            // stays, and the next save drops the count.)
+            if annotations
+                .get(shards_key(kind))
+                .is_some_and(|n| n.parse::<usize>().is_ok())
                 && let Some(v) = annotations.remove(log_key(kind))
             {
                 annotations.remove(tail_key(kind));
@@ -1040,9 +1044,13 @@ impl<A: LeaseApi> CheckpointStore<A> {
                     .iter()
                     .map(|&n| segment_name(&self.name, n)),
             );
-            if let Some(n) = self.legacy.get(&kind) {
-                annotations.remove(shards_key(kind));
-                garbage.extend((0..*n).map(|i| shard_name(&self.name, kind, i)));
+            // Any shard count goes: read (format 1, now rewritten) or set
+            // aside (unreadable, or its shards were), it must not stand
+            // beside the log this save names (a claim would take it for a
+            // rollback's, newer than the log).
+            if let Some(v) = annotations.remove(shards_key(kind)) {
+                let n = self.legacy.get(&kind).copied().or_else(|| v.parse().ok());
+                garbage.extend((0..n.unwrap_or(0)).map(|i| shard_name(&self.name, kind, i)));
             }
         }
         annotations.insert(NEXT_SEGMENT_ANNOTATION.to_string(), next.to_string());

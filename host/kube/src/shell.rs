@@ -48,7 +48,8 @@ pub trait Act: Send {
     }
 
     /// Ends everything in flight at once (dropping a plugin call ends its
-    /// sandbox) and gives the changes it finished meanwhile.
+    /// sandbox) and gives the changes it finished meanwhile. Called again
+    /// after the save in flight is written: what finished since.
     fn stop(&mut self) -> Vec<Ticket>;
 
     /// Waits before each input (the simulator pauses a replica here).
@@ -63,8 +64,8 @@ pub trait Act: Send {
     /// The term's clock ticked (a save or a retry may be due).
     fn tick(&mut self, _term: &Term) {}
 
-    /// A save's outcome (`last`: the final save of the term), with the
-    /// state Lease's UID.
+    /// A save's outcome (`last`: written after the term ended, the one in
+    /// flight then or the final save), with the state Lease's UID.
     fn saved(&mut self, _saved: &Saved, _state_uid: Option<String>, _last: bool) {}
 }
 
@@ -160,16 +161,16 @@ impl<L: LeaseApi + Send + 'static, A: Act> Shell<L, A> {
                             Next::Input(Input::NotActing)
                         }
                     }
-                    finished = act.next() => match finished {
-                        Some(tickets) => Next::Finished(tickets),
-                        None => Next::Again,
-                    },
                     (store, saved) = async { writing.as_mut().expect("checked").await }, if writing.is_some() => {
                         writing = None;
                         act.saved(&saved, store.uid(), false);
                         self.store = Some(store);
                         Next::Input(Input::Saved(saved))
                     }
+                    finished = act.next() => match finished {
+                        Some(tickets) => Next::Finished(tickets),
+                        None => Next::Again,
+                    },
                     _ = tokio::time::sleep_until(term.wake_at()) => {
                         act.tick(term);
                         if may_act() {
@@ -245,15 +246,19 @@ impl<L: LeaseApi + Send + 'static, A: Act> Shell<L, A> {
             &mut self.outputs,
             futures_util::stream::select_all(Vec::new()),
         ));
-        let late = self.act.stop();
+        let mut late = self.act.stop();
         // The save being written ends first: one write at a time. One that
         // found the state fenced leaves nothing more to write.
         let mut fenced = false;
         if let Some(w) = writing {
             let (store, saved) = w.await;
             fenced = matches!(saved, Saved::Fenced(_) | Saved::NotActing);
+            self.act.saved(&saved, store.uid(), true);
             self.store = Some(store);
         }
+        // What finished while it was written (stopped work may still hand
+        // back what was already done).
+        late.extend(self.act.stop());
         for ticket in late {
             if let Some(kind) = self.term.finish_late(ticket) {
                 self.act.handled(kind);

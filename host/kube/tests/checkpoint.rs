@@ -296,7 +296,8 @@ async fn an_unreadable_term_shard_count_or_index_is_set_aside() {
     assert!(matches!(err, CheckpointError::NotHolder(_)), "{err}");
     assert_eq!(annotation(&server, "wasmwatch.io/term"), "garbage");
 
-    let claimed = store(&server, term("pod-a", 1)).claim().await.unwrap();
+    let mut a = store(&server, term("pod-a", 1));
+    let claimed = a.claim().await.unwrap();
     assert!(claimed.unreadable.is_empty());
     assert!(claimed.indexes.is_empty());
     assert_eq!(
@@ -320,6 +321,36 @@ async fn an_unreadable_term_shard_count_or_index_is_set_aside() {
         "{problems:?}"
     );
     assert_eq!(annotation(&server, "wasmwatch.io/term"), "pod-a/1");
+    // The next save of each kind drops the set-aside shard count (and the
+    // shards): beside the log it names, a claim would take the count for
+    // one a version before segments wrote after a rollback, newer than
+    // the log.
+    let configmaps = shop(10, 0);
+    let secrets = ObjectIndex::decode(ObjectKind::Secret, &configmaps.encode()).unwrap();
+    let streams = [
+        (ObjectKind::ConfigMap, &configmaps),
+        (ObjectKind::Secret, &secrets),
+    ]
+    .map(|(kind, index)| StreamIndex {
+        kind,
+        scope: Scope::from_key("shop"),
+        index: index.clone(),
+    });
+    a.save(&claimed.checkpoints, &streams).await.unwrap();
+    for kind in ["configmap", "secret"] {
+        assert!(annotation(&server, &format!("wasmwatch.io/{kind}-index-shards")).is_null());
+    }
+    assert!(
+        api.get_opt("wasmwatch-state-index-secret-0")
+            .await
+            .unwrap()
+            .is_none(),
+        "the set-aside shard is deleted"
+    );
+    let claimed = store(&server, term("pod-b", 2)).claim().await.unwrap();
+    assert_eq!(claimed.problems(), Vec::<String>::new());
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], configmaps);
+    assert_eq!(claimed.indexes[&ObjectKind::Secret], secrets);
 }
 
 /// The segment Leases the state Lease names for `kind`, in order.

@@ -282,7 +282,10 @@ impl Act for SimAct {
     fn saved(&mut self, saved: &Saved, _state_uid: Option<String>, last: bool) {
         let mut w = self.conn.world.lock();
         if last {
-            w.log(format!("node {} final save: {saved:?}", self.conn.node));
+            w.log(format!(
+                "node {} save after the term: {saved:?}",
+                self.conn.node
+            ));
             return;
         }
         match saved {
