@@ -371,13 +371,33 @@ async fn latency() {
     c.server.shutdown().await;
 }
 
-/// Counts writes to the state Leases (`wasmwatch-state*`) by watching them.
-fn count_state_writes(client: kube::Client) -> Arc<Mutex<usize>> {
-    let n = Arc::new(Mutex::new(0));
+/// Writes to the state Leases (`wasmwatch-state*`) seen by a watch:
+/// how many, and the bytes of every version written (as JSON).
+#[derive(Default)]
+struct StateWrites {
+    writes: std::sync::atomic::AtomicUsize,
+    bytes: std::sync::atomic::AtomicUsize,
+}
+
+impl StateWrites {
+    fn writes(&self) -> usize {
+        self.writes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Counts writes to the state Leases by watching them from version `from`.
+fn count_state_writes(client: kube::Client, from: &str) -> Arc<StateWrites> {
+    let n = Arc::new(StateWrites::default());
     let count = n.clone();
+    let from = from.to_string();
     tokio::spawn(async move {
+        use std::sync::atomic::Ordering::Relaxed;
         let api: Api<Lease> = Api::namespaced(client, "default");
-        let stream = api.watch(&WatchParams::default(), "0").await.unwrap();
+        let stream = api.watch(&WatchParams::default(), &from).await.unwrap();
         futures_util::pin_mut!(stream);
         while let Some(Ok(e)) = stream.next().await {
             if let WatchEvent::Added(l) | WatchEvent::Modified(l) = e
@@ -386,7 +406,10 @@ fn count_state_writes(client: kube::Client) -> Arc<Mutex<usize>> {
                     .as_deref()
                     .is_some_and(|n| n.starts_with("wasmwatch-state"))
             {
-                *count.lock().unwrap() += 1;
+                count.writes.fetch_add(1, Relaxed);
+                count
+                    .bytes
+                    .fetch_add(serde_json::to_vec(&l).unwrap().len(), Relaxed);
             }
         }
     });
@@ -461,9 +484,9 @@ async fn throughput_with(
     let r = start(c.dir.path(), &c.kubeconfig, &manifest(plugins), "bench-0");
     wait_leading(&r).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let writes = count_state_writes(c.client.clone());
+    let writes = count_state_writes(c.client.clone(), "0");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before_writes = *writes.lock().unwrap();
+    let before_writes = writes.writes();
     let handled0 = metric(
         r.admin,
         "wasmwatch_events_handled_total{kind=\"ConfigMap\"}",
@@ -546,7 +569,7 @@ async fn throughput_with(
     let (_, peak) = rss_kib(r.child.id());
     // Let the last checkpoint land, then count the writes.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let state_writes = *writes.lock().unwrap() - before_writes;
+    let state_writes = writes.writes() - before_writes;
     println!(
         "throughput {name}: {} changes over {objects} objects written in {wrote:.2?}, all handled after {took:.2?}: {:.0} events/s; {} plugin calls, the last after {last_call:.2?}: {:.0} calls/s; {state_writes} state Lease writes = {:.4} per event; peak RSS {:.1} MiB",
         per * 4,

@@ -28,21 +28,17 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-use futures_util::StreamExt;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use wasmwatch_apiserver::{Config, Server, ServerHandle};
 
 use super::compare::{apiserver_runtime, process_cpu};
-use super::{create, metric, metric_sum, rss_kib, wasmwatch_bin};
+use super::{Replica, count_state_writes, create, metric, metric_sum, rss_kib, start};
 
 const NAMESPACES: usize = 50;
 const CHURN: usize = 3000;
@@ -134,57 +130,16 @@ fn release_secret(i: usize, version: usize) -> Secret {
     .unwrap()
 }
 
-struct Proc {
-    child: Child,
-    admin: SocketAddr,
+/// SIGTERM, then waits until the replica is gone.
+fn term(r: &mut Replica) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &r.child.id().to_string()])
+        .status();
+    let _ = r.child.wait();
 }
 
-impl Proc {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn term(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn(work: &Path, kubeconfig: &Path, identity: &str) -> Proc {
-    let path = work.join("state.yaml");
-    std::fs::write(&path, manifest()).unwrap();
-    let mut child = Command::new(wasmwatch_bin())
-        .args(["run", "--manifest", path.to_str().unwrap()])
-        .args(["--identity", identity, "--admin-addr", "127.0.0.1:0"])
-        .args(["--cache-dir", work.join("cache").to_str().unwrap()])
-        .args(["--checkpoint-interval", "2s"])
-        .env("POD_NAMESPACE", "default")
-        .env("RUST_LOG", "error")
-        .env("KUBECONFIG", kubeconfig)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start wasmwatch (cargo build --release -p wasmwatch --bins --examples)");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let ready: serde_json::Value = serde_json::from_str(&line).expect("the ready line");
-    let admin = ready["admin"]
-        .as_str()
-        .expect("an admin address")
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
-    Proc { child, admin }
+fn spawn(work: &Path, kubeconfig: &Path, identity: &str) -> Replica {
+    start(work, kubeconfig, &manifest(), identity)
 }
 
 /// Waits until both kinds' watches were opened since the request log was
@@ -279,32 +234,6 @@ async fn stored_bytes(client: &kube::Client) -> (usize, usize) {
     (leases.len(), bytes)
 }
 
-/// Sums the JSON size of every version of a state Lease written from
-/// `from` on (creations and updates), as a watch sees them.
-fn watch_state_bytes(client: kube::Client, from: u64) -> Arc<AtomicUsize> {
-    let total = Arc::new(AtomicUsize::new(0));
-    let sum = total.clone();
-    tokio::spawn(async move {
-        let api: Api<Lease> = Api::namespaced(client, "default");
-        let stream = api
-            .watch(&WatchParams::default().timeout(290), &from.to_string())
-            .await
-            .unwrap();
-        futures_util::pin_mut!(stream);
-        while let Some(Ok(e)) = stream.next().await {
-            if let WatchEvent::Added(l) | WatchEvent::Modified(l) = e
-                && l.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with("wasmwatch-state"))
-            {
-                sum.fetch_add(serde_json::to_vec(&l).unwrap().len(), Ordering::Relaxed);
-            }
-        }
-    });
-    total
-}
-
 async fn received(admin: SocketAddr) -> f64 {
     metric_sum(admin, "wasmwatch_events_received_total").await
 }
@@ -375,8 +304,8 @@ pub async fn state() {
     let mut a = spawn(work.path(), &kubeconfig, "state-a");
     let a_watch = watches_open(&server, t, limit).await;
     let a_stored = stored(&server, a.admin, t, limit).await;
-    settle(a.pid()).await;
-    let (a_rss, _) = rss_kib(a.pid());
+    settle(a.child.id()).await;
+    let (a_rss, _) = rss_kib(a.child.id());
     let (leases, bytes) = stored_bytes(&client).await;
     println!(
         "state: A: spawn -> both watches open {a_watch:.1?}, -> state stored {a_stored:.1?}; RSS idle {:.1} MiB; stored: {leases} Leases, {:.2} MB ({:.1} bytes per object)",
@@ -387,7 +316,7 @@ pub async fn state() {
 
     // 2. Churn at 100/s over both kinds; the bytes of every state Lease
     //    version written, from a watch.
-    let written = watch_state_bytes(client.clone(), server.resource_version());
+    let written = count_state_writes(client.clone(), &server.resource_version().to_string());
     server.clear_requests();
     let t = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(10));
@@ -431,14 +360,14 @@ pub async fn state() {
                     .is_some_and(|n| n.starts_with("wasmwatch-state"))
         })
         .collect();
-    let written_bytes = written.load(std::sync::atomic::Ordering::Relaxed);
+    let written_bytes = written.bytes();
     println!(
         "state: churn {CHURN} changes in {churn_time:.1?}: {} state writes ({:.4} per change), ~{:.0} state bytes per change",
         writes.len(),
         writes.len() as f64 / CHURN as f64,
         written_bytes as f64 / CHURN as f64
     );
-    let (_, a_peak) = rss_kib(a.pid());
+    let (_, a_peak) = rss_kib(a.child.id());
 
     // 3. Handover to a standby.
     let mut b = spawn(work.path(), &kubeconfig, "state-b");
@@ -446,12 +375,12 @@ pub async fn state() {
     let b0 = received(b.admin).await;
     server.clear_requests();
     let t = Instant::now();
-    a.term();
+    term(&mut a);
     let b_watch = watches_open(&server, t, limit).await;
     let b_stored = stored(&server, b.admin, t, limit).await;
-    settle(b.pid()).await;
+    settle(b.child.id()).await;
     let b_delivered = received(b.admin).await - b0;
-    let (b_rss, b_peak) = rss_kib(b.pid());
+    let (b_rss, b_peak) = rss_kib(b.child.id());
     println!(
         "state: SIGTERM A -> B: both watches open {b_watch:.1?}, state stored {b_stored:.1?}; changes B delivered {b_delivered}; B RSS idle {:.1} MiB, peak {:.1}; A's peak was {:.1}",
         mib(b_rss),
@@ -460,7 +389,7 @@ pub async fn state() {
     );
 
     // 4. A leaderless gap past the history.
-    b.term();
+    term(&mut b);
     for g in 0..GAP {
         let i = g * (half / GAP);
         let ns = format!("team-{}", i % NAMESPACES);
@@ -516,14 +445,14 @@ pub async fn state() {
     let t = Instant::now();
     let c_watch = watches_open(&server, t, limit).await;
     let c_stored = stored(&server, c.admin, t, limit).await;
-    settle(c.pid()).await;
+    settle(c.child.id()).await;
     let c_delivered = received(c.admin).await;
-    let (c_rss, _) = rss_kib(c.pid());
+    let (c_rss, _) = rss_kib(c.child.id());
     println!(
         "state: gap past the history -> C: both watches open {c_watch:.1?}, state stored {c_stored:.1?}; changes C delivered {c_delivered} (of {expected} made in the gap); C RSS idle {:.1} MiB",
         mib(c_rss)
     );
-    c.term();
+    term(&mut c);
 
     // 5. The informer baseline over both kinds.
     server.clear_requests();
