@@ -35,10 +35,11 @@
 //!
 //! The stored index is a log of immutable segments ([`segments`]): Leases
 //! `<state>-segment-<n>`, each created once with lines of the index or of
-//! a difference to it, and never written again. The state Lease names them
-//! per kind (`wasmwatch.io/configmap-index-log: segments=3-9,12 bytes=.. base=..`),
-//! holds the newest small differences itself (`...-index-tail`) and the
-//! next segment number (`wasmwatch.io/index-next-segment`). A save creates
+//! a difference to it (both kinds, in runs after each kind's mark), and
+//! never written again. The state Lease names them
+//! (`wasmwatch.io/index-log: segments=3-9,12 bytes=.. base=.. kinds=..`),
+//! holds the newest small differences itself (`wasmwatch.io/index-tail`)
+//! and the next segment number (`wasmwatch.io/index-next-segment`). A save creates
 //! its new segments first, then writes the state Lease in one conditional
 //! write (guarded by the resourceVersion this term last wrote): that write
 //! is the commit. A reader follows only what the state Lease names, so a
@@ -84,16 +85,26 @@ pub const NEXT_SEGMENT_ANNOTATION: &str = "wasmwatch.io/index-next-segment";
 pub const GARBAGE_ANNOTATION: &str = "wasmwatch.io/index-garbage";
 /// On a segment: the state Lease it belongs to (a label, for operators).
 pub const SEGMENT_LABEL: &str = "wasmwatch.io/state";
-/// On a segment: the kind of its index (for operators; the state Lease
-/// decides).
+/// On a segment: the kinds of the index it is part of (for operators; the
+/// state Lease decides).
 pub const SEGMENT_KIND_ANNOTATION: &str = "wasmwatch.io/index-kind";
 
 mod health;
 mod segments;
 pub use health::{REPORT_AFTER, SaveHealth};
-pub use segments::{Log, Plan, Sizes, pack, split_lines as split_shards, unpack};
+pub use segments::{
+    Log, Plan, Sizes, join_kinds, pack, split_kinds, split_lines as split_shards, unpack,
+};
 
-/// The state Lease's annotation naming the segments of a kind's index.
+/// On the state Lease: the segments of the stored index of every kind
+/// ([`Log::format`]).
+pub const LOG_ANNOTATION: &str = "wasmwatch.io/index-log";
+/// On the state Lease: the lines of the stored index that apply after its
+/// segments (packed, in runs of one kind as in a segment).
+pub const TAIL_ANNOTATION: &str = "wasmwatch.io/index-tail";
+
+/// The state Lease's annotation naming the segments of a kind's index
+/// (format 2, read for upgrades).
 pub fn log_key(kind: ObjectKind) -> &'static str {
     match kind {
         ObjectKind::ConfigMap => "wasmwatch.io/configmap-index-log",
@@ -102,7 +113,7 @@ pub fn log_key(kind: ObjectKind) -> &'static str {
 }
 
 /// The state Lease's annotation with the lines of a kind's index that
-/// apply after its segments.
+/// apply after its segments (format 2, read for upgrades).
 pub fn tail_key(kind: ObjectKind) -> &'static str {
     match kind {
         ObjectKind::ConfigMap => "wasmwatch.io/configmap-index-tail",
@@ -326,13 +337,13 @@ pub struct CheckpointStore<A = Api<Lease>> {
     /// it (all namespaces); a save writes the difference to it. Entries are
     /// shared with the watch loops' copies, so it costs little beside them.
     stored: BTreeMap<ObjectKind, ObjectIndex>,
-    /// Per kind, the segments the committed state names, and its tail.
-    logs: BTreeMap<ObjectKind, Log>,
-    tails: BTreeMap<ObjectKind, String>,
-    /// Per kind read from index shards of the format before segments (see
-    /// the module docs), their count: the next save of that kind writes
-    /// the whole index as segments and the shards go.
-    legacy: BTreeMap<ObjectKind, usize>,
+    /// The segments the committed state names, and its tail.
+    log: Log,
+    tail: String,
+    /// Kinds read from an older format (format 1's shards, format 2's
+    /// per-kind log): the next save writes the whole index as segments of
+    /// the log, and those Leases go.
+    legacy: std::collections::BTreeSet<ObjectKind>,
     /// The newest safe index of each stream not committed yet: a failed
     /// save keeps them for the next.
     pending: BTreeMap<(ObjectKind, Scope), ObjectIndex>,
@@ -359,13 +370,6 @@ pub struct CheckpointStore<A = Api<Lease>> {
     unreadable: std::collections::BTreeSet<ObjectKind>,
 }
 
-/// One kind's part of a save, worked out off the async workers.
-struct KindSave {
-    kind: ObjectKind,
-    index: ObjectIndex,
-    plan: Plan,
-}
-
 impl CheckpointStore {
     /// The store of state Lease `name` for `term`, taken on leader Lease
     /// `leader_lease`, both in `namespace`.
@@ -390,9 +394,9 @@ impl<A: LeaseApi> CheckpointStore<A> {
             term,
             lease: None,
             stored: BTreeMap::new(),
-            logs: BTreeMap::new(),
-            tails: BTreeMap::new(),
-            legacy: BTreeMap::new(),
+            log: Log::default(),
+            tail: String::new(),
+            legacy: Default::default(),
             pending: BTreeMap::new(),
             next_segment: 0,
             orphans: Vec::new(),
@@ -521,8 +525,9 @@ impl<A: LeaseApi> CheckpointStore<A> {
                 );
             }
         }
-        // What the state names of each kind's index: a segment log (and
-        // tail), or shards of the format before segments.
+        // What the state names of the stored index: the log of segments
+        // of every kind (format 3), or per kind a log of its own (format
+        // 2) or shards (format 1), read for upgrades and rollbacks.
         let mut stored_logs = BTreeMap::new();
         let mut shard_counts = BTreeMap::new();
         let mut superseded = Vec::new();
@@ -583,10 +588,37 @@ impl<A: LeaseApi> CheckpointStore<A> {
                 }
             }
         }
+        // The log of every kind beside an index of an older format: a
+        // version before this one led after this version's last commit (a
+        // rollback) and wrote its own, as it does at every save; this
+        // version drops them at every save. The older format's index is
+        // the newer one; the log is what stood before the rollback.
+        let mut log = None;
+        if let Some(v) = annotations.get(LOG_ANNOTATION).cloned() {
+            if !stored_logs.is_empty() || !shard_counts.is_empty() {
+                annotations.remove(LOG_ANNOTATION);
+                annotations.remove(TAIL_ANNOTATION);
+                let stale = Log::parse(&v).map(|l| l.segments).unwrap_or_default();
+                tracing::info!(
+                    segments = stale.len(),
+                    "the state holds an index an older version wrote after this version's log (a rollback and back): that index is read, the log's segments deleted"
+                );
+                superseded.extend(stale);
+            } else {
+                let tail = annotations.get(TAIL_ANNOTATION).map_or("", String::as_str);
+                match Log::parse(&v).and_then(|l| Ok((l, segments::unpack(tail)?.into_owned()))) {
+                    Ok(found) => log = Some(found),
+                    Err(e) => set_aside.push(format!(
+                        "{LOG_ANNOTATION} or {TAIL_ANNOTATION}: {e}; the stored index is not used"
+                    )),
+                }
+            }
+        }
         // Never at or below a number named (a hand-edited or missing
         // annotation): a new segment must never meet a committed one.
         let past_named = stored_logs
             .values()
+            .chain(&log)
             .flat_map(|(l, _)| l.segments.iter().map(|n| n + 1))
             .chain(superseded.iter().map(|n| n + 1))
             .max()
@@ -626,12 +658,24 @@ impl<A: LeaseApi> CheckpointStore<A> {
         // now stay as they are.
         let mut indexes = BTreeMap::new();
         let mut found = BTreeMap::new();
+        if let Some((log, tail)) = log {
+            match self.read_log(&log, &tail).await {
+                Ok(read) => {
+                    found.extend(read);
+                    self.log = log;
+                    self.tail = tail;
+                }
+                Err(CheckpointError::Corrupt { lease, message }) => set_aside.push(format!(
+                    "index Lease {lease}: {message}; the stored index is not used"
+                )),
+                Err(e) => return Err(e),
+            }
+        }
         for (kind, (log, tail)) in stored_logs {
             match self.read_segments(kind, &log, &tail).await {
                 Ok(index) => {
                     found.insert(kind, index);
-                    self.logs.insert(kind, log);
-                    self.tails.insert(kind, tail);
+                    self.legacy.insert(kind);
                 }
                 Err(CheckpointError::Corrupt { lease, message }) => set_aside.push(format!(
                     "index Lease {lease}: {message}; the {} index is not used",
@@ -644,7 +688,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             match self.read_index(kind, n).await {
                 Ok(index) => {
                     found.insert(kind, index);
-                    self.legacy.insert(kind, n);
+                    self.legacy.insert(kind);
                 }
                 Err(CheckpointError::Corrupt { lease, message }) => set_aside.push(format!(
                     "index Lease {lease}: {message}; the {} index is not used",
@@ -686,7 +730,59 @@ impl<A: LeaseApi> CheckpointStore<A> {
         })
     }
 
-    /// Reads one kind's stored index: its segments in order, then the tail.
+    /// Reads the stored index of every kind the log holds: its segments in
+    /// order, then the tail.
+    async fn read_log(
+        &self,
+        log: &Log,
+        tail: &str,
+    ) -> Result<BTreeMap<ObjectKind, ObjectIndex>, CheckpointError> {
+        let mut indexes: BTreeMap<ObjectKind, ObjectIndex> = log
+            .kinds
+            .iter()
+            .map(|&k| (k, ObjectIndex::new(k)))
+            .collect();
+        let mut apply = |text: &str| {
+            for (kind, lines) in segments::split_kinds(text, &log.kinds)? {
+                let index = indexes.get_mut(&kind).expect("split_kinds keeps to kinds");
+                index.apply_text(&lines)?;
+            }
+            Ok::<(), String>(())
+        };
+        for &seq in &log.segments {
+            let name = segment_name(&self.name, seq);
+            let text = self.segment_text(&name).await?;
+            segments::unpack(&text)
+                .and_then(|text| apply(&text))
+                .map_err(|message| CheckpointError::Corrupt {
+                    lease: name.clone(),
+                    message,
+                })?;
+        }
+        apply(tail).map_err(|message| CheckpointError::Corrupt {
+            lease: self.name.clone(),
+            message: format!("{TAIL_ANNOTATION}: {message}"),
+        })?;
+        Ok(indexes)
+    }
+
+    /// A named segment's text. One that is gone would lose its objects'
+    /// entries (at a resync they would count as new and their deletions in
+    /// a gap go unseen): the index is set aside instead, and the watch
+    /// loops rebuild one from a list.
+    async fn segment_text(&self, name: &str) -> Result<String, CheckpointError> {
+        self.api
+            .get_opt(name)
+            .await?
+            .and_then(|l| l.metadata.annotations?.remove(INDEX_ANNOTATION))
+            .ok_or_else(|| CheckpointError::Corrupt {
+                lease: name.to_string(),
+                message: "missing".into(),
+            })
+    }
+
+    /// Reads one kind's stored index of format 2: its segments in order,
+    /// then the tail.
     async fn read_segments(
         &self,
         kind: ObjectKind,
@@ -696,19 +792,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
         let mut index = ObjectIndex::new(kind);
         for &seq in &log.segments {
             let name = segment_name(&self.name, seq);
-            let text = self
-                .api
-                .get_opt(&name)
-                .await?
-                .and_then(|l| l.metadata.annotations?.remove(INDEX_ANNOTATION));
-            // A named segment that is gone would lose its objects' entries
-            // (at a resync they would count as new and their deletions in a
-            // gap go unseen): the index is set aside instead, and the watch
-            // loops rebuild one from a list.
-            let text = text.ok_or_else(|| CheckpointError::Corrupt {
-                lease: name.clone(),
-                message: "missing".into(),
-            })?;
+            let text = self.segment_text(&name).await?;
             segments::unpack(&text)
                 .and_then(|text| index.apply_text(&text))
                 .map_err(|message| CheckpointError::Corrupt {
@@ -821,16 +905,14 @@ impl<A: LeaseApi> CheckpointStore<A> {
     async fn create_segment(
         &self,
         seq: u64,
-        kind: ObjectKind,
+        kinds: &[ObjectKind],
         text: &str,
     ) -> Result<(), CheckpointError> {
         let name = segment_name(&self.name, seq);
+        let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
         let mut annotations = BTreeMap::from([
             (INDEX_ANNOTATION.to_string(), text.to_string()),
-            (
-                SEGMENT_KIND_ANNOTATION.to_string(),
-                kind.as_str().to_string(),
-            ),
+            (SEGMENT_KIND_ANNOTATION.to_string(), kinds.join(",")),
         ]);
         self.stamp(&mut annotations);
         let lease = Lease {
@@ -932,8 +1014,10 @@ impl<A: LeaseApi> CheckpointStore<A> {
             self.pending
                 .insert((ix.kind, ix.scope.clone()), ix.index.clone());
         }
+        // Every kind the stored index holds: a rewrite writes them all.
         let mut kinds: Vec<ObjectKind> = self.pending.keys().map(|(k, _)| *k).collect();
-        kinds.extend(self.legacy.keys().copied());
+        kinds.extend(self.legacy.iter().copied());
+        kinds.extend(self.stored.keys().copied());
         kinds.sort();
         kinds.dedup();
         // Worked out off the async workers (differences and text of 10k
@@ -948,56 +1032,56 @@ impl<A: LeaseApi> CheckpointStore<A> {
                     .filter(|((k, _), _)| *k == kind)
                     .map(|((_, s), ix)| (s.clone(), ix.clone()))
                     .collect();
+                let stored = self.stored.get(&kind).cloned();
                 (
                     kind,
-                    self.stored
-                        .get(&kind)
-                        .cloned()
-                        .unwrap_or_else(|| ObjectIndex::new(kind)),
+                    stored.unwrap_or_else(|| ObjectIndex::new(kind)),
                     streams,
-                    self.logs.get(&kind).cloned().unwrap_or_default(),
-                    self.tails.get(&kind).cloned().unwrap_or_default(),
-                    self.legacy.contains_key(&kind),
                 )
             })
             .collect();
+        let log = self.log.clone();
+        let tail = self.tail.clone();
+        // An index read from an older format is rewritten whole.
+        let rewrite = !self.legacy.is_empty();
         let mut next = self.next_segment;
         let sizes = self.sizes;
-        let max = sizes.segment;
         let plan_all = move || {
-            let saves: Vec<KindSave> = work
-                .into_iter()
-                .map(|(kind, mut index, streams, log, tail, legacy)| {
-                    let mut delta = String::new();
-                    for (scope, ix) in &streams {
-                        delta.push_str(&index.delta(ix, scope));
-                        index.replace_part(scope, ix);
-                    }
-                    let fit = |text: String| {
-                        let (fit, dropped) = segments::fit_lines(&text, SHARD_BYTES);
-                        for object in dropped {
-                            tracing::warn!(
-                                %object,
-                                "object too large for the stored index; a resync will deliver it again"
-                            );
-                        }
-                        fit.into_owned()
-                    };
-                    let plan = if legacy {
-                        log.rewrite(&fit(index.encode()), &mut next, max)
-                    } else {
-                        let delta = fit(delta);
-                        log.plan(&tail, &delta, || fit(index.encode()), &mut next, sizes)
-                    };
-                    KindSave { kind, index, plan }
-                })
-                .collect();
-            (saves, next)
+            let fit = |text: String| {
+                let (fit, dropped) = segments::fit_lines(&text, SHARD_BYTES);
+                for object in dropped {
+                    tracing::warn!(
+                        %object,
+                        "object too large for the stored index; a resync will deliver it again"
+                    );
+                }
+                fit.into_owned()
+            };
+            let mut deltas = Vec::new();
+            let mut indexes = Vec::new();
+            for (kind, mut index, streams) in work {
+                let mut delta = String::new();
+                for (scope, ix) in &streams {
+                    delta.push_str(&index.delta(ix, scope));
+                    index.replace_part(scope, ix);
+                }
+                deltas.push((kind, fit(delta)));
+                indexes.push((kind, index));
+            }
+            let full =
+                || segments::join_kinds(indexes.iter().map(|(k, ix)| (*k, fit(ix.encode()))));
+            let mut plan = if rewrite {
+                log.rewrite(&full(), &mut next, sizes.segment)
+            } else {
+                log.plan(&tail, &segments::join_kinds(deltas), full, &mut next, sizes)
+            };
+            plan.log.kinds = indexes.iter().map(|(k, _)| *k).collect();
+            (plan, indexes, next)
         };
         // On a current-thread runtime (the simulator's, tests) there are no
         // other workers to keep free, and a blocking thread would make the
         // schedule depend on the machine: worked out in place.
-        let (saves, next) = match tokio::runtime::Handle::try_current() {
+        let (plan, indexes, next) = match tokio::runtime::Handle::try_current() {
             Ok(h) if h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread => {
                 tokio::task::spawn_blocking(plan_all)
                     .await
@@ -1006,14 +1090,12 @@ impl<A: LeaseApi> CheckpointStore<A> {
             _ => plan_all(),
         };
         let mut created = Vec::new();
-        for save in &saves {
-            for (seq, text) in &save.plan.create {
-                if let Err(e) = self.create_segment(*seq, save.kind, text).await {
-                    self.abandon(created);
-                    return Err(e);
-                }
-                created.push(*seq);
+        for (seq, text) in &plan.create {
+            if let Err(e) = self.create_segment(*seq, &plan.log.kinds, text).await {
+                self.abandon(created);
+                return Err(e);
             }
+            created.push(*seq);
         }
         let annotations = lease
             .metadata
@@ -1021,14 +1103,14 @@ impl<A: LeaseApi> CheckpointStore<A> {
             .get_or_insert_with(Default::default);
         let mut garbage = self.garbage.clone();
         let mut covered = self.covered.clone();
-        for save in &saves {
-            let kind = save.kind;
-            annotations.insert(log_key(kind).to_string(), save.plan.log.format());
-            if save.plan.tail.is_empty() {
-                annotations.remove(tail_key(kind));
-            } else {
-                annotations.insert(tail_key(kind).to_string(), segments::pack(&save.plan.tail));
-            }
+        annotations.insert(LOG_ANNOTATION.to_string(), plan.log.format());
+        if plan.tail.is_empty() {
+            annotations.remove(TAIL_ANNOTATION);
+        } else {
+            annotations.insert(TAIL_ANNOTATION.to_string(), segments::pack(&plan.tail));
+        }
+        garbage.extend(plan.dropped.iter().map(|&n| segment_name(&self.name, n)));
+        for &kind in &kinds {
             let scopes = covered.entry(kind).or_default();
             scopes.extend(
                 self.pending
@@ -1038,20 +1120,23 @@ impl<A: LeaseApi> CheckpointStore<A> {
             );
             let scopes: Vec<&str> = scopes.iter().map(Scope::key).collect();
             annotations.insert(scopes_key(kind).to_string(), scopes.join(","));
+        }
+        for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+            // Any index of an older format goes: read (now rewritten into
+            // the log) or set aside (unreadable), it must not stand beside
+            // the log (a claim would take it for a rollback's, newer).
+            let log = annotations.remove(log_key(kind));
+            annotations.remove(tail_key(kind));
+            let shards = annotations.remove(shards_key(kind));
+            let segments = log.and_then(|v| Log::parse(&v).ok()).map(|l| l.segments);
+            let shards = shards.and_then(|v| v.parse::<usize>().ok());
             garbage.extend(
-                save.plan
-                    .dropped
-                    .iter()
-                    .map(|&n| segment_name(&self.name, n)),
+                segments
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|n| segment_name(&self.name, n))
+                    .chain((0..shards.unwrap_or(0)).map(|i| shard_name(&self.name, kind, i))),
             );
-            // Any shard count goes: read (format 1, now rewritten) or set
-            // aside (unreadable, or its shards were), it must not stand
-            // beside the log this save names (a claim would take it for a
-            // rollback's, newer than the log).
-            if let Some(v) = annotations.remove(shards_key(kind)) {
-                let n = self.legacy.get(&kind).copied().or_else(|| v.parse().ok());
-                garbage.extend((0..n.unwrap_or(0)).map(|i| shard_name(&self.name, kind, i)));
-            }
         }
         annotations.insert(NEXT_SEGMENT_ANNOTATION.to_string(), next.to_string());
         garbage.extend(self.orphans.iter().map(|&n| segment_name(&self.name, n)));
@@ -1083,12 +1168,10 @@ impl<A: LeaseApi> CheckpointStore<A> {
         self.garbage = garbage;
         self.covered = covered;
         self.pending.clear();
-        for save in saves {
-            self.legacy.remove(&save.kind);
-            self.logs.insert(save.kind, save.plan.log);
-            self.tails.insert(save.kind, save.plan.tail);
-            self.stored.insert(save.kind, save.index);
-        }
+        self.legacy.clear();
+        self.log = plan.log;
+        self.tail = plan.tail;
+        self.stored.extend(indexes);
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
             if checkpoints.format(kind).is_some() {
                 self.unreadable.remove(&kind);

@@ -353,9 +353,9 @@ async fn an_unreadable_term_shard_count_or_index_is_set_aside() {
     assert_eq!(claimed.indexes[&ObjectKind::Secret], secrets);
 }
 
-/// The segment Leases the state Lease names for `kind`, in order.
-fn named_segments(server: &ServerHandle, kind: &str) -> Vec<String> {
-    let log = annotation(server, &format!("wasmwatch.io/{kind}-index-log"));
+/// The segment Leases the state Lease names, in order.
+fn named_segments(server: &ServerHandle) -> Vec<String> {
+    let log = annotation(server, "wasmwatch.io/index-log");
     let log = Log::parse(log.as_str().expect("a log annotation")).unwrap();
     log.segments
         .iter()
@@ -399,6 +399,18 @@ fn shop(n: u128, bump: u128) -> ObjectIndex {
     )
 }
 
+/// `n` Secrets `vault/s-<i>`, the digest of each `i + bump`.
+fn vault(n: u128, bump: u128) -> ObjectIndex {
+    let text = shop(n, bump).encode().replace("shop/cm-", "vault/s-");
+    ObjectIndex::decode(ObjectKind::Secret, &text).unwrap()
+}
+
+/// `a` with `b`'s entries put in.
+fn with(mut a: ObjectIndex, b: &ObjectIndex) -> ObjectIndex {
+    a.extend(b);
+    a
+}
+
 fn index(lines: &[(&str, u128)]) -> ObjectIndex {
     let text: String = lines
         .iter()
@@ -439,7 +451,7 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
     )
     .await
     .unwrap();
-    let segments = named_segments(&server, "configmap");
+    let segments = named_segments(&server);
     assert!(segments.len() >= 2, "{segments:?} for 6,000 objects");
     for name in &segments {
         let text = segment_text(&server, name).len();
@@ -601,12 +613,12 @@ async fn a_save_writes_what_changed_not_the_whole_index() {
         .await
         .unwrap();
     assert_eq!(writes(&server)[before..], ["update wasmwatch-state"]);
-    let tail = annotation(&server, "wasmwatch.io/configmap-index-tail");
+    let tail = annotation(&server, "wasmwatch.io/index-tail");
     let tail = wasmwatch_kube::checkpoint::unpack(tail.as_str().unwrap())
         .unwrap()
         .into_owned();
     assert!(
-        tail.starts_with("shop/cm-7 ") && tail.lines().count() == 1,
+        tail.starts_with("#ConfigMap\nshop/cm-7 ") && tail.lines().count() == 2,
         "{tail}"
     );
     // Every object changed: the difference is written as new segments,
@@ -644,19 +656,19 @@ async fn a_full_rewrite_deletes_the_segments_it_replaces() {
         index: ix,
     };
     a.save(&cps, &[stream(ix(0))]).await.unwrap();
-    let first = named_segments(&server, "configmap");
+    let first = named_segments(&server);
     let mut seen = first.clone();
     for bump in 1..=4 {
         a.save(&cps, &[stream(ix(bump))]).await.unwrap();
-        seen.extend(named_segments(&server, "configmap"));
+        seen.extend(named_segments(&server));
     }
-    let now = named_segments(&server, "configmap");
+    let now = named_segments(&server);
     assert!(
         !now.iter().any(|n| first.contains(n)),
         "rewritten: {first:?} then {now:?}"
     );
     let log = Log::parse(
-        annotation(&server, "wasmwatch.io/configmap-index-log")
+        annotation(&server, "wasmwatch.io/index-log")
             .as_str()
             .unwrap(),
     )
@@ -714,7 +726,7 @@ async fn an_index_in_shards_of_the_format_before_segments_is_read_and_rewritten(
     // Nothing else changed: the save still rewrites it, as segments.
     b.save(&claimed.checkpoints, &[]).await.unwrap();
     assert!(annotation(&server, "wasmwatch.io/configmap-index-shards").is_null());
-    let segments = named_segments(&server, "configmap");
+    let segments = named_segments(&server);
     let mut sorted = segments.clone();
     sorted.sort();
     assert_eq!(
@@ -750,7 +762,7 @@ async fn after_a_rollback_and_back_the_shards_of_the_old_version_win_over_the_st
     let mut cps = a.claim().await.unwrap().checkpoints;
     cps.set(ObjectKind::ConfigMap, &Scope::from_key("shop"), "5");
     a.save(&cps, &[stream(shop(3000, 0))]).await.unwrap();
-    let stale = named_segments(&server, "configmap");
+    let stale = named_segments(&server);
     assert!(stale.len() >= 2, "{stale:?}");
     // The version before segments (ae9dce3^) claims and saves: it reads
     // the state Lease, sets its term, checkpoints and shard count in the
@@ -799,11 +811,11 @@ async fn after_a_rollback_and_back_the_shards_of_the_old_version_win_over_the_st
         Some("9")
     );
     assert!(
-        annotation(&server, "wasmwatch.io/configmap-index-log").is_null(),
+        annotation(&server, "wasmwatch.io/index-log").is_null(),
         "the stale log is dropped at the claim"
     );
     c.save(&claimed.checkpoints, &[]).await.unwrap();
-    let segments = named_segments(&server, "configmap");
+    let segments = named_segments(&server);
     assert!(
         !segments.iter().any(|n| stale.contains(n)),
         "{stale:?} then {segments:?}"
@@ -919,7 +931,7 @@ async fn a_save_failing_at_any_of_its_requests_leaves_the_old_state_or_the_new_o
             // Nothing is left but what the successor's state names (once
             // its first save collected what the old one had not).
             b.save(&claimed.checkpoints, &[]).await.unwrap();
-            let mut named = named_segments(&server, "configmap");
+            let mut named = named_segments(&server);
             named.sort();
             assert_eq!(
                 index_leases(&server).await,
@@ -957,12 +969,12 @@ async fn a_failed_save_is_retried_past_what_it_created_and_that_is_deleted() {
     };
     let err = a.save(&cps, &[stream]).await.unwrap_err();
     assert!(!err.is_fenced(), "{err}");
-    assert!(annotation(&server, "wasmwatch.io/configmap-index-log").is_null());
+    assert!(annotation(&server, "wasmwatch.io/index-log").is_null());
     let orphans = index_leases(&server).await;
     assert!(orphans.len() >= 2, "{orphans:?}");
     // Retried with nothing new: the index the failed save had is kept.
     a.save(&cps, &[]).await.unwrap();
-    let mut named = named_segments(&server, "configmap");
+    let mut named = named_segments(&server);
     named.sort();
     assert_eq!(named.len(), orphans.len(), "{named:?}");
     assert!(
@@ -1044,4 +1056,229 @@ async fn segments_named_without_a_next_number_are_kept() {
         "{:?}",
         claimed.problems()
     );
+}
+
+/// Issue 32: a save of changes of both kinds writes one segment for both
+/// (or none, while they fit the tail) and the state Lease: no tail or
+/// segment per kind. With format 2's per-kind tails and segments, both
+/// kinds churning cost 138 state bytes a change against 82 for one.
+#[tokio::test]
+async fn changes_of_both_kinds_go_into_one_tail_and_one_segment() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let mut a = store(&server, term("pod-a", 1)).segment_bytes(200 * 1024);
+    let cps = a.claim().await.unwrap().checkpoints;
+    let streams = |bump: u128, n: u128| {
+        [
+            StreamIndex {
+                kind: ObjectKind::ConfigMap,
+                scope: Scope::from_key("shop"),
+                index: with(shop(3000, 0), &shop(n, bump)),
+            },
+            StreamIndex {
+                kind: ObjectKind::Secret,
+                scope: Scope::from_key("vault"),
+                index: with(vault(3000, 0), &vault(n, bump)),
+            },
+        ]
+    };
+    a.save(&cps, &streams(0, 0)).await.unwrap();
+    let writes = |server: &ServerHandle| -> Vec<String> {
+        server
+            .requests()
+            .into_iter()
+            .filter(|r| r.resource == "leases" && r.is_write())
+            .map(|r| format!("{} {}", r.verb, r.name.unwrap_or_default()))
+            .collect()
+    };
+    // A few changes of each: the tail, one write.
+    let before = writes(&server).len();
+    a.save(&cps, &streams(1, 3)).await.unwrap();
+    assert_eq!(writes(&server)[before..], ["update wasmwatch-state"]);
+    let tail = annotation(&server, "wasmwatch.io/index-tail");
+    let tail = wasmwatch_kube::checkpoint::unpack(tail.as_str().unwrap())
+        .unwrap()
+        .into_owned();
+    let kinds = [ObjectKind::ConfigMap, ObjectKind::Secret];
+    let split = wasmwatch_kube::checkpoint::split_kinds(&tail, &kinds).unwrap();
+    assert_eq!(split[&ObjectKind::ConfigMap].lines().count(), 3, "{tail}");
+    assert_eq!(split[&ObjectKind::Secret].lines().count(), 3, "{tail}");
+    // Many of each: one segment holds both, then the commit.
+    let before = writes(&server).len();
+    a.save(&cps, &streams(2, 1000)).await.unwrap();
+    let after = &writes(&server)[before..];
+    assert_eq!(after.len(), 2, "one segment and the commit: {after:?}");
+    assert!(after[0].starts_with("create"), "{after:?}");
+    let claimed = store(&server, term("pod-b", 2)).claim().await.unwrap();
+    let [cms, secrets] = streams(2, 1000).map(|s| s.index);
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], cms);
+    assert_eq!(claimed.indexes[&ObjectKind::Secret], secrets);
+    assert!(claimed.covers(ObjectKind::Secret, &Scope::from_key("vault")));
+}
+
+/// Writes `index` as format 2 did (the version before one log for every
+/// kind): segments of its own numbered from `first`, named by the kind's
+/// log annotation, and `tail` in the kind's tail annotation. Keeps the
+/// annotations found, as that version does.
+async fn write_format_2(
+    server: &ServerHandle,
+    term: &str,
+    index: &ObjectIndex,
+    tail: &str,
+    first: u64,
+) -> Vec<String> {
+    let kind = index.kind().as_str().to_ascii_lowercase();
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    let parts = wasmwatch_kube::checkpoint::split_shards(&index.encode(), 100 * 1024);
+    let mut names = Vec::new();
+    for (i, text) in parts.iter().enumerate() {
+        let name = format!("wasmwatch-state-segment-{}", first + i as u64);
+        let segment: Lease = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name,
+                         "annotations": {"wasmwatch.io/index": wasmwatch_kube::checkpoint::pack(text),
+                                         "wasmwatch.io/term": term}}
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &segment).await.unwrap();
+        names.push(name);
+    }
+    let last = first + parts.len() as u64 - 1;
+    let mut lease = match api.get_opt("wasmwatch-state").await.unwrap() {
+        Some(l) => l,
+        None => {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "wasmwatch-state"}}))
+                .unwrap()
+        }
+    };
+    let annotations = lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    for (k, v) in [
+        ("wasmwatch.io/term".to_string(), term.to_string()),
+        (
+            format!("wasmwatch.io/{kind}-index-log"),
+            format!("segments={first}-{last} bytes=1 base=1"),
+        ),
+        (
+            format!("wasmwatch.io/{kind}-index-tail"),
+            wasmwatch_kube::checkpoint::pack(tail),
+        ),
+        (
+            format!("wasmwatch.io/{kind}-index-scopes"),
+            "shop,vault".into(),
+        ),
+        (
+            "wasmwatch.io/index-next-segment".into(),
+            (last + 1).to_string(),
+        ),
+    ] {
+        annotations.insert(k, v);
+    }
+    if lease.metadata.resource_version.is_some() {
+        api.replace("wasmwatch-state", &PostParams::default(), &lease)
+            .await
+            .unwrap();
+    } else {
+        api.create(&PostParams::default(), &lease).await.unwrap();
+    }
+    names
+}
+
+/// Upgrade from format 2 (a log and a tail per kind): both kinds are read
+/// with their tails, the next save rewrites them into the one log, and
+/// the per-kind annotations and segments go.
+#[tokio::test]
+async fn an_index_of_a_log_per_kind_is_read_and_rewritten_into_one_log() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let old = write_format_2(
+        &server,
+        "pod-a/1",
+        &shop(3000, 0),
+        "shop/extra 5 6 k=1\n",
+        0,
+    )
+    .await;
+    let old_secrets = write_format_2(&server, "pod-a/1", &vault(2000, 0), "", 10).await;
+    let mut cms = shop(3000, 0);
+    cms.apply_text("shop/extra 5 6 k=1\n").unwrap();
+    let mut b = store(&server, term("pod-b", 2));
+    let claimed = b.claim().await.unwrap();
+    assert_eq!(claimed.problems(), Vec::<String>::new());
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], cms);
+    assert_eq!(claimed.indexes[&ObjectKind::Secret], vault(2000, 0));
+    b.save(&claimed.checkpoints, &[]).await.unwrap();
+    for kind in ["configmap", "secret"] {
+        assert!(annotation(&server, &format!("wasmwatch.io/{kind}-index-log")).is_null());
+        assert!(annotation(&server, &format!("wasmwatch.io/{kind}-index-tail")).is_null());
+    }
+    let named = named_segments(&server);
+    assert!(
+        !named
+            .iter()
+            .any(|n| old.contains(n) || old_secrets.contains(n))
+    );
+    let mut sorted = named.clone();
+    sorted.sort();
+    assert_eq!(
+        index_leases(&server).await,
+        sorted,
+        "format 2's segments are deleted"
+    );
+    let claimed = store(&server, term("pod-c", 3)).claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], cms);
+    assert_eq!(claimed.indexes[&ObjectKind::Secret], vault(2000, 0));
+}
+
+/// Rollback to format 2 and back: format 2 keeps the log it does not know
+/// and writes its own per-kind log at every save, while this version drops
+/// those at every save. Both found: the per-kind log is the newer index
+/// (it has what was created under the old version, whose deletion in a
+/// gap past the history would otherwise be lost); the stale log's segments
+/// are deleted.
+#[tokio::test]
+async fn after_a_rollback_to_a_log_per_kind_and_back_its_log_wins_over_the_stale_one() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let mut a = store(&server, term("pod-a", 1));
+    let cps = a.claim().await.unwrap().checkpoints;
+    a.save(
+        &cps,
+        &[StreamIndex {
+            kind: ObjectKind::ConfigMap,
+            scope: Scope::from_key("shop"),
+            index: shop(3000, 0),
+        }],
+    )
+    .await
+    .unwrap();
+    let stale = named_segments(&server);
+    let next: u64 = annotation(&server, "wasmwatch.io/index-next-segment")
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let newer = shop(3100, 1);
+    write_format_2(&server, "pod-b/2", &newer, "", next).await;
+    let mut c = store(&server, term("pod-c", 3));
+    let claimed = c.claim().await.unwrap();
+    assert!(
+        claimed.indexes[&ObjectKind::ConfigMap] == newer,
+        "read {} objects, the old version's log holds 3100 (the stale one 3000)",
+        claimed.indexes[&ObjectKind::ConfigMap].len()
+    );
+    assert!(annotation(&server, "wasmwatch.io/index-log").is_null());
+    c.save(&claimed.checkpoints, &[]).await.unwrap();
+    let named = named_segments(&server);
+    assert!(
+        !named.iter().any(|n| stale.contains(n)),
+        "{stale:?} then {named:?}"
+    );
+    let mut sorted = named.clone();
+    sorted.sort();
+    assert_eq!(
+        index_leases(&server).await,
+        sorted,
+        "stale and old segments deleted"
+    );
+    let claimed = store(&server, term("pod-d", 4)).claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], newer);
 }

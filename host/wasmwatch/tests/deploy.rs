@@ -1745,8 +1745,8 @@ async fn host_requests(
         "{overlay}: the uncommitted segment is gone"
     );
     eventually(long, "the index is named in the state Lease", || {
-        let both = state_annotation("wasmwatch.io/configmap-index-log".into()).is_some()
-            && state_annotation("wasmwatch.io/secret-index-log".into()).is_some();
+        let both = state_annotation("wasmwatch.io/index-log".into())
+            .is_some_and(|l| l.contains("kinds=ConfigMap,Secret"));
         async move { both }
     })
     .await;

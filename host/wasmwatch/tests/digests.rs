@@ -85,12 +85,20 @@ async fn stored_index(client: &kube::Client) -> String {
     let Some(state) = leases.get_opt("wasmwatch-state").await.unwrap() else {
         return String::new();
     };
-    let Some(log) = annotation(&state, "wasmwatch.io/secret-index-log") else {
+    let Some(log) = annotation(&state, "wasmwatch.io/index-log") else {
         return String::new();
     };
     let log = wasmwatch_kube::checkpoint::Log::parse(&log).unwrap();
-    let mut index = wasmwatch_core::index::ObjectIndex::new(wasmwatch_core::ObjectKind::Secret);
-    for n in log.segments {
+    let secret = wasmwatch_core::ObjectKind::Secret;
+    let mut index = wasmwatch_core::index::ObjectIndex::new(secret);
+    let mut apply = |text: &str| {
+        let text = wasmwatch_kube::checkpoint::unpack(text).unwrap();
+        let mut kinds = wasmwatch_kube::checkpoint::split_kinds(&text, &log.kinds).unwrap();
+        index
+            .apply_text(&kinds.remove(&secret).unwrap_or_default())
+            .unwrap();
+    };
+    for &n in &log.segments {
         let segment = leases
             .get(&wasmwatch_kube::checkpoint::segment_name(
                 "wasmwatch-state",
@@ -98,15 +106,10 @@ async fn stored_index(client: &kube::Client) -> String {
             ))
             .await
             .unwrap();
-        let text = annotation(&segment, "wasmwatch.io/index").unwrap();
-        index
-            .apply_text(&wasmwatch_kube::checkpoint::unpack(&text).unwrap())
-            .unwrap();
+        apply(&annotation(&segment, "wasmwatch.io/index").unwrap());
     }
-    if let Some(tail) = annotation(&state, "wasmwatch.io/secret-index-tail") {
-        index
-            .apply_text(&wasmwatch_kube::checkpoint::unpack(&tail).unwrap())
-            .unwrap();
+    if let Some(tail) = annotation(&state, "wasmwatch.io/index-tail") {
+        apply(&tail);
     }
     index.encode()
 }

@@ -148,7 +148,7 @@ async fn an_upgrade_and_a_rollback_and_back_restart_nothing_and_lose_no_deletion
     })
     .await;
     eventually(Duration::from_secs(10), "the index as segments", || async {
-        state_annotation(c, "wasmwatch.io/configmap-index-log")
+        state_annotation(c, "wasmwatch.io/index-log")
             .await
             .is_some()
             && state_annotation(c, "wasmwatch.io/configmap-index-shards")
@@ -208,7 +208,7 @@ async fn an_upgrade_and_a_rollback_and_back_restart_nothing_and_lose_no_deletion
     )
     .await;
     assert!(
-        state_annotation(c, "wasmwatch.io/configmap-index-log")
+        state_annotation(c, "wasmwatch.io/index-log")
             .await
             .is_some()
             && state_annotation(c, "wasmwatch.io/configmap-index-shards")
@@ -255,7 +255,7 @@ async fn an_upgrade_and_a_rollback_and_back_restart_nothing_and_lose_no_deletion
         Duration::from_secs(10),
         "only named segments left",
         || async {
-            let log = state_annotation(c, "wasmwatch.io/configmap-index-log").await;
+            let log = state_annotation(c, "wasmwatch.io/index-log").await;
             let named: Vec<String> = log
                 .map(|l| {
                     wasmwatch_kube::checkpoint::Log::parse(&l)

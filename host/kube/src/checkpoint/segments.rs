@@ -1,12 +1,17 @@
 //! The stored index as a log of immutable segments: what a save writes and
 //! what the state Lease names, without I/O.
 //!
-//! One kind's stored index is the text of its segments applied in order,
-//! then the tail (lines kept in the state Lease itself). A segment is a
-//! Lease `<state>-segment-<seq>` whose annotation holds lines of
-//! [`ObjectIndex::encode`] or [`ObjectIndex::delta`]; it is created once
-//! and never written again. The state Lease names every segment of the
-//! stored index, so a save commits with one conditional write of the state
+//! The stored index of every kind is the text of the segments applied in
+//! order, then the tail (lines kept in the state Lease itself). A segment
+//! is a Lease `<state>-segment-<seq>` whose annotation holds lines of
+//! [`ObjectIndex::encode`] or [`ObjectIndex::delta`] in runs of one kind,
+//! each run after its kind's mark (`#ConfigMap`, see [`join_kinds`]); every
+//! segment starts with a mark, so each reads alone. It is created once and
+//! never written again. (Format 2 kept one log and tail per kind, without
+//! marks: a save of both kinds rewrote two tails and made two segments.)
+//!
+//! The state Lease names every segment of the stored index, so a save
+//! commits with one conditional write of the state
 //! Lease, whatever it wrote before: segments it created but did not name
 //! are never read.
 //!
@@ -21,6 +26,10 @@
 //!
 //! [`ObjectIndex::encode`]: wasmwatch_core::index::ObjectIndex::encode
 //! [`ObjectIndex::delta`]: wasmwatch_core::index::ObjectIndex::delta
+
+use std::collections::BTreeMap;
+
+use wasmwatch_core::ObjectKind;
 
 /// Largest tail kept in the state Lease, packed: smaller deltas wait there
 /// (one write per save), so that segments are not made per save. Larger,
@@ -66,11 +75,15 @@ impl Sizes {
 /// change is written about `1 + 1 / COMPACT_FACTOR` times.
 pub const COMPACT_FACTOR: usize = 2;
 
-/// One kind's stored index as the state Lease names it:
-/// `segments=3-9,12 bytes=4096 base=2048` (annotation
-/// `wasmwatch.io/<kind>-index-log`).
+/// The stored index as the state Lease names it:
+/// `segments=3-9,12 bytes=4096 base=2048 kinds=ConfigMap,Secret`
+/// (annotation `wasmwatch.io/index-log`; format 2's per-kind
+/// `wasmwatch.io/<kind>-index-log` has no `kinds`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Log {
+    /// The kinds whose index it holds (one without lines is empty, not
+    /// missing).
+    pub kinds: Vec<ObjectKind>,
     /// Sequence numbers of the segments, in the order they apply.
     pub segments: Vec<u64>,
     /// Bytes of every segment's text.
@@ -108,6 +121,15 @@ impl Log {
                 "segments" => log.segments = parse_seqs(v)?,
                 "bytes" => log.bytes = number(v)?,
                 "base" => log.base = number(v)?,
+                "kinds" => {
+                    log.kinds = v
+                        .split(',')
+                        .filter(|k| !k.is_empty())
+                        .map(|k| {
+                            kind_named(k).ok_or_else(|| format!("{field:?}: unknown kind {k:?}"))
+                        })
+                        .collect::<Result<_, _>>()?
+                }
                 _ => return Err(format!("{field:?}: unknown field")),
             }
         }
@@ -115,12 +137,17 @@ impl Log {
     }
 
     pub fn format(&self) -> String {
-        format!(
+        let mut out = format!(
             "segments={} bytes={} base={}",
             format_seqs(&self.segments),
             self.bytes,
             self.base
-        )
+        );
+        if !self.kinds.is_empty() {
+            let kinds: Vec<&str> = self.kinds.iter().map(|k| k.as_str()).collect();
+            out.push_str(&format!(" kinds={}", kinds.join(",")));
+        }
+        out
     }
 
     /// What a save that changes this kind's index by `delta` writes, with
@@ -172,6 +199,7 @@ impl Log {
         let bytes = create.iter().map(|(_, t)| t.len()).sum();
         Plan {
             log: Log {
+                kinds: self.kinds.clone(),
                 segments: create.iter().map(|(n, _)| *n).collect(),
                 bytes,
                 base: bytes,
@@ -221,9 +249,16 @@ pub fn unpack(stored: &str) -> Result<std::borrow::Cow<'_, str>, String> {
 
 /// `text` packed in parts of whole lines, each at most `max` bytes packed
 /// (a part that packs larger is halved; one line alone is kept whole).
+/// A part that would start inside a run of one kind (see [`join_kinds`])
+/// starts with that kind's mark again, so that each part reads alone.
 pub fn pack_parts(text: &str, max: usize) -> Vec<String> {
     let mut out = Vec::new();
+    let mut mark: Option<String> = None;
     for part in split_lines(text, 4 * max) {
+        let part = headed(mark.as_deref(), part);
+        if let Some(m) = last_mark(&part) {
+            mark = Some(m.to_string());
+        }
         pack_into(&part, max, &mut out);
     }
     out.retain(|p| p != &pack(""));
@@ -238,8 +273,80 @@ fn pack_into(part: &str, max: usize, out: &mut Vec<String>) {
         return;
     }
     let (a, b) = lines.split_at(lines.len() / 2);
-    pack_into(&a.concat(), max, out);
-    pack_into(&b.concat(), max, out);
+    let a = a.concat();
+    let b = headed(last_mark(&a), b.concat());
+    pack_into(&a, max, out);
+    pack_into(&b, max, out);
+}
+
+/// `part` with `mark` (a kind's mark line) before it, unless it has lines
+/// and starts with a mark of its own.
+fn headed(mark: Option<&str>, part: String) -> String {
+    match mark {
+        Some(m) if !part.is_empty() && !part.starts_with(KIND_MARK) => format!("{m}{part}"),
+        _ => part,
+    }
+}
+
+/// The last kind's mark line in `text`, with its newline.
+fn last_mark(text: &str) -> Option<&str> {
+    text.split_inclusive('\n')
+        .rev()
+        .find(|l| l.starts_with(KIND_MARK))
+}
+
+/// The first character of a kind's mark line: no index line starts with
+/// it (a namespace is a DNS label).
+const KIND_MARK: char = '#';
+
+/// The kind [`ObjectKind::as_str`] names.
+pub fn kind_named(name: &str) -> Option<ObjectKind> {
+    [ObjectKind::ConfigMap, ObjectKind::Secret]
+        .into_iter()
+        .find(|k| k.as_str() == name)
+}
+
+/// Lines of several kinds as one text: each kind's lines after its mark
+/// (`#ConfigMap`); kinds without lines are left out.
+pub fn join_kinds<S: AsRef<str>>(parts: impl IntoIterator<Item = (ObjectKind, S)>) -> String {
+    let mut out = String::new();
+    for (kind, lines) in parts {
+        let lines = lines.as_ref();
+        if !lines.is_empty() {
+            out.push(KIND_MARK);
+            out.push_str(kind.as_str());
+            out.push('\n');
+            out.push_str(lines);
+        }
+    }
+    out
+}
+
+/// [`join_kinds`]'s text back as each kind's lines, in order. Lines before
+/// any mark, or after the mark of a kind not in `kinds`, are an error.
+pub fn split_kinds(
+    text: &str,
+    kinds: &[ObjectKind],
+) -> Result<BTreeMap<ObjectKind, String>, String> {
+    let mut out: BTreeMap<ObjectKind, String> = BTreeMap::new();
+    let mut kind = None;
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        if let Some(name) = line.strip_prefix(KIND_MARK) {
+            let name = name.trim_end();
+            kind = Some(
+                kind_named(name)
+                    .filter(|k| kinds.contains(k))
+                    .ok_or_else(|| {
+                        format!("line {}: {name:?} is not a kind of this index", i + 1)
+                    })?,
+            );
+        } else if !line.trim().is_empty() {
+            let kind =
+                kind.ok_or_else(|| format!("line {}: index lines before any kind", i + 1))?;
+            out.entry(kind).or_default().push_str(line);
+        }
+    }
+    Ok(out)
 }
 
 /// `text` with every line over `max` bytes (an object with thousands of
@@ -349,14 +456,59 @@ mod tests {
     }
 
     #[test]
+    fn lines_of_several_kinds_split_back_in_order_and_every_part_reads_alone() {
+        use ObjectKind::{ConfigMap, Secret};
+        let both = [ConfigMap, Secret];
+        let text = join_kinds([(ConfigMap, "a/x 1\n"), (Secret, ""), (ConfigMap, "a/y 2\n")]);
+        assert_eq!(text, "#ConfigMap\na/x 1\n#ConfigMap\na/y 2\n");
+        let text = format!("{text}{}", join_kinds([(Secret, "b/s 3\n")]));
+        let split = split_kinds(&text, &both).unwrap();
+        assert_eq!(split[&ConfigMap], "a/x 1\na/y 2\n");
+        assert_eq!(split[&Secret], "b/s 3\n");
+        assert!(split_kinds(&text, &[ConfigMap]).is_err(), "a kind not held");
+        assert!(
+            split_kinds("a/x 1\n", &both).is_err(),
+            "lines without a kind"
+        );
+        assert!(split_kinds("#Pod\na/x 1\n", &both).is_err());
+
+        // Split into many parts, each starts with its kind's mark.
+        let cms = lines(3000, 1);
+        let secrets = lines(3000, 2);
+        let text = join_kinds([(ConfigMap, &cms), (Secret, &secrets)]);
+        let parts = pack_parts(&text, 4000);
+        assert!(parts.len() > 4);
+        let mut back: BTreeMap<ObjectKind, String> = BTreeMap::new();
+        for p in &parts {
+            let part = unpack(p).unwrap();
+            assert!(part.starts_with('#'), "{}", &part[..40]);
+            for (k, l) in split_kinds(&part, &both).unwrap() {
+                back.entry(k).or_default().push_str(&l);
+            }
+        }
+        assert_eq!((&back[&ConfigMap], &back[&Secret]), (&cms, &secrets));
+    }
+
+    #[test]
     fn logs_and_sequence_lists_round_trip() {
         let log = Log {
+            kinds: Vec::new(),
             segments: vec![3, 4, 5, 9, 11, 12],
             bytes: 4096,
             base: 2048,
         };
         assert_eq!(log.format(), "segments=3-5,9,11-12 bytes=4096 base=2048");
         assert_eq!(Log::parse(&log.format()).unwrap(), log);
+        let log = Log {
+            kinds: vec![ObjectKind::ConfigMap, ObjectKind::Secret],
+            ..log
+        };
+        assert_eq!(
+            log.format(),
+            "segments=3-5,9,11-12 bytes=4096 base=2048 kinds=ConfigMap,Secret"
+        );
+        assert_eq!(Log::parse(&log.format()).unwrap(), log);
+        assert!(Log::parse("segments=1 kinds=Pod").is_err());
         assert_eq!(
             Log::parse("segments= bytes=0 base=0").unwrap(),
             Log::default()
@@ -394,6 +546,7 @@ mod tests {
     fn small_deltas_wait_in_the_tail_and_larger_ones_become_segments() {
         let mut next = 10;
         let log = Log {
+            kinds: Vec::new(),
             segments: vec![1],
             bytes: 100_000,
             base: 100_000,
@@ -436,6 +589,7 @@ mod tests {
         let packed: usize = pack_parts(&delta, 50_000).iter().map(String::len).sum();
         // Written since the base, with this delta: just under twice the base.
         let log = Log {
+            kinds: Vec::new(),
             segments: vec![1, 2, 7],
             bytes: 300_000 - packed,
             base: 100_000,

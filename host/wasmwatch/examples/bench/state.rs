@@ -186,8 +186,9 @@ async fn stored(server: &ServerHandle, admin: SocketAddr, t: Instant, limit: Dur
             _ => false,
         };
         if written
-            && a["wasmwatch.io/configmap-index-log"].is_string()
-            && a["wasmwatch.io/secret-index-log"].is_string()
+            && a["wasmwatch.io/index-log"]
+                .as_str()
+                .is_some_and(|l| l.contains("kinds=ConfigMap,Secret"))
             && metric(admin, "wasmwatch_checkpoint_lag_versions").await == 0.0
         {
             return t.elapsed();
