@@ -2,10 +2,11 @@
 //! the state per change, with the store's real save path against the test
 //! API server over HTTP.
 //!
-//! `cargo run --release -p wasmwatch-kube --example state_bytes -- [OBJECTS] [SAVES] [CHANGES_PER_SAVE]`
+//! `cargo run --release -p wasmwatch-kube --example state_bytes -- [OBJECTS] [SAVES] [CHANGES_PER_SAVE] [both]`
 //!
 //! OBJECTS ConfigMaps (default 10,000) with Helm-like labels and the
-//! 250-byte description annotation of `kube-root-ca.crt` are indexed and saved;
+//! 250-byte description annotation of `kube-root-ca.crt` are indexed and saved
+//! (with `both`, half of them Secrets, and changes go to either kind);
 //! then SAVES saves (default 300) of CHANGES_PER_SAVE changed objects each
 //! (default 200: 100 changes/s at the default 2 s interval). Bytes are the
 //! JSON of every object the saves wrote (created, or written over: the
@@ -22,9 +23,15 @@ use wasmwatch_core::{ObjectKind, ObjectSnapshot, Scope};
 use wasmwatch_kube::checkpoint::{CheckpointStore, Checkpoints, StreamIndex};
 use wasmwatch_kube::elector::Term;
 
-fn object(i: usize, version: usize) -> ObjectSnapshot {
+fn object(kind: ObjectKind, i: usize, version: usize) -> ObjectSnapshot {
+    use base64::Engine;
+    // A Secret's data is base64.
+    let value = |v: String| match kind {
+        ObjectKind::Secret => base64::engine::general_purpose::STANDARD.encode(v),
+        _ => v,
+    };
     ObjectSnapshot::from_json(&serde_json::json!({
-        "kind": "ConfigMap",
+        "kind": kind.as_str(),
         "metadata": {
             "name": format!("release-{i}-config"),
             "namespace": format!("team-{}", i % 50),
@@ -39,17 +46,32 @@ fn object(i: usize, version: usize) -> ObjectSnapshot {
                 "meta.helm.sh/release-name": format!("release-{i}"),
             },
         },
-        "data": {"application.yaml": format!("v: {version}"), "extra": "y"},
+        "data": {"application.yaml": value(format!("v: {version}")), "extra": value("y".into())},
     }))
-    .expect("a ConfigMap")
+    .expect("an object")
 }
 
 #[tokio::main]
 async fn main() {
+    let both = std::env::args().any(|a| a == "both");
     let args: Vec<usize> = std::env::args()
         .skip(1)
+        .filter(|a| a != "both")
         .map(|a| a.replace(',', "").parse().expect("numbers"))
         .collect();
+    // Object i is a Secret when `both` and i is odd.
+    let kind_of = |i: usize| {
+        if both && i % 2 == 1 {
+            ObjectKind::Secret
+        } else {
+            ObjectKind::ConfigMap
+        }
+    };
+    let kinds: &[ObjectKind] = if both {
+        &[ObjectKind::ConfigMap, ObjectKind::Secret]
+    } else {
+        &[ObjectKind::ConfigMap]
+    };
     let objects = args.first().copied().unwrap_or(10_000);
     let saves = args.get(1).copied().unwrap_or(300);
     let per_save = args.get(2).copied().unwrap_or(200);
@@ -67,20 +89,31 @@ async fn main() {
         "wasmwatch-leader",
         term.clone(),
     );
+    // STATE_BYTES_TAIL (bytes, packed) tries another tail limit.
+    if let Some(tail) = std::env::var("STATE_BYTES_TAIL").ok().and_then(|v| v.parse().ok()) {
+        let mut sizes = wasmwatch_kube::checkpoint::Sizes::with_segment(wasmwatch_kube::checkpoint::SHARD_BYTES);
+        sizes.tail = tail;
+        store = store.sizes(sizes);
+    }
     store.claim().await.unwrap();
-    let mut index = ObjectIndex::new(ObjectKind::ConfigMap);
+    let mut index: Vec<ObjectIndex> = kinds.iter().map(|&k| ObjectIndex::new(k)).collect();
+    let slot = |i: usize| kinds.iter().position(|&k| k == kind_of(i)).unwrap();
     let mut versions = vec![0usize; objects];
     for i in 0..objects {
-        index.apply(Seen::Added, object(i, 0), false);
+        index[slot(i)].apply(Seen::Added, object(kind_of(i), i, 0), false);
     }
-    let stream = |ix: &ObjectIndex| StreamIndex {
-        kind: ObjectKind::ConfigMap,
-        scope: Scope::All,
-        index: ix.clone(),
+    let streams = |ix: &[ObjectIndex]| -> Vec<StreamIndex> {
+        ix.iter()
+            .map(|ix| StreamIndex {
+                kind: ix.kind(),
+                scope: Scope::All,
+                index: ix.clone(),
+            })
+            .collect()
     };
     let mut cps = Checkpoints::default();
     let t = Instant::now();
-    store.save(&cps, &[stream(&index)]).await.unwrap();
+    store.save(&cps, &streams(&index)).await.unwrap();
     println!(
         "{objects} objects: first save {:.2?}, {} bytes stored",
         t.elapsed(),
@@ -98,12 +131,14 @@ async fn main() {
             rng ^= rng << 17;
             let i = (rng % objects as u64) as usize;
             versions[i] += 1;
-            index.apply(Seen::Modified, object(i, versions[i]), false);
+            index[slot(i)].apply(Seen::Modified, object(kind_of(i), i, versions[i]), false);
         }
-        cps.set(ObjectKind::ConfigMap, &Scope::All, &(1000 + s).to_string());
+        for &k in kinds {
+            cps.set(k, &Scope::All, &(1000 + s).to_string());
+        }
         let before = server.requests().len();
         let t = Instant::now();
-        store.save(&cps, &[stream(&index)]).await.unwrap();
+        store.save(&cps, &streams(&index)).await.unwrap();
         times.push(t.elapsed());
         let requests = server.requests();
         let now = names(&leases).await;
@@ -154,7 +189,8 @@ async fn main() {
         },
     );
     let claimed = next.claim().await.unwrap();
-    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap].len(), objects);
+    let read: usize = kinds.iter().map(|k| claimed.indexes[k].len()).sum();
+    assert_eq!(read, objects);
     println!("a new leader's claim reads it back in {:.2?}", t.elapsed());
 }
 
