@@ -90,8 +90,13 @@ async fn main() {
         term.clone(),
     );
     // STATE_BYTES_TAIL (bytes, packed) tries another tail limit.
-    if let Some(tail) = std::env::var("STATE_BYTES_TAIL").ok().and_then(|v| v.parse().ok()) {
-        let mut sizes = wasmwatch_kube::checkpoint::Sizes::with_segment(wasmwatch_kube::checkpoint::SHARD_BYTES);
+    if let Some(tail) = std::env::var("STATE_BYTES_TAIL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        let mut sizes = wasmwatch_kube::checkpoint::Sizes::with_segment(
+            wasmwatch_kube::checkpoint::SHARD_BYTES,
+        );
         sizes.tail = tail;
         store = store.sizes(sizes);
     }
@@ -176,6 +181,16 @@ async fn main() {
         writes as f64 / changes as f64,
         times[times.len() / 2],
         times[times.len() * 99 / 100],
+    );
+    let state = server
+        .get("leases.coordination.k8s.io", "default", "wasmwatch-state")
+        .unwrap();
+    let tail = state["metadata"]["annotations"]["wasmwatch.io/index-tail"]
+        .as_str()
+        .map_or(0, str::len);
+    println!(
+        "the state Lease now: {} bytes, {tail} of them the tail",
+        serde_json::to_vec(&state).unwrap().len()
     );
     let t = Instant::now();
     let mut next = CheckpointStore::new(

@@ -340,6 +340,9 @@ pub struct CheckpointStore<A = Api<Lease>> {
     /// The segments the committed state names, and its tail.
     log: Log,
     tail: String,
+    /// How many saves' deltas the tail holds (a claim counts one for a
+    /// tail it finds).
+    tail_saves: usize,
     /// Kinds read from an older format (format 1's shards, format 2's
     /// per-kind log): the next save writes the whole index as segments of
     /// the log, and those Leases go.
@@ -396,6 +399,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             stored: BTreeMap::new(),
             log: Log::default(),
             tail: String::new(),
+            tail_saves: 0,
             legacy: Default::default(),
             pending: BTreeMap::new(),
             next_segment: 0,
@@ -663,6 +667,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
                 Ok(read) => {
                     found.extend(read);
                     self.log = log;
+                    self.tail_saves = usize::from(!tail.is_empty());
                     self.tail = tail;
                 }
                 Err(CheckpointError::Corrupt { lease, message }) => set_aside.push(format!(
@@ -1041,7 +1046,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             })
             .collect();
         let log = self.log.clone();
-        let tail = self.tail.clone();
+        let tail = (self.tail.clone(), self.tail_saves);
         // An index read from an older format is rewritten whole.
         let rewrite = !self.legacy.is_empty();
         let mut next = self.next_segment;
@@ -1073,7 +1078,8 @@ impl<A: LeaseApi> CheckpointStore<A> {
             let mut plan = if rewrite {
                 log.rewrite(&full(), &mut next, sizes.segment)
             } else {
-                log.plan(&tail, &segments::join_kinds(deltas), full, &mut next, sizes)
+                let tail = (tail.0.as_str(), tail.1);
+                log.plan(tail, &segments::join_kinds(deltas), full, &mut next, sizes)
             };
             plan.log.kinds = indexes.iter().map(|(k, _)| *k).collect();
             (plan, indexes, next)
@@ -1170,6 +1176,11 @@ impl<A: LeaseApi> CheckpointStore<A> {
         self.pending.clear();
         self.legacy.clear();
         self.log = plan.log;
+        self.tail_saves = match plan.tail.is_empty() {
+            true => 0,
+            false if plan.tail == self.tail => self.tail_saves,
+            false => self.tail_saves + 1,
+        };
         self.tail = plan.tail;
         self.stored.extend(indexes);
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {

@@ -35,10 +35,19 @@ use wasmwatch_core::ObjectKind;
 /// (one write per save), so that segments are not made per save. Larger,
 /// fewer writes; smaller, fewer bytes rewritten per save (the tail is in
 /// every state write). Measured with `examples/state_bytes.rs` (10k
-/// objects, 200 changes a save): 8 KiB 91 bytes and 0.014 writes per
-/// change, 16 KiB 112 and 0.0094, 24 KiB 130 and 0.0086 (with
-/// [`COMPACT_FACTOR`] 1; 2 takes 16 KiB to 97 and 0.0087).
+/// objects of both kinds, 1,200 saves of 200 changes, 13-14 full
+/// rewrites; a segment created and later deleted is two writes): 4 KiB 70
+/// bytes and 0.0154 writes per change, 8 KiB 72 and 0.0149, 16 KiB 92 and
+/// 0.0099, 24 KiB 114 and 0.0085, 32 KiB 135 and 0.0078.
 pub const TAIL_BYTES: usize = 16 * 1024;
+
+/// A save whose tail already holds this many saves' deltas writes it out
+/// with its own as segments (once they pack to a quarter of
+/// [`Sizes::tail`]; less waits, so that slow changes make few segments):
+/// every save rewrites the tail, so a tail of many small deltas costs
+/// more bytes than the segment writes it saves. Measured with
+/// `examples/state_bytes.rs` (see [`TAIL_BYTES`]).
+pub const TAIL_SAVES: usize = 2;
 
 /// Below this, the log is not compacted whatever the base: a small index
 /// is cheap to read.
@@ -150,12 +159,13 @@ impl Log {
         out
     }
 
-    /// What a save that changes this kind's index by `delta` writes, with
-    /// the current `tail`, new segments numbered from `next` (advanced),
-    /// and `full` giving the whole new index's text if it is rewritten.
+    /// What a save that changes the index by `delta` writes, with the
+    /// current `tail` (holding the deltas of `tail_saves` saves), new
+    /// segments numbered from `next` (advanced), and `full` giving the
+    /// whole new index's text if it is rewritten.
     pub fn plan(
         &self,
-        tail: &str,
+        (tail, tail_saves): (&str, usize),
         delta: &str,
         full: impl FnOnce() -> String,
         next: &mut u64,
@@ -163,8 +173,15 @@ impl Log {
     ) -> Plan {
         let max = sizes.segment;
         let text = format!("{tail}{delta}");
-        // The tail is stored packed: its limit is on that.
-        if text.len() <= sizes.tail || pack(&text).len() <= sizes.tail {
+        // The tail is stored packed: its limits are on that.
+        let packed = if delta.is_empty() {
+            0
+        } else {
+            pack(&text).len()
+        };
+        let full_tail = packed > sizes.tail;
+        let saves_enough = tail_saves >= TAIL_SAVES && packed >= sizes.tail / 4;
+        if !full_tail && !saves_enough {
             return Plan {
                 create: Vec::new(),
                 log: self.clone(),
@@ -552,7 +569,7 @@ mod tests {
             base: 100_000,
         };
         let p = log.plan(
-            "a x\n",
+            ("a x\n", 1),
             "b y\n",
             || unreachable!(),
             &mut next,
@@ -564,7 +581,7 @@ mod tests {
 
         let delta = lines(TAIL_BYTES / 10, 7);
         let p = log.plan(
-            "a x\n",
+            ("a x\n", 1),
             &delta,
             || unreachable!(),
             &mut next,
@@ -583,6 +600,43 @@ mod tests {
     }
 
     #[test]
+    fn a_tail_of_enough_saves_is_written_out_before_it_is_full() {
+        let log = Log::default();
+        let sizes = Sizes::with_segment(200 * 1024);
+        let mut next = 0;
+        // About a third of the tail limit a save.
+        let delta = lines(200, 9);
+        let third = pack(&delta).len();
+        assert!(third > TAIL_BYTES / 4 && third < TAIL_BYTES / 2, "{third}");
+        let first = log.plan(("", 0), &delta, || unreachable!(), &mut next, sizes);
+        assert!(first.create.is_empty());
+        let second = log.plan(
+            (&first.tail, 1),
+            &delta,
+            || unreachable!(),
+            &mut next,
+            sizes,
+        );
+        assert!(second.create.is_empty(), "two saves' deltas wait");
+        let third = log.plan(
+            (&second.tail, 2),
+            &delta,
+            || unreachable!(),
+            &mut next,
+            sizes,
+        );
+        assert_eq!(third.create.len(), 1, "the third writes them out");
+        assert_eq!(third.tail, "");
+        // Slow changes wait whatever the number of saves, and a save
+        // without changes keeps the tail as it is.
+        let small = lines(3, 4);
+        let p = log.plan(("a x\n", 9), &small, || unreachable!(), &mut next, sizes);
+        assert!(p.create.is_empty());
+        let p = log.plan((&second.tail, 5), "", || unreachable!(), &mut next, sizes);
+        assert!(p.create.is_empty() && p.tail == second.tail);
+    }
+
+    #[test]
     fn the_whole_index_is_rewritten_once_the_segments_since_the_last_rewrite_outweigh_it() {
         let mut next = 20;
         let delta = lines(2000, 3);
@@ -595,7 +649,7 @@ mod tests {
             base: 100_000,
         };
         let p = log.plan(
-            "",
+            ("", 0),
             &delta,
             || unreachable!(),
             &mut next,
@@ -610,7 +664,7 @@ mod tests {
         };
         let full = lines(40_000, 5);
         let p = log.plan(
-            "",
+            ("", 0),
             &delta,
             || full.clone(),
             &mut next,

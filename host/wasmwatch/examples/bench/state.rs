@@ -41,7 +41,7 @@ use super::compare::{apiserver_runtime, process_cpu};
 use super::{Replica, count_state_writes, create, metric, metric_sum, rss_kib, start};
 
 const NAMESPACES: usize = 50;
-const CHURN: usize = 3000;
+const CHURN: usize = 6000;
 const GAP: usize = 20;
 const DESCRIPTION: &str = "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters.";
 
