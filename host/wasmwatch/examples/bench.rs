@@ -407,9 +407,18 @@ fn count_state_writes(client: kube::Client, from: &str) -> Arc<StateWrites> {
                     .is_some_and(|n| n.starts_with("wasmwatch-state"))
             {
                 count.writes.fetch_add(1, Relaxed);
-                count
-                    .bytes
-                    .fetch_add(serde_json::to_vec(&l).unwrap().len(), Relaxed);
+                let bytes = serde_json::to_vec(&l).unwrap().len();
+                count.bytes.fetch_add(bytes, Relaxed);
+                if std::env::var_os("BENCH_TRACE_STATE").is_some() {
+                    let a = l.metadata.annotations.unwrap_or_default();
+                    let sizes: Vec<String> =
+                        a.iter().map(|(k, v)| format!("{k}={}", v.len())).collect();
+                    eprintln!(
+                        "state write {:?} {bytes} bytes: {}",
+                        l.metadata.name,
+                        sizes.join(" ")
+                    );
+                }
             }
         }
     });

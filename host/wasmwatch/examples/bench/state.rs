@@ -350,23 +350,32 @@ pub async fn state() {
     // Two checkpoint intervals: the last changes are saved.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let churn_time = t.elapsed();
-    let writes: Vec<_> = server
+    // Creates and writes of the state's Leases, from the watch (a create's
+    // request names no Lease); deletes are writes too, of no bytes.
+    let deletes = server
         .requests()
         .into_iter()
         .filter(|r| {
-            r.is_write()
+            r.verb == "delete"
                 && r.resource == "leases"
                 && r.name
                     .as_deref()
                     .is_some_and(|n| n.starts_with("wasmwatch-state"))
         })
-        .collect();
+        .count();
+    let writes = written.writes() + deletes;
     let written_bytes = written.bytes();
+    let state = server
+        .get("leases.coordination.k8s.io", "default", "wasmwatch-state")
+        .unwrap();
+    let tail = state["metadata"]["annotations"]["wasmwatch.io/index-tail"]
+        .as_str()
+        .map_or(0, str::len);
     println!(
-        "state: churn {CHURN} changes in {churn_time:.1?}: {} state writes ({:.4} per change), ~{:.0} state bytes per change",
-        writes.len(),
-        writes.len() as f64 / CHURN as f64,
-        written_bytes as f64 / CHURN as f64
+        "state: churn {CHURN} changes in {churn_time:.1?}: {writes} state writes ({:.4} per change, {deletes} of them deletes), ~{:.0} state bytes per change; the state Lease now {} bytes, {tail} of them the tail",
+        writes as f64 / CHURN as f64,
+        written_bytes as f64 / CHURN as f64,
+        serde_json::to_vec(&state).unwrap().len(),
     );
     let (_, a_peak) = rss_kib(a.child.id());
 
