@@ -7,7 +7,7 @@
 //! number of objects and keys, not with the size of their data.
 //!
 //! [`ObjectIndex::encode`] writes it as one line per object
-//! (`ns/name digest metadata key=hash;key=hash`), about 60 bytes plus 20 per
+//! (`ns/name digest metadata key=hash;key=hash`), about 45 bytes plus 20 per
 //! key; host/kube's checkpoint store keeps that text in shards next to the
 //! checkpoints, so that a new leader resynchronises against what its
 //! predecessor handled.
@@ -30,8 +30,11 @@ use crate::event::{ChangeEvent, ChangeType, ObjectKind, ObjectSnapshot};
 /// What is remembered of one handled object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Handled {
-    /// The first 128 bits of the data's SHA-256 ([`ObjectSnapshot::digest`]).
-    digest: u128,
+    /// The first 64 bits of the data's SHA-256 ([`ObjectSnapshot::digest`];
+    /// keyed, HMAC): enough to tell one version's content from the next
+    /// (a line's hex hashes do not pack, so each bit is stored; lines
+    /// written with 128 bits read as their first 64).
+    digest: u64,
     metadata: u64,
     /// Data keys with a short hash of each value, sorted by key.
     keys: Vec<(String, u64)>,
@@ -188,7 +191,7 @@ impl Handled {
     fn of(o: &ObjectSnapshot, key: Option<&DigestKey>, remember: &Remember) -> (Handled, String) {
         let hex = data_digest(&o.data, key);
         let handled = Handled {
-            digest: u128::from_str_radix(&hex[..32], 16).expect("hex digest"),
+            digest: u64::from_str_radix(&hex[..16], 16).expect("hex digest"),
             metadata: metadata_hash(o),
             keys: o
                 .data
@@ -718,7 +721,9 @@ impl ObjectIndex {
             let (Some(digest), Some(meta)) = (digest, parts.next()) else {
                 return Err(bad("expected `ns/name digest metadata keys`"));
             };
-            let digest = u128::from_str_radix(digest, 16).map_err(|_| bad("bad digest"))?;
+            // 128 bits before issue 32's format 3: their first 64.
+            let digest = digest.get(..16).unwrap_or(digest);
+            let digest = u64::from_str_radix(digest, 16).map_err(|_| bad("bad digest"))?;
             let metadata = u64::from_str_radix(meta, 16).map_err(|_| bad("bad metadata hash"))?;
             let keys = parts
                 .next()
@@ -767,7 +772,7 @@ fn same_stored(a: &Handled, b: &Handled) -> bool {
 fn encode_line(out: &mut String, key: &(String, String), h: &Handled) {
     use std::fmt::Write;
     let (ns, name) = key;
-    let _ = write!(out, "{ns}/{name} {:032x} {:016x} ", h.digest, h.metadata);
+    let _ = write!(out, "{ns}/{name} {:016x} {:016x} ", h.digest, h.metadata);
     for (i, (k, v)) in h.keys.iter().enumerate() {
         if i > 0 {
             out.push(';');
@@ -1045,6 +1050,27 @@ mod tests {
         assert_eq!(ev.changed_keys, vec!["k"]);
         let err = ObjectIndex::decode(ObjectKind::ConfigMap, "ns/a zz 00\n").unwrap_err();
         assert_eq!(err, "object index line 1: bad digest: \"ns/a zz 00\"");
+    }
+
+    /// A line keeps 64 bits of the content digest (16 hex); lines written
+    /// with 128 (32 hex, before issue 32's format 3) read as their first
+    /// 64, so that an unchanged object is still found unchanged.
+    #[test]
+    fn lines_with_the_digests_of_128_bits_read_as_their_first_64() {
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap);
+        let a = || cm("a", json!({"k": "1"}), json!({}));
+        idx.apply(Seen::Added, a(), false);
+        let line = idx.encode();
+        let digest = line.split(' ').nth(1).unwrap();
+        assert_eq!(digest.len(), 16, "{line}");
+        let full = a().digest();
+        assert!(full.starts_with(digest), "{full} {digest}");
+        let old = line.replace(digest, &full[..32]);
+        let mut back = ObjectIndex::decode(ObjectKind::ConfigMap, &old).unwrap();
+        assert_eq!(back, idx);
+        assert!(back.resync(vec![a()], false).is_empty(), "unchanged");
+        let changed = cm("a", json!({"k": "2"}), json!({}));
+        assert_eq!(back.resync(vec![changed], false).len(), 1);
     }
 
     #[test]
