@@ -36,7 +36,9 @@ use wasmwatch_core::ObjectKind;
 /// fewer writes; smaller, fewer bytes rewritten per save (the tail is in
 /// every state write). Measured with `examples/state_bytes.rs` (10k
 /// objects of both kinds, 1,200 saves of 200 changes, 13-14 full
-/// rewrites; a segment created and later deleted is two writes): 4 KiB 70
+/// rewrites; a segment created and later deleted is two writes; before
+/// [`TAIL_SAVES`], though with these lines, ~9 KiB a save, 16 KiB writes
+/// the tail out every second save already): 4 KiB 70
 /// bytes and 0.0154 writes per change, 8 KiB 72 and 0.0149, 16 KiB 92 and
 /// 0.0099, 24 KiB 114 and 0.0085, 32 KiB 135 and 0.0078.
 pub const TAIL_BYTES: usize = 16 * 1024;
