@@ -363,6 +363,15 @@ fn named_segments(server: &ServerHandle) -> Vec<String> {
         .collect()
 }
 
+/// The segments the state Lease names (sorted), once they are all the
+/// index Leases left: `what` says what a leftover would be.
+async fn only_named_segments_left(server: &ServerHandle, what: &str) -> Vec<String> {
+    let mut named = named_segments(server);
+    named.sort();
+    assert_eq!(index_leases(server).await, named, "{what}");
+    named
+}
+
 fn segment_text(server: &ServerHandle, name: &str) -> String {
     server
         .get("leases.coordination.k8s.io", "default", name)
@@ -674,15 +683,7 @@ async fn a_full_rewrite_deletes_the_segments_it_replaces() {
     )
     .unwrap();
     assert!(log.bytes <= 2 * log.base + 300 * 1024, "{log:?}");
-    assert_eq!(
-        index_leases(&server).await,
-        {
-            let mut n = now.clone();
-            n.sort();
-            n
-        },
-        "only the named segments are left"
-    );
+    only_named_segments_left(&server, "only the named segments are left").await;
     // Deleted after the commit that dropped them: the next commit no
     // longer lists them as garbage.
     a.save(&cps, &[]).await.unwrap();
@@ -726,14 +727,7 @@ async fn an_index_in_shards_of_the_format_before_segments_is_read_and_rewritten(
     // Nothing else changed: the save still rewrites it, as segments.
     b.save(&claimed.checkpoints, &[]).await.unwrap();
     assert!(annotation(&server, "wasmwatch.io/configmap-index-shards").is_null());
-    let segments = named_segments(&server);
-    let mut sorted = segments.clone();
-    sorted.sort();
-    assert_eq!(
-        index_leases(&server).await,
-        sorted,
-        "the shards are deleted"
-    );
+    only_named_segments_left(&server, "the shards are deleted").await;
     let claimed = store(&server, term("pod-c", 3)).claim().await.unwrap();
     assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], old);
     assert_eq!(
@@ -815,17 +809,11 @@ async fn after_a_rollback_and_back_the_shards_of_the_old_version_win_over_the_st
         "the stale log is dropped at the claim"
     );
     c.save(&claimed.checkpoints, &[]).await.unwrap();
-    let segments = named_segments(&server);
+    let segments =
+        only_named_segments_left(&server, "the stale segments and the shards are deleted").await;
     assert!(
         !segments.iter().any(|n| stale.contains(n)),
         "{stale:?} then {segments:?}"
-    );
-    let mut sorted = segments.clone();
-    sorted.sort();
-    assert_eq!(
-        index_leases(&server).await,
-        sorted,
-        "the stale segments and the shards are deleted"
     );
     let claimed = store(&server, term("pod-d", 4)).claim().await.unwrap();
     assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], newer);
@@ -931,13 +919,8 @@ async fn a_save_failing_at_any_of_its_requests_leaves_the_old_state_or_the_new_o
             // Nothing is left but what the successor's state names (once
             // its first save collected what the old one had not).
             b.save(&claimed.checkpoints, &[]).await.unwrap();
-            let mut named = named_segments(&server);
-            named.sort();
-            assert_eq!(
-                index_leases(&server).await,
-                named,
-                "request {k} answered {answer:?}: leftovers"
-            );
+            let leftovers = format!("request {k} answered {answer:?}: leftovers");
+            only_named_segments_left(&server, &leftovers).await;
         }
     }
     eprintln!("{}", outcomes.join("\n"));
@@ -1211,18 +1194,11 @@ async fn an_index_of_a_log_per_kind_is_read_and_rewritten_into_one_log() {
         assert!(annotation(&server, &format!("wasmwatch.io/{kind}-index-log")).is_null());
         assert!(annotation(&server, &format!("wasmwatch.io/{kind}-index-tail")).is_null());
     }
-    let named = named_segments(&server);
+    let named = only_named_segments_left(&server, "format 2's segments are deleted").await;
     assert!(
         !named
             .iter()
             .any(|n| old.contains(n) || old_secrets.contains(n))
-    );
-    let mut sorted = named.clone();
-    sorted.sort();
-    assert_eq!(
-        index_leases(&server).await,
-        sorted,
-        "format 2's segments are deleted"
     );
     let claimed = store(&server, term("pod-c", 3)).claim().await.unwrap();
     assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], cms);
@@ -1267,17 +1243,10 @@ async fn after_a_rollback_to_a_log_per_kind_and_back_its_log_wins_over_the_stale
     );
     assert!(annotation(&server, "wasmwatch.io/index-log").is_null());
     c.save(&claimed.checkpoints, &[]).await.unwrap();
-    let named = named_segments(&server);
+    let named = only_named_segments_left(&server, "stale and old segments deleted").await;
     assert!(
         !named.iter().any(|n| stale.contains(n)),
         "{stale:?} then {named:?}"
-    );
-    let mut sorted = named.clone();
-    sorted.sort();
-    assert_eq!(
-        index_leases(&server).await,
-        sorted,
-        "stale and old segments deleted"
     );
     let claimed = store(&server, term("pod-d", 4)).claim().await.unwrap();
     assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], newer);
