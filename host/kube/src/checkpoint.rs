@@ -597,9 +597,14 @@ impl<A: LeaseApi> CheckpointStore<A> {
         // rollback) and wrote its own, as it does at every save; this
         // version drops them at every save. The older format's index is
         // the newer one; the log is what stood before the rollback.
+        // (A per-kind log that cannot be read counts too: the log was
+        // still written over by then.)
+        let older = [ObjectKind::ConfigMap, ObjectKind::Secret]
+            .into_iter()
+            .any(|k| annotations.contains_key(log_key(k)) || annotations.contains_key(tail_key(k)));
         let mut log = None;
         if let Some(v) = annotations.get(LOG_ANNOTATION).cloned() {
-            if !stored_logs.is_empty() || !shard_counts.is_empty() {
+            if older || !shard_counts.is_empty() {
                 annotations.remove(LOG_ANNOTATION);
                 annotations.remove(TAIL_ANNOTATION);
                 let stale = Log::parse(&v).map(|l| l.segments).unwrap_or_default();

@@ -1251,3 +1251,43 @@ async fn after_a_rollback_to_a_log_per_kind_and_back_its_log_wins_over_the_stale
     let claimed = store(&server, term("pod-d", 4)).claim().await.unwrap();
     assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], newer);
 }
+
+/// A per-kind log beside the log is an older version's, written after this
+/// version's last commit, even when it cannot be read: the log (older
+/// than that version's checkpoints) is not used either.
+#[tokio::test]
+async fn a_per_kind_log_beside_the_log_wins_even_when_it_cannot_be_read() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let mut a = store(&server, term("pod-a", 1));
+    let cps = a.claim().await.unwrap().checkpoints;
+    let stream = |index| StreamIndex {
+        kind: ObjectKind::ConfigMap,
+        scope: Scope::from_key("shop"),
+        index,
+    };
+    a.save(&cps, &[stream(shop(100, 0))]).await.unwrap();
+    let next: u64 = annotation(&server, "wasmwatch.io/index-next-segment")
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    write_format_2(&server, "pod-b/2", &shop(120, 1), "", next).await;
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    let mut lease = api.get("wasmwatch-state").await.unwrap();
+    lease
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("wasmwatch.io/configmap-index-tail".into(), "z1:!!".into());
+    api.replace("wasmwatch-state", &PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let claimed = store(&server, term("pod-c", 3)).claim().await.unwrap();
+    assert!(
+        !claimed.indexes.contains_key(&ObjectKind::ConfigMap),
+        "the stale log was read: {:?}",
+        claimed.problems()
+    );
+    assert!(annotation(&server, "wasmwatch.io/index-log").is_null());
+}

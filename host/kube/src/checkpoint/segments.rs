@@ -287,11 +287,17 @@ pub fn pack_parts(text: &str, max: usize) -> Vec<String> {
 fn pack_into(part: &str, max: usize, out: &mut Vec<String>) {
     let packed = pack(part);
     let lines: Vec<&str> = part.split_inclusive('\n').collect();
-    if packed.len() <= max || lines.len() < 2 {
+    // Index lines, not marks: one alone is kept whole (with its mark).
+    let content: Vec<usize> = (0..lines.len())
+        .filter(|&i| !lines[i].starts_with(KIND_MARK))
+        .collect();
+    if packed.len() <= max || content.len() < 2 {
         out.push(packed);
         return;
     }
-    let (a, b) = lines.split_at(lines.len() / 2);
+    // Before the middle index line: each half has at least one, so the
+    // second, headed with its mark again, is smaller than `part`.
+    let (a, b) = lines.split_at(content[content.len() / 2]);
     let a = a.concat();
     let b = headed(last_mark(&a), b.concat());
     pack_into(&a, max, out);
@@ -506,6 +512,31 @@ mod tests {
             }
         }
         assert_eq!((&back[&ConfigMap], &back[&Secret]), (&cms, &secrets));
+    }
+
+    #[test]
+    fn a_kind_mark_with_lines_too_large_to_split_further_is_kept_whole() {
+        use ObjectKind::{ConfigMap, Secret};
+        // Lines that alone pack larger than a part may be.
+        let big = |i: usize| {
+            let keys = lines(40, i as u64).replace('\n', ";");
+            format!("{} {keys}\n", lines(1, i as u64).trim_end())
+        };
+        for n in 1..=4 {
+            let cms: String = (0..n).map(big).collect();
+            let text = join_kinds([(ConfigMap, cms.as_str()), (Secret, big(9).as_str())]);
+            let parts = pack_parts(&text, 200);
+            let mut back: BTreeMap<ObjectKind, String> = BTreeMap::new();
+            for p in &parts {
+                let part = unpack(p).unwrap();
+                assert!(part.starts_with('#'));
+                for (k, l) in split_kinds(&part, &[ConfigMap, Secret]).unwrap() {
+                    back.entry(k).or_default().push_str(&l);
+                }
+            }
+            assert_eq!(back[&ConfigMap], cms);
+            assert_eq!(back[&Secret], big(9));
+        }
     }
 
     #[test]
