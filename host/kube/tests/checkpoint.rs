@@ -363,6 +363,17 @@ fn named_segments(server: &ServerHandle) -> Vec<String> {
         .collect()
 }
 
+/// Every write to a Lease so far, as `verb name` (a create's request names
+/// no Lease: `create `).
+fn lease_writes(server: &ServerHandle) -> Vec<String> {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| r.resource == "leases" && r.is_write())
+        .map(|r| format!("{} {}", r.verb, r.name.unwrap_or_default()))
+        .collect()
+}
+
 /// The segments the state Lease names (sorted), once they are all the
 /// index Leases left: `what` says what a leftover would be.
 async fn only_named_segments_left(server: &ServerHandle, what: &str) -> Vec<String> {
@@ -602,26 +613,18 @@ async fn a_save_writes_what_changed_not_the_whole_index() {
         index: ix,
     };
     a.save(&cps, &[stream(ix(&|_| 0))]).await.unwrap();
-    let writes = |server: &ServerHandle| -> Vec<String> {
-        server
-            .requests()
-            .into_iter()
-            .filter(|r| r.resource == "leases" && r.is_write())
-            .map(|r| format!("{} {}", r.verb, r.name.unwrap_or_default()))
-            .collect()
-    };
-    let before = writes(&server).len();
+    let before = lease_writes(&server).len();
     a.save(&cps, &[stream(ix(&|_| 0))]).await.unwrap();
     assert_eq!(
-        writes(&server)[before..],
+        lease_writes(&server)[before..],
         ["update wasmwatch-state"],
         "unchanged: the state Lease only"
     );
-    let before = writes(&server).len();
+    let before = lease_writes(&server).len();
     a.save(&cps, &[stream(ix(&|i| (i == 7) as u128))])
         .await
         .unwrap();
-    assert_eq!(writes(&server)[before..], ["update wasmwatch-state"]);
+    assert_eq!(lease_writes(&server)[before..], ["update wasmwatch-state"]);
     let tail = annotation(&server, "wasmwatch.io/index-tail");
     let tail = wasmwatch_kube::checkpoint::unpack(tail.as_str().unwrap())
         .unwrap()
@@ -632,9 +635,9 @@ async fn a_save_writes_what_changed_not_the_whole_index() {
     );
     // Every object changed: the difference is written as new segments,
     // then the state Lease names them.
-    let before = writes(&server).len();
+    let before = lease_writes(&server).len();
     a.save(&cps, &[stream(ix(&|_| 1))]).await.unwrap();
-    let after = &writes(&server)[before..];
+    let after = &lease_writes(&server)[before..];
     let commit = after
         .iter()
         .position(|w| w == "update wasmwatch-state")
@@ -804,19 +807,36 @@ async fn after_a_rollback_and_back_the_shards_of_the_old_version_win_over_the_st
             .get(ObjectKind::ConfigMap, &Scope::from_key("shop")),
         Some("9")
     );
+    the_stale_log_goes_with_the_next_save(&server, c, claimed, &stale, &newer).await;
+}
+
+/// After a claim found an older version's index beside this version's
+/// (stale) log: the log is dropped at the claim, the next save deletes
+/// its segments and the older version's Leases, and the next leader reads
+/// `newer`.
+async fn the_stale_log_goes_with_the_next_save(
+    server: &ServerHandle,
+    mut store_c: CheckpointStore,
+    claimed: wasmwatch_kube::checkpoint::Claimed,
+    stale: &[String],
+    newer: &ObjectIndex,
+) {
     assert!(
-        annotation(&server, "wasmwatch.io/index-log").is_null(),
+        annotation(server, "wasmwatch.io/index-log").is_null(),
         "the stale log is dropped at the claim"
     );
-    c.save(&claimed.checkpoints, &[]).await.unwrap();
-    let segments =
-        only_named_segments_left(&server, "the stale segments and the shards are deleted").await;
+    store_c.save(&claimed.checkpoints, &[]).await.unwrap();
+    let segments = only_named_segments_left(
+        server,
+        "the stale segments and the older Leases are deleted",
+    )
+    .await;
     assert!(
         !segments.iter().any(|n| stale.contains(n)),
         "{stale:?} then {segments:?}"
     );
-    let claimed = store(&server, term("pod-d", 4)).claim().await.unwrap();
-    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], newer);
+    let claimed = store(server, term("pod-d", 4)).claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], *newer);
 }
 
 /// Issue 32: a save commits all or nothing. A save that rewrites an index
@@ -1065,18 +1085,10 @@ async fn changes_of_both_kinds_go_into_one_tail_and_one_segment() {
         ]
     };
     a.save(&cps, &streams(0, 0)).await.unwrap();
-    let writes = |server: &ServerHandle| -> Vec<String> {
-        server
-            .requests()
-            .into_iter()
-            .filter(|r| r.resource == "leases" && r.is_write())
-            .map(|r| format!("{} {}", r.verb, r.name.unwrap_or_default()))
-            .collect()
-    };
     // A few changes of each: the tail, one write.
-    let before = writes(&server).len();
+    let before = lease_writes(&server).len();
     a.save(&cps, &streams(1, 3)).await.unwrap();
-    assert_eq!(writes(&server)[before..], ["update wasmwatch-state"]);
+    assert_eq!(lease_writes(&server)[before..], ["update wasmwatch-state"]);
     let tail = annotation(&server, "wasmwatch.io/index-tail");
     let tail = wasmwatch_kube::checkpoint::unpack(tail.as_str().unwrap())
         .unwrap()
@@ -1086,9 +1098,9 @@ async fn changes_of_both_kinds_go_into_one_tail_and_one_segment() {
     assert_eq!(split[&ObjectKind::ConfigMap].lines().count(), 3, "{tail}");
     assert_eq!(split[&ObjectKind::Secret].lines().count(), 3, "{tail}");
     // Many of each: one segment holds both, then the commit.
-    let before = writes(&server).len();
+    let before = lease_writes(&server).len();
     a.save(&cps, &streams(2, 1000)).await.unwrap();
-    let after = &writes(&server)[before..];
+    let after = &lease_writes(&server)[before..];
     assert_eq!(after.len(), 2, "one segment and the commit: {after:?}");
     assert!(after[0].starts_with("create"), "{after:?}");
     let claimed = store(&server, term("pod-b", 2)).claim().await.unwrap();
@@ -1241,15 +1253,7 @@ async fn after_a_rollback_to_a_log_per_kind_and_back_its_log_wins_over_the_stale
         "read {} objects, the old version's log holds 3100 (the stale one 3000)",
         claimed.indexes[&ObjectKind::ConfigMap].len()
     );
-    assert!(annotation(&server, "wasmwatch.io/index-log").is_null());
-    c.save(&claimed.checkpoints, &[]).await.unwrap();
-    let named = only_named_segments_left(&server, "stale and old segments deleted").await;
-    assert!(
-        !named.iter().any(|n| stale.contains(n)),
-        "{stale:?} then {named:?}"
-    );
-    let claimed = store(&server, term("pod-d", 4)).claim().await.unwrap();
-    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], newer);
+    the_stale_log_goes_with_the_next_save(&server, c, claimed, &stale, &newer).await;
 }
 
 /// A per-kind log beside the log is an older version's, written after this
