@@ -1351,10 +1351,9 @@ struct Stream {
     blocked: std::collections::VecDeque<u64>,
     /// One past the position of the newest index handed out to be stored.
     handed: u64,
-    /// That index had unhandled deletions' objects put back (see
-    /// [`Progress::index`]): the plain index at its position, once its
-    /// deletions are handled, is newer.
-    handed_patched: bool,
+    /// That index (see [`Offered`]): once one of the deletions it put back
+    /// is handled, it is offered again without that object.
+    handed_index: Option<Offered>,
     /// The position of the newest index that may be stored (ready or
     /// handed out): it is stored with any checkpoint taken from now on, so
     /// the checkpoint may pass every handled entry before it, even while
@@ -1397,9 +1396,48 @@ pub struct Progress {
     streams: Vec<Stream>,
     checkpoints: Checkpoints,
     dirty: bool,
-    /// Per stream, the newest index that may be stored, its position,
-    /// and whether unhandled deletions' objects were put back into it.
-    ready: BTreeMap<usize, (u64, bool, StreamIndex)>,
+    /// Per stream, the newest index that may be stored.
+    ready: BTreeMap<usize, Offered>,
+}
+
+/// An index that may be stored: a watch loop's index at `pos` in its
+/// stream, with the objects of the deletions not handled when it was
+/// offered put back (by the deletion's position).
+#[derive(Debug, Clone)]
+struct Offered {
+    pos: u64,
+    kind: ObjectKind,
+    scope: Scope,
+    plain: ObjectIndex,
+    put_back: BTreeMap<u64, ObjectSnapshot>,
+}
+
+impl Offered {
+    /// Newer is later: by position, then with fewer objects put back
+    /// (the plain index at a position is newer than any patched copy).
+    fn key(&self) -> (u64, usize) {
+        (self.pos, usize::MAX - self.put_back.len())
+    }
+
+    /// The checkpoint may pass every handled entry before this position
+    /// with it stored: up to the first deletion it puts back.
+    fn cover(&self) -> u64 {
+        self.put_back.keys().next().copied().unwrap_or(self.pos)
+    }
+
+    fn stream_index(&self) -> StreamIndex {
+        let mut index = self.plain.clone();
+        for object in self.put_back.values() {
+            if !index.contains(&object.namespace, &object.name) {
+                index.apply(Seen::Added, object.clone(), false);
+            }
+        }
+        StreamIndex {
+            kind: self.kind,
+            scope: self.scope.clone(),
+            index,
+        }
+    }
 }
 
 impl Progress {
@@ -1430,7 +1468,7 @@ impl Progress {
             removals: BTreeMap::new(),
             blocked: Default::default(),
             handed: 0,
-            handed_patched: false,
+            handed_index: None,
             storable: 0,
         });
         self.streams.len() - 1
@@ -1503,28 +1541,28 @@ impl Progress {
     /// term holds a creation's actions until then).
     pub fn index(&mut self, stream: usize, index: ObjectIndex) {
         let s = &mut self.streams[stream];
-        let patched = (!s.removals.is_empty()).then(|| {
-            // The objects of unhandled deletions put back: a successor
-            // relisting finds them gone and delivers their deletions.
-            // Without this a deletion whose action waits (an app answering
-            // 503, retried for up to half a minute by default) held back
-            // every index, and every creation waiting for one (found by
-            // the simulator).
-            let mut patched = index.clone();
-            for object in s.removals.values() {
-                if !patched.contains(&object.namespace, &object.name) {
-                    patched.apply(Seen::Added, object.clone(), false);
-                }
-            }
-            patched
-        });
+        // The objects of unhandled deletions put back: a successor
+        // relisting finds them gone and delivers their deletions. Without
+        // this a deletion whose action waits (an app answering 503,
+        // retried for up to half a minute by default) held back every
+        // index, and every creation waiting for one (found by the
+        // simulator).
+        let put_back = s.removals.clone();
+        let offered = (!put_back.is_empty()).then(|| (index.clone(), s.kind, s.scope.clone()));
         let pos = s.push(|_| Entry::Index(index));
-        match patched {
+        match offered {
             None => self.storable(stream, pos),
-            Some(patched) => {
+            Some((plain, kind, scope)) => {
                 s.blocked.push_back(pos);
-                if let Some(kind) = s.kind {
-                    self.offer(stream, pos, kind, patched, true);
+                if let Some(kind) = kind {
+                    let offered = Offered {
+                        pos,
+                        kind,
+                        scope,
+                        plain,
+                        put_back,
+                    };
+                    self.offer(stream, offered);
                 }
             }
         }
@@ -1537,50 +1575,57 @@ impl Progress {
         let Some(kind) = s.kind else { return };
         let at = pos.checked_sub(s.front).map(|i| i as usize);
         if let Some(Entry::Index(index)) = at.and_then(|i| s.pending.get(i)) {
-            self.offer(stream, pos, kind, index.clone(), false);
+            let offered = Offered {
+                pos,
+                kind,
+                scope: s.scope.clone(),
+                plain: index.clone(),
+                put_back: BTreeMap::new(),
+            };
+            self.offer(stream, offered);
         }
     }
 
-    /// Keeps `index` (at `pos`) as the stream's newest to store, unless a
-    /// newer one is ready or was handed out.
-    ///
-    /// `patched`: the objects of unhandled deletions were put back into it.
-    /// It then covers only the changes before the first of them (the
-    /// checkpoint may not pass that deletion with it), and the plain index
-    /// at the same position is newer.
-    fn offer(
-        &mut self,
-        stream: usize,
-        pos: u64,
-        kind: ObjectKind,
-        index: ObjectIndex,
-        patched: bool,
-    ) {
+    /// Keeps `offered` as the stream's newest index to store, unless a
+    /// newer one is ready or was handed out (see [`Offered::key`]).
+    fn offer(&mut self, stream: usize, offered: Offered) {
         let s = &self.streams[stream];
-        // Plain after patched at one position.
-        let key = (pos, !patched);
-        let handed = s.handed.checked_sub(1).map(|p| (p, !s.handed_patched));
-        if handed.is_some_and(|h| key <= h)
-            || self
-                .ready
-                .get(&stream)
-                .is_some_and(|(p, pp, _)| key <= (*p, !*pp))
+        let key = offered.key();
+        if s.handed_index.as_ref().is_some_and(|h| key <= h.key())
+            || self.ready.get(&stream).is_some_and(|r| key <= r.key())
         {
             return;
         }
-        let cover = if patched {
-            s.removals.keys().next().copied().unwrap_or(pos)
-        } else {
-            pos
-        };
-        let scope = s.scope.clone();
-        self.ready
-            .insert(stream, (pos, patched, StreamIndex { kind, scope, index }));
+        self.make_ready(stream, offered);
+    }
+
+    fn make_ready(&mut self, stream: usize, offered: Offered) {
+        let cover = offered.cover();
+        self.ready.insert(stream, offered);
         let s = &mut self.streams[stream];
         if cover > s.storable {
             s.storable = cover;
             self.advance_covered(stream);
         }
+    }
+
+    /// The deletion at `pos` is handled: the newest index to store no
+    /// longer puts its object back. Else the checkpoint, free to pass the
+    /// deletion now, would be stored with an index that still has the
+    /// object, and a successor never delivers its deletion (found by the
+    /// simulator, seed 17798: a second deletion pending kept the plain
+    /// index from being offered, and the copy ready put both back).
+    fn unput(&mut self, stream: usize, pos: u64) {
+        let s = &self.streams[stream];
+        let newest = match self.ready.get(&stream) {
+            Some(r) => Some(r),
+            None => s.handed_index.as_ref(),
+        };
+        let Some(mut offered) = newest.filter(|o| o.put_back.contains_key(&pos)).cloned() else {
+            return;
+        };
+        offered.put_back.remove(&pos);
+        self.make_ready(stream, offered);
     }
 
     /// An index still pending became storable: everything popped so far
@@ -1610,6 +1655,8 @@ impl Progress {
             *done = true;
         }
         if s.removals.remove(&ticket.seq).is_some() {
+            self.unput(ticket.stream, ticket.seq);
+            let s = &mut self.streams[ticket.stream];
             let first = s.removals.keys().next().copied().unwrap_or(u64::MAX);
             let mut newest = None;
             while s.blocked.front().is_some_and(|p| *p < first) {
@@ -1669,8 +1716,15 @@ impl Progress {
             self.checkpoints.set(kind, &s.scope, &rv);
             self.dirty = true;
         }
-        if let (Some((pos, index)), Some(kind)) = (safe, s.kind) {
-            self.offer(stream, pos, kind, index, false);
+        if let (Some((pos, plain)), Some(kind)) = (safe, s.kind) {
+            let offered = Offered {
+                pos,
+                kind,
+                scope: s.scope.clone(),
+                plain,
+                put_back: BTreeMap::new(),
+            };
+            self.offer(stream, offered);
         }
     }
 
@@ -1705,10 +1759,11 @@ impl Progress {
     pub fn take_indexes(&mut self) -> Vec<StreamIndex> {
         std::mem::take(&mut self.ready)
             .into_iter()
-            .map(|(stream, (pos, patched, ix))| {
+            .map(|(stream, offered)| {
                 let s = &mut self.streams[stream];
-                s.handed = pos + 1;
-                s.handed_patched = patched;
+                s.handed = offered.pos + 1;
+                let ix = offered.stream_index();
+                s.handed_index = Some(offered);
                 ix
             })
             .collect()
@@ -1933,6 +1988,54 @@ mod progress_tests {
             Some("10")
         );
         assert!(p.take_indexes().is_empty());
+    }
+
+    /// Two deletions in flight, indexes taken after each: once the first
+    /// is handled, the checkpoint may pass it, and the index stored with
+    /// that checkpoint must not put its object back any more, though the
+    /// second's object still is (seed 17798: the copy ready put back both,
+    /// the plain index of the first was older than it and refused, and the
+    /// stored index kept an object whose deletion the checkpoint passed).
+    #[test]
+    fn a_handled_deletion_is_no_longer_put_back_while_another_is_in_flight() {
+        let named = |name: &str, rv: &str| {
+            ObjectSnapshot::from_json(&serde_json::json!({"kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": "prod", "resourceVersion": rv},
+                "data": {"k": "v"}}))
+            .unwrap()
+        };
+        let prod = Scope::from_key("prod");
+        for taken_between in [false, true] {
+            let mut p = Progress::new(Checkpoints::default());
+            let s = p.stream(ObjectKind::ConfigMap, prod.clone());
+            let first = p.change_of(s, Some("10"), Some(&named("one", "10")));
+            p.index(s, one_object());
+            if taken_between {
+                // Handed out for a save already.
+                assert!(p.take_indexes()[0].index.contains("prod", "one"));
+            }
+            let later = p.change(s, Some("11"));
+            p.complete(later);
+            let second = p.change_of(s, Some("12"), Some(&named("two", "12")));
+            p.index(s, one_object());
+            if taken_between {
+                let ix = p.take_indexes();
+                assert!(ix[0].index.contains("prod", "one") && ix[0].index.contains("prod", "two"));
+            }
+            p.complete(first);
+            let checkpoint = p
+                .checkpoints()
+                .get(ObjectKind::ConfigMap, &prod)
+                .map(str::to_string);
+            let stored = p.take_indexes();
+            assert_eq!(stored.len(), 1, "offered again ({taken_between})");
+            assert!(!stored[0].index.contains("prod", "one"), "{taken_between}");
+            assert!(stored[0].index.contains("prod", "two"), "{taken_between}");
+            assert_eq!(checkpoint.as_deref(), Some("11"), "past the deletion");
+            p.complete(second);
+            let stored = p.take_indexes();
+            assert_eq!(stored[0].index, one_object());
+        }
     }
 
     fn gone_object() -> ObjectSnapshot {
