@@ -634,7 +634,7 @@ impl ObjectIndex {
                         old: (_, o),
                     } => {
                         if !same_stored(o, h) {
-                            encode_line(&mut out, k, h)
+                            change_line(&mut out, k, o, h)
                         }
                     }
                     imbl::ordmap::DiffItem::Remove(k, _) => tombstone_line(&mut out, k),
@@ -657,7 +657,7 @@ impl ObjectIndex {
                 }
                 (Some((ko, ho)), Some((kn, hn))) if ko == kn => {
                     if !Arc::ptr_eq(ho, hn) && !same_stored(ho, hn) {
-                        encode_line(&mut out, kn, hn);
+                        change_line(&mut out, kn, ho, hn);
                     }
                     old.next();
                     new.next();
@@ -716,6 +716,40 @@ impl ObjectIndex {
             let digest = parts.next();
             if digest == Some(TOMBSTONE) {
                 self.objects.remove(&key);
+                continue;
+            }
+            if digest == Some(PATCH) {
+                // A patch of an entry the index does not have: its object's
+                // whole line was too large to store (`fit_lines` made it a
+                // removal), and it stays unknown (a resync delivers it
+                // again) rather than the whole index being set aside.
+                let Some(before) = self.objects.get(&key) else {
+                    continue;
+                };
+                let digest = parts.next().unwrap_or_default();
+                let digest = u64::from_str_radix(digest, 16).map_err(|_| bad("bad digest"))?;
+                let mut keys: BTreeMap<String, u64> = before.keys.iter().cloned().collect();
+                for kv in parts
+                    .next()
+                    .unwrap_or("")
+                    .split(';')
+                    .filter(|k| !k.is_empty())
+                {
+                    let (k, h) = kv.rsplit_once('=').ok_or_else(|| bad("bad key hash"))?;
+                    if h == TOMBSTONE {
+                        keys.remove(k);
+                    } else {
+                        let h = u64::from_str_radix(h, 16).map_err(|_| bad("bad key hash"))?;
+                        keys.insert(k.to_string(), h);
+                    }
+                }
+                let patched = Handled {
+                    digest,
+                    keys: keys.into_iter().collect(),
+                    unverified: false,
+                    ..Handled::clone(before)
+                };
+                self.objects.insert(key, Arc::new(patched));
                 continue;
             }
             let (Some(digest), Some(meta)) = (digest, parts.next()) else {
@@ -782,6 +816,44 @@ fn encode_line(out: &mut String, key: &(String, String), h: &Handled) {
     if let Some(meta) = &h.meta {
         out.push(' ');
         out.push_str(meta);
+    }
+    out.push('\n');
+}
+
+/// The mark of a line that changes an entry's data only: `ns/name +
+/// digest k=h;j=-` sets the digest and the hashes of the keys named (`-`:
+/// the key is gone), and keeps the rest of the entry the index has. A
+/// changed object's line then stores the hashes that changed, not all of
+/// them (hex hashes do not pack: they are most of a stored line).
+const PATCH: &str = "+";
+
+/// The line that turns `old`'s entry into `new`'s: a patch when only the
+/// data changed, else the whole entry.
+fn change_line(out: &mut String, key: &(String, String), old: &Handled, new: &Handled) {
+    use std::fmt::Write;
+    if old.metadata != new.metadata || old.meta != new.meta || old.keyed != new.keyed {
+        return encode_line(out, key, new);
+    }
+    let (ns, name) = key;
+    let _ = write!(out, "{ns}/{name} {PATCH} {:016x} ", new.digest);
+    let before: BTreeMap<&str, u64> = old.keys.iter().map(|(k, h)| (k.as_str(), *h)).collect();
+    let mut first = true;
+    let mut sep = |out: &mut String| {
+        if !std::mem::take(&mut first) {
+            out.push(';');
+        }
+    };
+    for (k, h) in &new.keys {
+        if before.get(k.as_str()) != Some(h) {
+            sep(out);
+            let _ = write!(out, "{k}={h:016x}");
+        }
+    }
+    for (k, _) in &old.keys {
+        if !new.keys.iter().any(|(n, _)| n == k) {
+            sep(out);
+            let _ = write!(out, "{k}={TOMBSTONE}");
+        }
     }
     out.push('\n');
 }
@@ -1050,6 +1122,62 @@ mod tests {
         assert_eq!(ev.changed_keys, vec!["k"]);
         let err = ObjectIndex::decode(ObjectKind::ConfigMap, "ns/a zz 00\n").unwrap_err();
         assert_eq!(err, "object index line 1: bad digest: \"ns/a zz 00\"");
+    }
+
+    /// A change of data alone is stored as the hashes that changed (a
+    /// patch line), not the whole entry; one of labels or annotations as
+    /// the whole entry. Applied in order, both give the newer index.
+    #[test]
+    fn a_change_of_data_alone_stores_only_the_hashes_that_changed() {
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap);
+        idx.apply(
+            Seen::Added,
+            cm(
+                "a",
+                json!({"k": "1", "j": "x", "gone": "y"}),
+                json!({"l": "1"}),
+            ),
+            false,
+        );
+        idx.apply(Seen::Added, cm("b", json!({"k": "1"}), json!({})), false);
+        let mut newer = idx.clone();
+        newer.apply(
+            Seen::Modified,
+            cm(
+                "a",
+                json!({"k": "2", "j": "x", "new": "z"}),
+                json!({"l": "1"}),
+            ),
+            false,
+        );
+        newer.apply(
+            Seen::Modified,
+            cm("b", json!({"k": "1"}), json!({"l": "2"})),
+            false,
+        );
+        let delta = idx.delta(&newer, &crate::Scope::All);
+        let lines: Vec<&str> = delta.lines().collect();
+        assert_eq!(lines.len(), 2, "{delta}");
+        let patch: Vec<&str> = lines[0].split(' ').collect();
+        assert_eq!(patch[..2], ["ns/a", "+"], "{delta}");
+        let keys: Vec<&str> = patch[3]
+            .split(';')
+            .map(|kv| kv.split('=').next().unwrap())
+            .collect();
+        assert_eq!(keys, ["k", "new", "gone"], "only what changed: {delta}");
+        assert!(
+            !lines[1].contains(" + "),
+            "a label changed: the whole entry"
+        );
+        let mut back = idx.clone();
+        back.apply_text(&delta).unwrap();
+        assert_eq!(back, newer);
+        let mut fresh = ObjectIndex::new(ObjectKind::ConfigMap);
+        fresh.apply_text(lines[0]).unwrap();
+        assert!(
+            fresh.is_empty(),
+            "a patch of an unknown entry leaves it unknown"
+        );
     }
 
     /// A line keeps 64 bits of the content digest (16 hex); lines written

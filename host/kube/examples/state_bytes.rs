@@ -89,17 +89,18 @@ async fn main() {
         "wasmwatch-leader",
         term.clone(),
     );
-    // STATE_BYTES_TAIL (bytes, packed) tries another tail limit.
-    if let Some(tail) = std::env::var("STATE_BYTES_TAIL")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        let mut sizes = wasmwatch_kube::checkpoint::Sizes::with_segment(
-            wasmwatch_kube::checkpoint::SHARD_BYTES,
-        );
+    // STATE_BYTES_TAIL (bytes, packed) tries another tail limit,
+    // STATE_BYTES_RUN another number of segments a run merges at.
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    let mut sizes =
+        wasmwatch_kube::checkpoint::Sizes::with_segment(wasmwatch_kube::checkpoint::SHARD_BYTES);
+    if let Some(tail) = env("STATE_BYTES_TAIL") {
         sizes.tail = tail;
-        store = store.sizes(sizes);
     }
+    if let Some(run) = env("STATE_BYTES_RUN") {
+        sizes.run = run;
+    }
+    store = store.sizes(sizes);
     store.claim().await.unwrap();
     let mut index: Vec<ObjectIndex> = kinds.iter().map(|&k| ObjectIndex::new(k)).collect();
     let slot = |i: usize| kinds.iter().position(|&k| k == kind_of(i)).unwrap();
@@ -126,7 +127,18 @@ async fn main() {
     );
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
     let mut seen: BTreeSet<String> = names(&leases).await;
-    let (mut bytes, mut writes, mut rewrites) = (0usize, 0usize, 0usize);
+    let (mut bytes, mut writes, mut rewrites, mut merges) = (0usize, 0usize, 0usize, 0usize);
+    let mut most_segments = 0;
+    let log = || {
+        let state = server
+            .get("leases.coordination.k8s.io", "default", "wasmwatch-state")
+            .unwrap();
+        let log = state["metadata"]["annotations"]["wasmwatch.io/index-log"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        wasmwatch_kube::checkpoint::Log::parse(&log).unwrap()
+    };
     let mut times = Vec::new();
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     for s in 0..saves {
@@ -142,9 +154,11 @@ async fn main() {
             cps.set(k, &Scope::All, &(1000 + s).to_string());
         }
         let before = server.requests().len();
+        let base = log().base;
         let t = Instant::now();
         store.save(&cps, &streams(&index)).await.unwrap();
         times.push(t.elapsed());
+        most_segments = most_segments.max(log().segments.len());
         let requests = server.requests();
         let now = names(&leases).await;
         for r in &requests[before..] {
@@ -156,7 +170,10 @@ async fn main() {
             .iter()
             .any(|r| r.resource == "leases" && r.verb == "delete")
         {
-            rewrites += 1;
+            match log().base == base {
+                true => merges += 1,
+                false => rewrites += 1,
+            }
         }
         // Created (new names) and written over (updates, by name).
         let updated: BTreeSet<String> = requests[before..]
@@ -176,7 +193,7 @@ async fn main() {
     let changes = saves * per_save;
     let (segments, stored) = stored_bytes(&client).await;
     println!(
-        "{saves} saves of {per_save} changes: {:.1} state bytes per change, {:.4} state writes per change, {rewrites} full rewrites; save p50 {:.2?} p99 {:.2?}; now {segments} segments, {stored} bytes stored",
+        "{saves} saves of {per_save} changes: {:.1} state bytes per change, {:.4} state writes per change, {rewrites} full rewrites, {merges} merges; save p50 {:.2?} p99 {:.2?}; now {segments} segments (at most {most_segments}), {stored} bytes stored",
         bytes as f64 / changes as f64,
         writes as f64 / changes as f64,
         times[times.len() / 2],
@@ -189,8 +206,9 @@ async fn main() {
         .as_str()
         .map_or(0, str::len);
     println!(
-        "the state Lease now: {} bytes, {tail} of them the tail",
-        serde_json::to_vec(&state).unwrap().len()
+        "the state Lease now: {} bytes, {tail} of them the tail; log {}",
+        serde_json::to_vec(&state).unwrap().len(),
+        log().format()
     );
     let t = Instant::now();
     let mut next = CheckpointStore::new(

@@ -339,6 +339,10 @@ pub struct CheckpointStore<A = Api<Lease>> {
     stored: BTreeMap<ObjectKind, ObjectIndex>,
     /// The segments the committed state names, and its tail.
     log: Log,
+    /// Per kind, the index as the log's segments before its run hold it
+    /// (see [`segments::RUN_SEGMENTS`]): a merge of the run writes what
+    /// changed since.
+    run_base: BTreeMap<ObjectKind, ObjectIndex>,
     tail: String,
     /// How many saves' deltas the tail holds (a claim counts one for a
     /// tail it finds).
@@ -398,6 +402,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             lease: None,
             stored: BTreeMap::new(),
             log: Log::default(),
+            run_base: BTreeMap::new(),
             tail: String::new(),
             tail_saves: 0,
             legacy: Default::default(),
@@ -669,8 +674,9 @@ impl<A: LeaseApi> CheckpointStore<A> {
         let mut found = BTreeMap::new();
         if let Some((log, tail)) = log {
             match self.read_log(&log, &tail).await {
-                Ok(read) => {
+                Ok((read, run_base)) => {
                     found.extend(read);
+                    self.run_base = run_base;
                     self.log = log;
                     self.tail_saves = usize::from(!tail.is_empty());
                     self.tail = tail;
@@ -741,39 +747,53 @@ impl<A: LeaseApi> CheckpointStore<A> {
     }
 
     /// Reads the stored index of every kind the log holds: its segments in
-    /// order, then the tail.
+    /// order, then the tail; and the indexes before the log's run.
+    #[allow(clippy::type_complexity)]
     async fn read_log(
         &self,
         log: &Log,
         tail: &str,
-    ) -> Result<BTreeMap<ObjectKind, ObjectIndex>, CheckpointError> {
+    ) -> Result<
+        (
+            BTreeMap<ObjectKind, ObjectIndex>,
+            BTreeMap<ObjectKind, ObjectIndex>,
+        ),
+        CheckpointError,
+    > {
         let mut indexes: BTreeMap<ObjectKind, ObjectIndex> = log
             .kinds
             .iter()
             .map(|&k| (k, ObjectIndex::new(k)))
             .collect();
-        let mut apply = |text: &str| {
+        let apply = |indexes: &mut BTreeMap<ObjectKind, ObjectIndex>, text: &str| {
             for (kind, lines) in segments::split_kinds(text, &log.kinds)? {
                 let index = indexes.get_mut(&kind).expect("split_kinds keeps to kinds");
                 index.apply_text(&lines)?;
             }
             Ok::<(), String>(())
         };
-        for &seq in &log.segments {
+        let run_from = log.segments.len() - log.run.0.min(log.segments.len());
+        let mut run_base = None;
+        for (i, &seq) in log.segments.iter().enumerate() {
+            if i == run_from {
+                run_base = Some(indexes.clone());
+            }
             let name = segment_name(&self.name, seq);
             let text = self.segment_text(&name).await?;
             segments::unpack(&text)
-                .and_then(|text| apply(&text))
+                .and_then(|text| apply(&mut indexes, &text))
                 .map_err(|message| CheckpointError::Corrupt {
                     lease: name.clone(),
                     message,
                 })?;
         }
-        apply(tail).map_err(|message| CheckpointError::Corrupt {
+        // Copies share their entries: the base costs what the run changed.
+        let run_base = run_base.unwrap_or_else(|| indexes.clone());
+        apply(&mut indexes, tail).map_err(|message| CheckpointError::Corrupt {
             lease: self.name.clone(),
             message: format!("{TAIL_ANNOTATION}: {message}"),
         })?;
-        Ok(indexes)
+        Ok((indexes, run_base))
     }
 
     /// A named segment's text. One that is gone would lose its objects'
@@ -1043,9 +1063,11 @@ impl<A: LeaseApi> CheckpointStore<A> {
                     .map(|((_, s), ix)| (s.clone(), ix.clone()))
                     .collect();
                 let stored = self.stored.get(&kind).cloned();
+                let run_base = self.run_base.get(&kind).cloned();
                 (
                     kind,
                     stored.unwrap_or_else(|| ObjectIndex::new(kind)),
+                    run_base.unwrap_or_else(|| ObjectIndex::new(kind)),
                     streams,
                 )
             })
@@ -1069,7 +1091,8 @@ impl<A: LeaseApi> CheckpointStore<A> {
             };
             let mut deltas = Vec::new();
             let mut indexes = Vec::new();
-            for (kind, mut index, streams) in work {
+            let mut run_bases = Vec::new();
+            for (kind, mut index, run_base, streams) in work {
                 let mut delta = String::new();
                 for (scope, ix) in &streams {
                     delta.push_str(&index.delta(ix, scope));
@@ -1077,14 +1100,24 @@ impl<A: LeaseApi> CheckpointStore<A> {
                 }
                 deltas.push((kind, fit(delta)));
                 indexes.push((kind, index));
+                run_bases.push(run_base);
             }
             let full =
                 || segments::join_kinds(indexes.iter().map(|(k, ix)| (*k, fit(ix.encode()))));
+            let merged = || {
+                segments::join_kinds(
+                    indexes
+                        .iter()
+                        .zip(&run_bases)
+                        .map(|((k, ix), base)| (*k, fit(base.delta(ix, &Scope::All)))),
+                )
+            };
             let mut plan = if rewrite {
                 log.rewrite(&full(), &mut next, sizes.segment)
             } else {
                 let tail = (tail.0.as_str(), tail.1);
-                log.plan(tail, &segments::join_kinds(deltas), full, &mut next, sizes)
+                let delta = segments::join_kinds(deltas);
+                log.plan(tail, &delta, full, merged, &mut next, sizes)
             };
             plan.log.kinds = indexes.iter().map(|(k, _)| *k).collect();
             (plan, indexes, next)
@@ -1187,6 +1220,9 @@ impl<A: LeaseApi> CheckpointStore<A> {
             false => self.tail_saves + 1,
         };
         self.tail = plan.tail;
+        if plan.rebased {
+            self.run_base = indexes.iter().cloned().collect();
+        }
         self.stored.extend(indexes);
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
             if checkpoints.format(kind).is_some() {

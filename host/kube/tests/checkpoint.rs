@@ -1295,3 +1295,88 @@ async fn a_per_kind_log_beside_the_log_wins_even_when_it_cannot_be_read() {
     );
     assert!(annotation(&server, "wasmwatch.io/index-log").is_null());
 }
+
+/// Small changes make small segments; a run of more than `Sizes::run` of
+/// them is merged into one segment of what changed since the run began
+/// (data changes as patch lines), so a claim reads a bounded number of
+/// segments. A successor that claims in the middle of a run merges that
+/// run as its writer would have, and every claim reads exactly the index
+/// saved.
+#[tokio::test]
+async fn runs_of_small_segments_are_merged_and_a_successor_merges_the_run_it_found() {
+    use wasmwatch_kube::checkpoint::Sizes;
+    let server = Server::start(Config::default()).await.unwrap();
+    let sizes = Sizes {
+        segment: 8 * 1024,
+        tail: 256,
+        compact_floor: usize::MAX / 4,
+        run: 3,
+    };
+    let mut digests: Vec<u128> = (0..3000).collect();
+    let names: Vec<String> = (0..3000).map(|i| format!("shop/cm-{i}")).collect();
+    let current = |d: &[u128]| {
+        index(
+            &names
+                .iter()
+                .zip(d)
+                .map(|(n, d)| (n.as_str(), *d))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let stream = |ix: ObjectIndex| StreamIndex {
+        kind: ObjectKind::ConfigMap,
+        scope: Scope::from_key("shop"),
+        index: ix,
+    };
+    // Save `i` changes 50 objects of its own.
+    let change = |d: &mut Vec<u128>, i: usize| {
+        for digest in &mut d[i * 50..i * 50 + 50] {
+            *digest += 10_000 * i as u128;
+        }
+    };
+    let log = || {
+        Log::parse(
+            annotation(&server, "wasmwatch.io/index-log")
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    let mut a = store(&server, term("pod-a", 1)).sizes(sizes);
+    let cps = a.claim().await.unwrap().checkpoints;
+    a.save(&cps, &[stream(current(&digests))]).await.unwrap();
+    let base = log().segments;
+    let mut runs = Vec::new();
+    for i in 1..=5 {
+        change(&mut digests, i);
+        a.save(&cps, &[stream(current(&digests))]).await.unwrap();
+        runs.push(log().run.0);
+    }
+    assert_eq!(runs, [1, 2, 3, 0, 1], "the fourth save merged the run");
+    let merged = log().segments[base.len()];
+    let text = segment_text(&server, &format!("wasmwatch-state-segment-{merged}"));
+    let text = wasmwatch_kube::checkpoint::unpack(&text)
+        .unwrap()
+        .into_owned();
+    assert_eq!(text.lines().count(), 1 + 4 * 50, "each object once: {text}");
+    assert!(
+        text.lines().skip(1).all(|l| l.contains(" + ")),
+        "data changes as patch lines: {text}"
+    );
+    // A successor claims with one segment in the run, and goes on.
+    let mut b = store(&server, term("pod-b", 2)).sizes(sizes);
+    let claimed = b.claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], current(&digests));
+    for i in 6..=8 {
+        change(&mut digests, i);
+        b.save(&claimed.checkpoints, &[stream(current(&digests))])
+            .await
+            .unwrap();
+    }
+    assert_eq!(log().run, (0, 0), "merged again");
+    assert_eq!(log().segments.len(), base.len() + 2, "{:?}", log());
+    assert_eq!(log().segments[..base.len()], base[..], "the base stays");
+    only_named_segments_left(&server, "the runs' segments are deleted").await;
+    let claimed = store(&server, term("pod-c", 3)).claim().await.unwrap();
+    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], current(&digests));
+}

@@ -60,7 +60,11 @@ fn the_schedules_that_found_bugs_stay_clean() {
         // The simulator's own: one delivery per change (before it ran the
         // decide stage's folding) fell behind 15 writes/s and 24% app
         // 503s, and the app ended minutes behind.
-        7580,
+        7580, //
+        // A deletion handled while a second was in flight: the index
+        // stored with a checkpoint past it still put its object back
+        // (found once patch lines and merges changed the schedules).
+        17798,
     ] {
         assert_clean(seed..seed + 1);
     }
