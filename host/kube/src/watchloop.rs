@@ -957,16 +957,4 @@ pub fn seed_jitter(seed: u64) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_and_is_capped() {
-        let b1 = backoff(1).as_secs_f64();
-        assert!((0.15..=0.25).contains(&b1), "{b1}");
-        let b5 = backoff(5).as_secs_f64();
-        assert!((2.4..=4.0).contains(&b5), "{b5}");
-        let b50 = backoff(50).as_secs_f64();
-        assert!((22.5..=37.5).contains(&b50), "{b50}");
-    }
-}
+mod tests;
