@@ -2,12 +2,14 @@
 //! explicit state machine:
 //!
 //! ```text
-//!            ┌──────────── stream ended / idle timeout ───────────┐
-//!            ▼                                                    │
-//! Resume{rv} ──watch from rv──▶ Watching{rv} ──events, bookmarks──┘
-//!     ▲                              │ 410 Gone
-//!     │                              ▼
-//!     └──── list rv ────────── Relist{resync} (diff against the index)
+//! Baseline ── list: the baseline ───────┐
+//!                                       ▼
+//! Start{from} ── read the version ─▶ Watch{from} ── events, bookmarks ──┐
+//!   │ no stored index                ▲   ▲  │  ▲                        │
+//!   └─▶ Rebuild{from} ── list: index ┘   │  │  └─ stream ended or idle ─┘
+//!                                        │  │ 410 Gone (from the request
+//!           watch from the list's version│  ▼ or the stream): gone()
+//!                                    Relist{floor} (diff against the index)
 //! errors anywhere: back off (exponential, jittered) and retry the state
 //! ```
 //!
@@ -15,7 +17,8 @@
 //! synthetic ADDED storm; exactly the changes after it arrive. Without a
 //! checkpoint, the first list is a baseline and delivers nothing. After a
 //! 410 the loop lists and delivers only what differs from the
-//! [`ObjectIndex`] of handled objects.
+//! [`ObjectIndex`] of handled objects. Delivering every object (after
+//! unreadable checkpoints) starts at `Relist`, against an empty index.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -177,15 +180,72 @@ pub struct WatchStats {
     pub resyncs: std::sync::atomic::AtomicU64,
 }
 
-/// The loop's state.
+/// The loop's state. A step that fails leaves the state it got to, to be
+/// retried after a backoff.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
-    /// List and take the result as the baseline (no checkpoint yet).
+    /// No checkpoint: list and take the result as the baseline (it
+    /// delivers nothing), then watch live from the list's version.
     Baseline,
-    /// Watch from this version.
-    Resume { from: String },
+    /// Resuming from the checkpoint `from`, before the first watch: read
+    /// the collection's version (the changes up to it happened while
+    /// nobody led: replays), then rebuild the index first if
+    /// `rebuild_index` (no stored index: see [`WatchLoop::with_index`]),
+    /// and watch.
+    Start { from: String, rebuild_index: bool },
+    /// Resuming without a stored index, the version read: list to rebuild
+    /// the index, then watch (a rebuild that failed is retried without
+    /// reading the version again).
+    Rebuild {
+        from: String,
+        replay_until: Option<u64>,
+    },
+    /// Watch from a version.
+    Watch(Watch),
     /// The history is gone: list and deliver only real differences.
-    Relist,
+    Relist(Relist),
+}
+
+/// [`State::Watch`]: a watch to start, or to resume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Watch {
+    /// The checkpoint, a list's version, or the last version the previous
+    /// watch of this loop handed out (a stream that ended, went idle or
+    /// failed resumes from what it reached, not from its start: the index
+    /// has moved on).
+    pub from: String,
+    /// Which changes are replays of what happened while nobody led (they
+    /// reach the plugins with `replay` set): resuming from a checkpoint,
+    /// the changes up to the collection's version when the loop started,
+    /// and a resync's differences until the first live change, which ends
+    /// the replay. `None`: none (a loop that started live, a replay over,
+    /// or versions that are not numbers).
+    pub replay_until: Option<u64>,
+    /// 410s without an event in between (the relist between two of them
+    /// does not count as one): from the second on, the relist waits a
+    /// backoff first.
+    pub gone_in_a_row: u32,
+}
+
+/// [`State::Relist`]: a relist after a 410, or the delivery of every
+/// object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relist {
+    /// The last version handed out before the history was lost (or older,
+    /// when replays were held: see `WatchLoop::gone`): the differences
+    /// carry it, and an object written after it is delivered even when it
+    /// equals the index.
+    /// `None`: the differences carry the list's version.
+    pub floor: Option<String>,
+    /// 410s without an event in between, the one that led here included
+    /// (the watch after the relist goes on counting).
+    pub gone_in_a_row: u32,
+    /// Deliver every object, as a replay and without a version (a relist
+    /// against an empty index; see [`WatchLoop::deliver_all`]); the watch
+    /// after it is live.
+    pub deliver_all: bool,
+    /// As [`Watch::replay_until`].
+    pub replay_until: Option<u64>,
 }
 
 /// The watch loop for one target. `A`: the collection's API (kube's, or
@@ -216,36 +276,13 @@ pub struct WatchLoop<A = Api<DynamicObject>> {
     stats: std::sync::Arc<WatchStats>,
     /// A watch request was made before (the next one is a restart).
     watched: bool,
-    /// 410s without an event in between.
-    gone_in_a_row: u32,
-    /// The last version handed out before the history was lost: a relist's
-    /// differences carry it (see `State::Relist` in `step`).
-    relist_floor: Option<String>,
-    /// Which changes are replays of what happened while nobody led.
-    replay: Replay,
-    /// Resuming without a stored index: list first to rebuild it.
-    rebuild_index: bool,
     /// Replayed changes held until the replay is over, the newest per
-    /// object (see [`WatchLoop::hold_replay`]), by version.
+    /// object (see [`WatchLoop::hold_replay`]), by version. Only while
+    /// watching: a 410 drops them ([`WatchLoop::gone`]), and no other
+    /// state starts with any.
     replays: std::collections::BTreeMap<(String, String), (u64, ChangeEvent, String)>,
     /// When held replays go out if nothing more comes.
     replay_quiet: Option<tokio::time::Instant>,
-}
-
-/// Which of a loop's changes happened while nobody led (they reach the
-/// plugins with `replay` set).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Replay {
-    /// A loop that starts live (a baseline): none.
-    No,
-    /// Resuming from a checkpoint: up to the collection's version when the
-    /// loop starts, read at its first step.
-    Unknown,
-    /// Changes up to this version, and a resync's differences until the
-    /// first live change.
-    Until(u64),
-    /// Every change until the first progress (the delivery of every object).
-    All,
 }
 
 /// Objects per list page. kube-rs's watcher and client-go's reflector ask
@@ -300,13 +337,15 @@ impl<A: ObjectApi> WatchLoop<A> {
     /// [`WatchLoop::new`] on the collection API `api` (`target`'s kind and
     /// scope).
     pub fn with_api(api: A, target: WatchTarget, checkpoint: Option<String>) -> WatchLoop<A> {
-        let checkpoint_given = checkpoint.is_some();
         WatchLoop {
             api,
             index: target.new_index(),
             target,
             state: match checkpoint {
-                Some(from) => State::Resume { from },
+                Some(from) => State::Start {
+                    from,
+                    rebuild_index: true,
+                },
                 None => State::Baseline,
             },
             failures: 0,
@@ -319,14 +358,6 @@ impl<A: ObjectApi> WatchLoop<A> {
             flush: None,
             stats: Default::default(),
             watched: false,
-            gone_in_a_row: 0,
-            relist_floor: None,
-            replay: if checkpoint_given {
-                Replay::Unknown
-            } else {
-                Replay::No
-            },
-            rebuild_index: checkpoint_given,
             replays: Default::default(),
             replay_quiet: None,
         }
@@ -334,38 +365,13 @@ impl<A: ObjectApi> WatchLoop<A> {
 
     /// This loop (made without a checkpoint) as [`WatchLoop::deliver_all`].
     pub fn delivering_all(mut self) -> WatchLoop<A> {
-        self.state = State::Relist;
-        self.replay = Replay::All;
+        self.state = State::Relist(Relist {
+            floor: None,
+            gone_in_a_row: 0,
+            deliver_all: true,
+            replay_until: None,
+        });
         self
-    }
-
-    /// Whether a change at `rv` (`None`: no version) is a replay, and what
-    /// the loop knows after it.
-    fn mark_replay(&mut self, event: &mut ChangeEvent, rv: Option<&str>) {
-        event.replay = match self.replay {
-            Replay::No | Replay::Unknown => false,
-            Replay::All => true,
-            Replay::Until(until) => match rv.and_then(|v| v.parse::<u64>().ok()) {
-                Some(v) if v <= until => true,
-                // A resync right after taking over: the differences are
-                // from the gap.
-                _ if event.change == wasmwatch_core::ChangeType::Resynced => true,
-                _ => {
-                    self.replay = Replay::No;
-                    false
-                }
-            },
-        };
-    }
-
-    async fn send_change(
-        &mut self,
-        out: &mpsc::Sender<Output>,
-        mut event: ChangeEvent,
-        resource_version: Option<String>,
-    ) -> Result<(), WatchError> {
-        self.mark_replay(&mut event, resource_version.as_deref());
-        self.send_marked(out, event, resource_version).await
     }
 
     /// Holds a replayed change of the watch's history (issue 32: a replay
@@ -381,7 +387,7 @@ impl<A: ObjectApi> WatchLoop<A> {
     /// progress and no index goes out (either would pass them), and a
     /// watch that ends goes on holding them (the rest of the history
     /// follows on the next one); a 410 drops them for the relist (see
-    /// [`WatchLoop::drop_replays`]).
+    /// [`WatchLoop::gone`]).
     fn hold_replay(&mut self, event: ChangeEvent, resource_version: String) {
         let key = (event.object.namespace.clone(), event.object.name.clone());
         let at = resource_version.parse::<u64>().unwrap_or(u64::MAX);
@@ -393,34 +399,30 @@ impl<A: ObjectApi> WatchLoop<A> {
         self.replay_quiet = Some(tokio::time::Instant::now() + REPLAY_QUIET);
     }
 
-    /// Whether a bookmark at `version` is past the replay.
-    fn replay_ends_at(&self, version: &str) -> bool {
-        match (self.replay, version.parse::<u64>()) {
-            (Replay::Until(until), Ok(v)) => v >= until,
-            _ => true,
-        }
-    }
-
+    /// The history is gone (a 410, refusing the watch request or as an
+    /// ERROR event on its stream): relist from the last version the watch
+    /// handed out.
+    ///
     /// The history is gone while a replay is held: its changes are not
     /// handed out, and the relist hands out the held objects' current
     /// state instead (it delivers whatever was written after its floor,
     /// which goes back to before the oldest held change). The index has
-    /// the held changes' objects already, so without the lower floor
-    /// they would look handled.
-    fn drop_replays(&mut self) {
+    /// the held changes' objects already, so without the lower floor they
+    /// would look handled.
+    fn gone(&mut self, watch: Watch) -> Relist {
+        tracing::info!(kind = self.target.kind.as_str(), from = %watch.from, "watch history expired; resynchronising");
         self.replay_quiet = None;
         let oldest = self.replays.values().map(|(at, _, _)| *at).min();
         self.replays.clear();
-        if let Some(oldest) = oldest {
-            let floor = oldest.saturating_sub(1);
-            let lower = self
-                .relist_floor
-                .as_deref()
-                .and_then(|f| f.parse::<u64>().ok())
-                .is_some_and(|f| f <= floor);
-            if !lower {
-                self.relist_floor = Some(floor.to_string());
-            }
+        let floor = match oldest {
+            Some(oldest) => oldest.saturating_sub(1).to_string(),
+            None => watch.from,
+        };
+        Relist {
+            floor: Some(floor),
+            gone_in_a_row: watch.gone_in_a_row + 1,
+            deliver_all: false,
+            replay_until: watch.replay_until,
         }
     }
 
@@ -449,12 +451,14 @@ impl<A: ObjectApi> WatchLoop<A> {
         event: ChangeEvent,
         resource_version: Option<String>,
     ) -> Result<(), WatchError> {
-        out.send(Output::Change {
-            event: Box::new(event),
-            resource_version,
-        })
+        send(
+            out,
+            Output::Change {
+                event: Box::new(event),
+                resource_version,
+            },
+        )
         .await
-        .map_err(|_| WatchError::Closed)
     }
 
     /// The collection's current resourceVersion (a list of one item): a new
@@ -509,12 +513,12 @@ impl<A: ObjectApi> WatchLoop<A> {
     /// if the history is gone already), and an object created in that span
     /// comes out of a relist as `resynced`, not `added`.
     pub fn with_index(mut self, mut index: ObjectIndex) -> WatchLoop<A> {
-        if matches!(self.state, State::Resume { .. }) {
+        if let State::Start { rebuild_index, .. } = &mut self.state {
             index.mark_unverified();
             self.index = index
                 .with_digest_key(self.target.digest_key.clone())
                 .with_remember(self.target.remember.clone());
-            self.rebuild_index = false;
+            *rebuild_index = false;
         }
         self
     }
@@ -525,9 +529,7 @@ impl<A: ObjectApi> WatchLoop<A> {
         self.index_dirty = false;
         self.created_at = None;
         self.index_sent = tokio::time::Instant::now();
-        out.send(Output::Index(self.index.clone()))
-            .await
-            .map_err(|_| WatchError::Closed)
+        send(out, Output::Index(self.index.clone())).await
     }
 
     pub fn state(&self) -> &State {
@@ -604,292 +606,446 @@ impl<A: ObjectApi> WatchLoop<A> {
         }
     }
 
-    /// One step of the state machine. Returns when the state changed or the
-    /// stream ended; outputs are sent as they come.
+    /// One step of the state machine: a baseline, a watch or a relist (a
+    /// start goes straight on to its first watch). Returns when the state
+    /// changed or the stream ended; outputs are sent as they come.
     pub async fn step(&mut self, out: &mpsc::Sender<Output>) -> Result<(), WatchError> {
-        let send = |o: Output| async move { out.send(o).await.map_err(|_| WatchError::Closed) };
-        match self.state.clone() {
-            State::Baseline => {
-                let rv = self.list_into_index().await?;
-                send(Output::Progress {
-                    resource_version: rv.clone(),
-                    index_changed: true,
-                })
-                .await?;
-                self.send_index(out).await?;
-                self.state = State::Resume { from: rv };
+        loop {
+            match self.state.clone() {
+                State::Baseline => return self.baseline(out).await,
+                State::Start {
+                    from,
+                    rebuild_index,
+                } => self.start(from, rebuild_index).await?,
+                State::Rebuild { from, replay_until } => {
+                    self.rebuild(out, from, replay_until).await?
+                }
+                State::Watch(watch) => return self.watch(out, watch).await,
+                State::Relist(relist) => return self.relist(out, relist).await,
             }
-            State::Relist => {
-                self.stats
-                    .resyncs
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                // The differences are handed out at the version the history
-                // was lost from, not at the list's: the checkpoint must not
-                // pass the relist before all of it is handed out (a new
-                // leader would resume after it and miss the rest).
-                let mut resync = Resync::new(self.target.metadata_changes);
-                if let Some(floor) = &self.relist_floor {
-                    resync = resync.after(floor);
-                }
-                // Delivering every object: the changes have no version (the
-                // checkpoint appears with the progress after the last one).
-                let versioned = self.replay != Replay::All;
-                let mut token = None;
-                let rv = loop {
-                    let (objects, rv, next) = self.list_page(token).await?;
-                    let at = self.relist_floor.clone().unwrap_or_else(|| rv.clone());
-                    for event in self.index.resync_page(&mut resync, objects) {
-                        self.send_change(out, event, versioned.then(|| at.clone()))
-                            .await?;
-                    }
-                    match next {
-                        Some(t) => token = Some(t),
-                        None => break rv,
-                    }
-                };
-                let at = self.relist_floor.take().unwrap_or_else(|| rv.clone());
-                for event in self.index.finish_resync(resync) {
-                    self.send_change(out, event, versioned.then(|| at.clone()))
-                        .await?;
-                }
-                if self.replay == Replay::All {
-                    self.replay = Replay::No;
-                }
-                send(Output::Progress {
-                    resource_version: rv.clone(),
-                    index_changed: true,
-                })
-                .await?;
-                self.send_index(out).await?;
-                self.state = State::Resume { from: rv };
+        }
+    }
+
+    /// [`State::Baseline`]: the list delivers nothing; its version and the
+    /// index go out.
+    async fn baseline(&mut self, out: &mpsc::Sender<Output>) -> Result<(), WatchError> {
+        let rv = self.list_into_index().await?;
+        send(
+            out,
+            Output::Progress {
+                resource_version: rv.clone(),
+                index_changed: true,
+            },
+        )
+        .await?;
+        self.send_index(out).await?;
+        self.state = State::Watch(Watch {
+            from: rv,
+            replay_until: None,
+            gone_in_a_row: 0,
+        });
+        Ok(())
+    }
+
+    /// [`State::Start`]: reads where the replay ends.
+    async fn start(&mut self, from: String, rebuild_index: bool) -> Result<(), WatchError> {
+        // Not a number (another server's versions): nothing can be told
+        // apart, so nothing is marked.
+        let replay_until = self.current_version().await?.parse::<u64>().ok();
+        self.state = if rebuild_index {
+            State::Rebuild { from, replay_until }
+        } else {
+            State::Watch(Watch {
+                from,
+                replay_until,
+                gone_in_a_row: 0,
+            })
+        };
+        Ok(())
+    }
+
+    /// [`State::Rebuild`]: lists into a new index, delivering nothing, and
+    /// sends it before anything else.
+    async fn rebuild(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        from: String,
+        replay_until: Option<u64>,
+    ) -> Result<(), WatchError> {
+        self.index = self.target.new_index();
+        self.list_into_index().await?;
+        self.index.mark_unverified();
+        tracing::info!(
+            kind = self.target.kind.as_str(),
+            objects = self.index.len(),
+            "no stored index to resume with: rebuilt it from a list"
+        );
+        self.state = State::Watch(Watch {
+            from,
+            replay_until,
+            gone_in_a_row: 0,
+        });
+        self.send_index(out).await
+    }
+
+    /// [`State::Relist`]: delivers what differs from the index, then the
+    /// list's version and the index; the watch goes on from that version.
+    async fn relist(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        mut relist: Relist,
+    ) -> Result<(), WatchError> {
+        self.stats
+            .resyncs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let rv = match self.resync(out, &mut relist).await {
+            Ok(rv) => rv,
+            Err(e) => {
+                // Retried at the same floor; a replay it ended stays over.
+                self.state = State::Relist(relist);
+                return Err(e);
             }
-            State::Resume { from } => {
-                if self.replay == Replay::Unknown {
-                    // Not a number (another server's versions): nothing can
-                    // be told apart, so nothing is marked.
-                    self.replay = match self.current_version().await?.parse::<u64>() {
-                        Ok(now) => Replay::Until(now),
-                        Err(_) => Replay::No,
-                    };
+        };
+        send(
+            out,
+            Output::Progress {
+                resource_version: rv.clone(),
+                index_changed: true,
+            },
+        )
+        .await?;
+        self.send_index(out).await?;
+        // After delivering every object, `replay_until` is `None`: live.
+        self.state = State::Watch(Watch {
+            from: rv,
+            replay_until: relist.replay_until,
+            gone_in_a_row: relist.gone_in_a_row,
+        });
+        Ok(())
+    }
+
+    /// The relist's list, page by page, against the index: hands out the
+    /// differences and returns the list's version.
+    async fn resync(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        relist: &mut Relist,
+    ) -> Result<String, WatchError> {
+        // The differences are handed out at the version the history
+        // was lost from, not at the list's: the checkpoint must not
+        // pass the relist before all of it is handed out (a new
+        // leader would resume after it and miss the rest).
+        let mut resync = Resync::new(self.target.metadata_changes);
+        if let Some(floor) = &relist.floor {
+            resync = resync.after(floor);
+        }
+        // Delivering every object: the changes have no version (the
+        // checkpoint appears with the progress after the last one).
+        let versioned = !relist.deliver_all;
+        let mut token = None;
+        let rv = loop {
+            let (objects, rv, next) = self.list_page(token).await?;
+            let at = relist.floor.clone().unwrap_or_else(|| rv.clone());
+            for event in self.index.resync_page(&mut resync, objects) {
+                self.send_relisted(out, relist, event, versioned.then(|| at.clone()))
+                    .await?;
+            }
+            match next {
+                Some(t) => token = Some(t),
+                None => break rv,
+            }
+        };
+        let at = relist.floor.clone().unwrap_or_else(|| rv.clone());
+        for event in self.index.finish_resync(resync) {
+            self.send_relisted(out, relist, event, versioned.then(|| at.clone()))
+                .await?;
+        }
+        Ok(rv)
+    }
+
+    /// Sends a difference of a relist, marked as a replay: every object
+    /// delivered after unreadable checkpoints is one, else see
+    /// [`replayed`].
+    async fn send_relisted(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        relist: &mut Relist,
+        mut event: ChangeEvent,
+        resource_version: Option<String>,
+    ) -> Result<(), WatchError> {
+        event.replay = relist.deliver_all
+            || replayed(
+                &mut relist.replay_until,
+                &event,
+                resource_version.as_deref(),
+            );
+        self.send_marked(out, event, resource_version).await
+    }
+
+    /// [`State::Watch`]: one watch request and its stream. Its end, an
+    /// idle stream or an error resume from what the watch reached (a
+    /// replay held goes on being held: the rest of it follows on the next
+    /// watch); a 410 relists.
+    async fn watch(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        mut watch: Watch,
+    ) -> Result<(), WatchError> {
+        match self.follow(out, &mut watch).await {
+            Ok(Ended::Gone) => {
+                let relist = self.gone(watch);
+                let in_a_row = relist.gone_in_a_row;
+                self.state = State::Relist(relist);
+                // A 410 again right after a relist (no event in
+                // between) must not spin list+watch: back off.
+                if in_a_row > 1 {
+                    tokio::time::sleep(backoff(in_a_row - 1)).await;
                 }
-                if self.rebuild_index {
-                    self.index = self.target.new_index();
-                    self.list_into_index().await?;
-                    self.index.mark_unverified();
-                    self.rebuild_index = false;
-                    tracing::info!(
+                Ok(())
+            }
+            ended => {
+                self.state = State::Watch(watch);
+                ended.map(|_| ())
+            }
+        }
+    }
+
+    /// Watches from `watch.from` until the stream ends (`watch.from` then
+    /// is the last version it handed out) or the history is gone.
+    async fn follow(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        watch: &mut Watch,
+    ) -> Result<Ended, WatchError> {
+        if std::mem::replace(&mut self.watched, true) {
+            self.stats
+                .restarts
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let mut wp = WatchParams::default().timeout(self.watch_timeout.as_secs() as u32);
+        wp.bookmarks = true;
+        if let Some(sel) = &self.target.label_selector {
+            wp = wp.labels(sel);
+        }
+        if let Some(sel) = &self.target.field_selector {
+            wp = wp.fields(sel);
+        }
+        let mut stream = match self.api.watch(&wp, &watch.from).await {
+            Ok(stream) => stream,
+            // Some servers refuse a too-old version with an HTTP 410
+            // instead of an ERROR event: the same resync.
+            Err(kube::Error::Api(status)) if status.code == 410 => return Ok(Ended::Gone),
+            Err(e) => return Err(e.into()),
+        };
+        // A replay held across a reconnection waits for the rest of
+        // the history from this new watch.
+        if self.replay_quiet.is_some() {
+            self.replay_quiet = Some(tokio::time::Instant::now() + REPLAY_QUIET);
+        }
+        let mut last_event = tokio::time::Instant::now();
+        while let Some(event) = self.next_event(out, &mut stream, last_event).await? {
+            last_event = tokio::time::Instant::now();
+            let gone = self.on_event(out, watch, event).await?;
+            if gone {
+                return Ok(Ended::Gone);
+            }
+        }
+        Ok(Ended::Stream)
+    }
+
+    /// The stream's next event; `None` once it ended, or stayed silent for
+    /// the idle timeout since `last_event`. Meanwhile held replays go out
+    /// once quiet, and the index when it is due or asked for.
+    async fn next_event(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        stream: &mut Events,
+        last_event: tokio::time::Instant,
+    ) -> Result<Option<WatchEvent<DynamicObject>>, WatchError> {
+        // A stream that stays silent longer than this is dead (the server
+        // sends bookmarks and ends streams at its timeout): resume rather
+        // than wait forever.
+        let idle = self.idle_timeout;
+        let idle_at = last_event + idle;
+        loop {
+            let wake = self.wake(idle_at);
+            let flush = async {
+                match self.flush.as_mut() {
+                    Some(f) => f.asked().await,
+                    None => std::future::pending().await,
+                }
+            };
+            // Biased: the same schedule picks the same branch (the
+            // simulator replays a seed exactly).
+            let next = tokio::select! {
+                biased;
+                () = flush => None,
+                next = tokio::time::timeout_at(wake, stream.try_next()) => Some(next),
+            };
+            let Some(next) = next else {
+                self.send_index(out).await?;
+                continue;
+            };
+            match next {
+                Ok(next) => return next.map_err(WatchError::from),
+                Err(_) if tokio::time::Instant::now() < idle_at => self.woke(out).await?,
+                Err(_) => {
+                    tracing::warn!(
                         kind = self.target.kind.as_str(),
-                        objects = self.index.len(),
-                        "no stored index to resume with: rebuilt it from a list"
+                        "watch idle for {idle:?}; resuming"
                     );
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// When a watch waiting for an event must wake up without one: at
+    /// `idle_at`, at the end of a held replay, or when the index is due.
+    fn wake(&self, idle_at: tokio::time::Instant) -> tokio::time::Instant {
+        let mut wake = idle_at;
+        match self.replay_quiet {
+            // While a replay is held no index goes out: only its end is
+            // due.
+            Some(at) => wake = wake.min(at),
+            None => {
+                if self.index_dirty {
+                    wake = wake.min(self.index_sent + self.index_interval);
+                }
+                if let Some(at) = self.created_at {
+                    wake = wake.min(at + CREATION_INDEX_AFTER);
+                }
+            }
+        }
+        wake
+    }
+
+    /// A watch woke without an event before its idle timeout (see
+    /// [`WatchLoop::wake`]).
+    async fn woke(&mut self, out: &mpsc::Sender<Output>) -> Result<(), WatchError> {
+        let now = tokio::time::Instant::now();
+        if self.replay_quiet.is_some_and(|q| q <= now) {
+            // The replay went quiet: its changes go.
+            self.flush_replays(out).await?;
+        }
+        // The index is due: send it while the watch waits (not while a
+        // replay is held: it has the held changes' objects).
+        let due = (self.index_dirty && now >= self.index_sent + self.index_interval)
+            || self
+                .created_at
+                .is_some_and(|t| now >= t + CREATION_INDEX_AFTER);
+        if due && self.replays.is_empty() {
+            self.send_index(out).await?;
+        }
+        Ok(())
+    }
+
+    /// One event of the watch's stream; `true`: the history is gone (a 410).
+    async fn on_event(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        watch: &mut Watch,
+        event: WatchEvent<DynamicObject>,
+    ) -> Result<bool, WatchError> {
+        if !matches!(&event, WatchEvent::Error(_)) {
+            watch.gone_in_a_row = 0;
+        }
+        self.failures = 0;
+        let (seen, obj) = match event {
+            WatchEvent::Added(o) => (Seen::Added, o),
+            WatchEvent::Modified(o) => (Seen::Modified, o),
+            WatchEvent::Deleted(o) => (Seen::Deleted, o),
+            WatchEvent::Bookmark(b) => {
+                watch.from = b.metadata.resource_version;
+                self.on_bookmark(out, watch).await?;
+                return Ok(false);
+            }
+            WatchEvent::Error(status) if status.code == 410 => return Ok(true),
+            WatchEvent::Error(status) => return Err(WatchError::Api(kube::Error::Api(status))),
+        };
+        let Some((snapshot, rv)) = self.snapshot(obj) else {
+            return Ok(false);
+        };
+        watch.from = rv.clone();
+        self.on_change(out, watch, seen, snapshot, rv).await?;
+        Ok(false)
+    }
+
+    /// A bookmark at `watch.from`: nothing to handle up to it.
+    async fn on_bookmark(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        watch: &Watch,
+    ) -> Result<(), WatchError> {
+        if !self.replays.is_empty() {
+            // Past the replay: its changes go first. Before its end: no
+            // progress may pass them.
+            if !replay_ends_at(watch.replay_until, &watch.from) {
+                return Ok(());
+            }
+            self.flush_replays(out).await?;
+        }
+        send(
+            out,
+            Output::Progress {
+                resource_version: watch.from.clone(),
+                index_changed: false,
+            },
+        )
+        .await
+    }
+
+    /// An object's change at `rv`: into the index, and out as a change
+    /// (held while it is a replay) or as progress.
+    async fn on_change(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        watch: &mut Watch,
+        seen: Seen,
+        snapshot: ObjectSnapshot,
+        rv: String,
+    ) -> Result<(), WatchError> {
+        let (event, remembered_changed) =
+            self.index
+                .apply_noting(seen, snapshot, self.target.metadata_changes);
+        // A label-only change delivers nothing but changes what the stored
+        // index must remember; a change always counts (the checkpoint
+        // waits for an index sent after it).
+        self.index_dirty |= remembered_changed || event.is_some();
+        match event {
+            Some(mut event) => {
+                event.replay = replayed(&mut watch.replay_until, &event, Some(&rv));
+                if event.replay {
+                    self.hold_replay(event, rv);
+                    return Ok(());
+                }
+                self.flush_replays(out).await?;
+                if event.change == ChangeType::Added {
+                    self.created_at
+                        .get_or_insert_with(tokio::time::Instant::now);
+                }
+                self.send_marked(out, event, Some(rv)).await?;
+                if self.index_sent.elapsed() >= self.index_interval
+                    || self
+                        .created_at
+                        .is_some_and(|t| t.elapsed() >= CREATION_INDEX_AFTER)
+                {
                     self.send_index(out).await?;
                 }
-                if std::mem::replace(&mut self.watched, true) {
-                    self.stats
-                        .restarts
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                let mut wp = WatchParams::default().timeout(self.watch_timeout.as_secs() as u32);
-                wp.bookmarks = true;
-                if let Some(sel) = &self.target.label_selector {
-                    wp = wp.labels(sel);
-                }
-                if let Some(sel) = &self.target.field_selector {
-                    wp = wp.fields(sel);
-                }
-                let stream = match self.api.watch(&wp, &from).await {
-                    Ok(stream) => stream,
-                    // Some servers refuse a too-old version with an HTTP 410
-                    // instead of an ERROR event: the same resync.
-                    Err(kube::Error::Api(status)) if status.code == 410 => {
-                        self.drop_replays();
-                        tracing::info!(kind = self.target.kind.as_str(), from = %from, "watch history expired; resynchronising");
-                        self.relist_floor.get_or_insert(from);
-                        self.state = State::Relist;
-                        self.gone_in_a_row += 1;
-                        if self.gone_in_a_row > 1 {
-                            tokio::time::sleep(backoff(self.gone_in_a_row - 1)).await;
-                        }
-                        return Ok(());
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                futures_util::pin_mut!(stream);
-                // A replay held across a reconnection waits for the rest of
-                // the history from this new watch.
-                if self.replay_quiet.is_some() {
-                    self.replay_quiet = Some(tokio::time::Instant::now() + REPLAY_QUIET);
-                }
-                let mut at = from;
-                // A stream that stays silent longer than this is dead (the
-                // server sends bookmarks and ends streams at its timeout):
-                // resume rather than wait forever.
-                let idle = self.idle_timeout;
-                let mut last_event = tokio::time::Instant::now();
-                while let Some(event) = loop {
-                    let idle_at = last_event + idle;
-                    let mut wake = idle_at;
-                    match self.replay_quiet {
-                        // While a replay is held no index goes out: only
-                        // its end is due.
-                        Some(at) => wake = wake.min(at),
-                        None => {
-                            if self.index_dirty {
-                                wake = wake.min(self.index_sent + self.index_interval);
-                            }
-                            if let Some(at) = self.created_at {
-                                wake = wake.min(at + CREATION_INDEX_AFTER);
-                            }
-                        }
-                    }
-                    let flush = async {
-                        match self.flush.as_mut() {
-                            Some(f) => f.asked().await,
-                            None => std::future::pending().await,
-                        }
-                    };
-                    // Biased: the same schedule picks the same branch (the
-                    // simulator replays a seed exactly).
-                    let next = tokio::select! {
-                        biased;
-                        () = flush => None,
-                        next = tokio::time::timeout_at(wake, stream.try_next()) => Some(next),
-                    };
-                    let Some(next) = next else {
-                        self.send_index(out).await?;
-                        continue;
-                    };
-                    match next {
-                        Ok(next) => match next {
-                            Ok(next) => break next,
-                            Err(e) => {
-                                // Resume from what this session reached, not
-                                // from its start: the index has moved on.
-                                self.state = State::Resume { from: at };
-                                return Err(e.into());
-                            }
-                        },
-                        Err(_) if tokio::time::Instant::now() < idle_at => {
-                            let now = tokio::time::Instant::now();
-                            if self.replay_quiet.is_some_and(|q| q <= now) {
-                                // The replay went quiet: its changes go.
-                                self.flush_replays(out).await?;
-                            }
-                            // The index is due: send it while the watch
-                            // waits (not while a replay is held: it has
-                            // the held changes' objects).
-                            let due = (self.index_dirty
-                                && now >= self.index_sent + self.index_interval)
-                                || self
-                                    .created_at
-                                    .is_some_and(|t| now >= t + CREATION_INDEX_AFTER);
-                            if due && self.replays.is_empty() {
-                                self.send_index(out).await?;
-                            }
-                        }
-                        Err(_) => {
-                            tracing::warn!(
-                                kind = self.target.kind.as_str(),
-                                "watch idle for {idle:?}; resuming"
-                            );
-                            break None;
-                        }
-                    }
-                } {
-                    last_event = tokio::time::Instant::now();
-                    if !matches!(&event, WatchEvent::Error(_)) {
-                        self.gone_in_a_row = 0;
-                    }
-                    self.failures = 0;
-                    let (seen, obj) = match event {
-                        WatchEvent::Added(o) => (Seen::Added, o),
-                        WatchEvent::Modified(o) => (Seen::Modified, o),
-                        WatchEvent::Deleted(o) => (Seen::Deleted, o),
-                        WatchEvent::Bookmark(b) => {
-                            at = b.metadata.resource_version;
-                            if !self.replays.is_empty() {
-                                // Past the replay: its changes go first.
-                                // Before its end: no progress may pass
-                                // them.
-                                if !self.replay_ends_at(&at) {
-                                    continue;
-                                }
-                                self.flush_replays(out).await?;
-                            }
-                            send(Output::Progress {
-                                resource_version: at.clone(),
-                                index_changed: false,
-                            })
-                            .await?;
-                            continue;
-                        }
-                        WatchEvent::Error(status) if status.code == 410 => {
-                            self.drop_replays();
-                            tracing::info!(kind = self.target.kind.as_str(), from = %at, "watch history expired; resynchronising");
-                            self.relist_floor.get_or_insert(at);
-                            self.state = State::Relist;
-                            // A 410 again right after a relist (no event in
-                            // between) must not spin list+watch: back off.
-                            self.gone_in_a_row += 1;
-                            if self.gone_in_a_row > 1 {
-                                tokio::time::sleep(backoff(self.gone_in_a_row - 1)).await;
-                            }
-                            return Ok(());
-                        }
-                        WatchEvent::Error(status) => {
-                            self.state = State::Resume { from: at };
-                            return Err(WatchError::Api(kube::Error::Api(status)));
-                        }
-                    };
-                    let Some((snapshot, rv)) = self.snapshot(obj) else {
-                        continue;
-                    };
-                    at = rv.clone();
-                    let (event, remembered_changed) =
-                        self.index
-                            .apply_noting(seen, snapshot, self.target.metadata_changes);
-                    // A label-only change delivers nothing but changes what
-                    // the stored index must remember; a change always counts
-                    // (the checkpoint waits for an index sent after it).
-                    self.index_dirty |= remembered_changed || event.is_some();
-                    match event {
-                        Some(mut event) => {
-                            self.mark_replay(&mut event, Some(&rv));
-                            if event.replay && matches!(self.replay, Replay::Until(_)) {
-                                self.hold_replay(event, rv);
-                                continue;
-                            }
-                            self.flush_replays(out).await?;
-                            if event.change == ChangeType::Added {
-                                self.created_at
-                                    .get_or_insert_with(tokio::time::Instant::now);
-                            }
-                            self.send_marked(out, event, Some(rv)).await?;
-                            if self.index_sent.elapsed() >= self.index_interval
-                                || self
-                                    .created_at
-                                    .is_some_and(|t| t.elapsed() >= CREATION_INDEX_AFTER)
-                            {
-                                self.send_index(out).await?;
-                            }
-                        }
-                        None if !self.replays.is_empty() => {
-                            // Nothing to deliver, but no progress may pass
-                            // the held replays: it waits for a later one.
-                        }
-                        None => {
-                            send(Output::Progress {
-                                resource_version: rv,
-                                index_changed: remembered_changed,
-                            })
-                            .await?
-                        }
-                    }
-                }
-                // The stream ended (timeout, closed by the server): resume
-                // (a replay held goes on being held: the rest of it follows
-                // on the next watch).
-                self.state = State::Resume { from: at };
+            }
+            None if !self.replays.is_empty() => {
+                // Nothing to deliver, but no progress may pass the held
+                // replays: it waits for a later one.
+            }
+            None => {
+                send(
+                    out,
+                    Output::Progress {
+                        resource_version: rv,
+                        index_changed: remembered_changed,
+                    },
+                )
+                .await?
             }
         }
         Ok(())
@@ -913,6 +1069,49 @@ impl<A: ObjectApi> WatchLoop<A> {
                 }
             }
         }
+    }
+}
+
+/// How a watch ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// The stream ended (the server's timeout, closed) or went idle.
+    Stream,
+    /// 410 Gone: the history from its version is gone.
+    Gone,
+}
+
+/// A watch's stream of events.
+type Events = futures_util::stream::BoxStream<'static, kube::Result<WatchEvent<DynamicObject>>>;
+
+async fn send(out: &mpsc::Sender<Output>, output: Output) -> Result<(), WatchError> {
+    out.send(output).await.map_err(|_| WatchError::Closed)
+}
+
+/// Whether a change at `rv` (`None`: no version) is a replay, replaying up
+/// to `until` (see [`Watch::replay_until`]); a live change ends the replay
+/// (`until` becomes `None`).
+fn replayed(until: &mut Option<u64>, event: &ChangeEvent, rv: Option<&str>) -> bool {
+    let Some(end) = *until else {
+        return false;
+    };
+    match rv.and_then(|v| v.parse::<u64>().ok()) {
+        Some(v) if v <= end => true,
+        // A resync right after taking over: the differences are from the
+        // gap.
+        _ if event.change == ChangeType::Resynced => true,
+        _ => {
+            *until = None;
+            false
+        }
+    }
+}
+
+/// Whether a bookmark at `version` is past a replay up to `until`.
+fn replay_ends_at(until: Option<u64>, version: &str) -> bool {
+    match (until, version.parse::<u64>()) {
+        (Some(until), Ok(v)) => v >= until,
+        _ => true,
     }
 }
 
@@ -957,16 +1156,4 @@ pub fn seed_jitter(seed: u64) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_and_is_capped() {
-        let b1 = backoff(1).as_secs_f64();
-        assert!((0.15..=0.25).contains(&b1), "{b1}");
-        let b5 = backoff(5).as_secs_f64();
-        assert!((2.4..=4.0).contains(&b5), "{b5}");
-        let b50 = backoff(50).as_secs_f64();
-        assert!((22.5..=37.5).contains(&b50), "{b50}");
-    }
-}
+mod tests;
