@@ -90,15 +90,15 @@ async fn main() {
         term.clone(),
     );
     // STATE_BYTES_TAIL (bytes, packed) tries another tail limit,
-    // STATE_BYTES_RUN another number of segments a run merges at.
+    // STATE_BYTES_TIER another number of segments a tier holds.
     let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
     let mut sizes =
         wasmwatch_kube::checkpoint::Sizes::with_segment(wasmwatch_kube::checkpoint::SHARD_BYTES);
     if let Some(tail) = env("STATE_BYTES_TAIL") {
         sizes.tail = tail;
     }
-    if let Some(run) = env("STATE_BYTES_RUN") {
-        sizes.run = run;
+    if let Some(tier) = env("STATE_BYTES_TIER") {
+        sizes.tier = tier;
     }
     store = store.sizes(sizes);
     store.claim().await.unwrap();

@@ -339,10 +339,11 @@ pub struct CheckpointStore<A = Api<Lease>> {
     stored: BTreeMap<ObjectKind, ObjectIndex>,
     /// The segments the committed state names, and its tail.
     log: Log,
-    /// Per kind, the index as the log's segments before its run hold it
-    /// (see [`segments::RUN_SEGMENTS`]): a merge of the run writes what
-    /// changed since.
-    run_base: BTreeMap<ObjectKind, ObjectIndex>,
+    /// Per tier of the log (newest first, see [`segments::TIER_SEGMENTS`]),
+    /// the index per kind as the segments before the tier's first hold it:
+    /// a merge of the tier writes what changed since. A kind missing had no
+    /// lines yet.
+    tier_bases: Vec<BTreeMap<ObjectKind, ObjectIndex>>,
     tail: String,
     /// How many saves' deltas the tail holds (a claim counts one for a
     /// tail it finds).
@@ -402,7 +403,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             lease: None,
             stored: BTreeMap::new(),
             log: Log::default(),
-            run_base: BTreeMap::new(),
+            tier_bases: Vec::new(),
             tail: String::new(),
             tail_saves: 0,
             legacy: Default::default(),
@@ -674,9 +675,9 @@ impl<A: LeaseApi> CheckpointStore<A> {
         let mut found = BTreeMap::new();
         if let Some((log, tail)) = log {
             match self.read_log(&log, &tail).await {
-                Ok((read, run_base)) => {
+                Ok((read, tier_bases)) => {
                     found.extend(read);
-                    self.run_base = run_base;
+                    self.tier_bases = tier_bases;
                     self.log = log;
                     self.tail_saves = usize::from(!tail.is_empty());
                     self.tail = tail;
@@ -747,7 +748,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
     }
 
     /// Reads the stored index of every kind the log holds: its segments in
-    /// order, then the tail; and the indexes before the log's run.
+    /// order, then the tail; and the indexes before each tier's segments.
     #[allow(clippy::type_complexity)]
     async fn read_log(
         &self,
@@ -756,7 +757,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
     ) -> Result<
         (
             BTreeMap<ObjectKind, ObjectIndex>,
-            BTreeMap<ObjectKind, ObjectIndex>,
+            Vec<BTreeMap<ObjectKind, ObjectIndex>>,
         ),
         CheckpointError,
     > {
@@ -772,12 +773,19 @@ impl<A: LeaseApi> CheckpointStore<A> {
             }
             Ok::<(), String>(())
         };
-        let run_from = log.segments.len() - log.run.0.min(log.segments.len());
-        let mut run_base = None;
-        for (i, &seq) in log.segments.iter().enumerate() {
-            if i == run_from {
-                run_base = Some(indexes.clone());
+        let starts = log.tier_starts();
+        let mut tier_bases = vec![None; starts.len()];
+        let mut take_bases = |at: usize, indexes: &BTreeMap<ObjectKind, ObjectIndex>| {
+            for (base, _) in tier_bases
+                .iter_mut()
+                .zip(&starts)
+                .filter(|(_, s)| **s == at)
+            {
+                *base = Some(indexes.clone());
             }
+        };
+        for (i, &seq) in log.segments.iter().enumerate() {
+            take_bases(i, &indexes);
             let name = segment_name(&self.name, seq);
             let text = self.segment_text(&name).await?;
             segments::unpack(&text)
@@ -787,13 +795,17 @@ impl<A: LeaseApi> CheckpointStore<A> {
                     message,
                 })?;
         }
-        // Copies share their entries: the base costs what the run changed.
-        let run_base = run_base.unwrap_or_else(|| indexes.clone());
+        // Copies share their entries: a base costs what changed since.
+        take_bases(log.segments.len(), &indexes);
+        let tier_bases = tier_bases
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect();
         apply(&mut indexes, tail).map_err(|message| CheckpointError::Corrupt {
             lease: self.name.clone(),
             message: format!("{TAIL_ANNOTATION}: {message}"),
         })?;
-        Ok((indexes, run_base))
+        Ok((indexes, tier_bases))
     }
 
     /// A named segment's text. One that is gone would lose its objects'
@@ -1063,11 +1075,19 @@ impl<A: LeaseApi> CheckpointStore<A> {
                     .map(|((_, s), ix)| (s.clone(), ix.clone()))
                     .collect();
                 let stored = self.stored.get(&kind).cloned();
-                let run_base = self.run_base.get(&kind).cloned();
+                let bases: Vec<ObjectIndex> = self
+                    .tier_bases
+                    .iter()
+                    .map(|b| {
+                        b.get(&kind)
+                            .cloned()
+                            .unwrap_or_else(|| ObjectIndex::new(kind))
+                    })
+                    .collect();
                 (
                     kind,
                     stored.unwrap_or_else(|| ObjectIndex::new(kind)),
-                    run_base.unwrap_or_else(|| ObjectIndex::new(kind)),
+                    bases,
                     streams,
                 )
             })
@@ -1091,8 +1111,8 @@ impl<A: LeaseApi> CheckpointStore<A> {
             };
             let mut deltas = Vec::new();
             let mut indexes = Vec::new();
-            let mut run_bases = Vec::new();
-            for (kind, mut index, run_base, streams) in work {
+            let mut tier_bases = Vec::new();
+            for (kind, mut index, bases, streams) in work {
                 let mut delta = String::new();
                 for (scope, ix) in &streams {
                     delta.push_str(&index.delta(ix, scope));
@@ -1100,17 +1120,17 @@ impl<A: LeaseApi> CheckpointStore<A> {
                 }
                 deltas.push((kind, fit(delta)));
                 indexes.push((kind, index));
-                run_bases.push(run_base);
+                tier_bases.push(bases);
             }
             let full =
                 || segments::join_kinds(indexes.iter().map(|(k, ix)| (*k, fit(ix.encode()))));
-            let merged = || {
-                segments::join_kinds(
-                    indexes
-                        .iter()
-                        .zip(&run_bases)
-                        .map(|((k, ix), base)| (*k, fit(base.delta(ix, &Scope::All)))),
-                )
+            // What changed since tier `t` began.
+            let merged = |t: usize| {
+                segments::join_kinds(indexes.iter().zip(&tier_bases).map(|((k, ix), bases)| {
+                    let empty = ObjectIndex::new(*k);
+                    let base = bases.get(t).unwrap_or(&empty);
+                    (*k, fit(base.delta(ix, &Scope::All)))
+                }))
             };
             let mut plan = if rewrite {
                 log.rewrite(&full(), &mut next, sizes.segment)
@@ -1220,8 +1240,19 @@ impl<A: LeaseApi> CheckpointStore<A> {
             false => self.tail_saves + 1,
         };
         self.tail = plan.tail;
-        if plan.rebased {
-            self.run_base = indexes.iter().cloned().collect();
+        let now: BTreeMap<ObjectKind, ObjectIndex> = indexes.iter().cloned().collect();
+        match plan.rebased {
+            0 => {}
+            usize::MAX => self.tier_bases = vec![now],
+            merged => {
+                // The tier merged into begins where it did; one new begins
+                // where the oldest tier merged did.
+                while self.tier_bases.len() <= merged {
+                    let oldest = self.tier_bases.last().cloned().unwrap_or_default();
+                    self.tier_bases.push(oldest);
+                }
+                self.tier_bases[..merged].fill(now);
+            }
         }
         self.stored.extend(indexes);
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {

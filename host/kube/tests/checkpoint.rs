@@ -1296,21 +1296,23 @@ async fn a_per_kind_log_beside_the_log_wins_even_when_it_cannot_be_read() {
     assert!(annotation(&server, "wasmwatch.io/index-log").is_null());
 }
 
-/// Small changes make small segments; a run of more than `Sizes::run` of
-/// them is merged into one segment of what changed since the run began
-/// (data changes as patch lines), so a claim reads a bounded number of
-/// segments. A successor that claims in the middle of a run merges that
-/// run as its writer would have, and every claim reads exactly the index
-/// saved.
+/// Small changes make small segments in tier 0; a tier of more than
+/// `Sizes::tier` segments is merged with the newer ones into one segment
+/// of the next tier, of what changed since the oldest began (data changes
+/// as patch lines), so a claim reads a bounded number of segments.
+/// Successors that claim with tiers part full merge them as their writer
+/// would have (the index before each tier is rebuilt at the claim), and
+/// every claim reads exactly the index saved.
 #[tokio::test]
-async fn runs_of_small_segments_are_merged_and_a_successor_merges_the_run_it_found() {
+async fn full_tiers_are_merged_and_successors_merge_the_tiers_they_found() {
     use wasmwatch_kube::checkpoint::Sizes;
     let server = Server::start(Config::default()).await.unwrap();
     let sizes = Sizes {
-        segment: 8 * 1024,
+        segment: 32 * 1024,
         tail: 256,
-        compact_floor: usize::MAX / 4,
-        run: 3,
+        // The first save rewrites (a base), the rest stay under twice it.
+        compact_floor: 0,
+        tier: 3,
     };
     let mut digests: Vec<u128> = (0..3000).collect();
     let names: Vec<String> = (0..3000).map(|i| format!("shop/cm-{i}")).collect();
@@ -1342,17 +1344,22 @@ async fn runs_of_small_segments_are_merged_and_a_successor_merges_the_run_it_fou
         )
         .unwrap()
     };
+    let tiers = || log().tiers.iter().map(|t| t.0).collect::<Vec<_>>();
     let mut a = store(&server, term("pod-a", 1)).sizes(sizes);
     let cps = a.claim().await.unwrap().checkpoints;
     a.save(&cps, &[stream(current(&digests))]).await.unwrap();
     let base = log().segments;
-    let mut runs = Vec::new();
+    let mut seen = Vec::new();
     for i in 1..=5 {
         change(&mut digests, i);
         a.save(&cps, &[stream(current(&digests))]).await.unwrap();
-        runs.push(log().run.0);
+        seen.push(tiers());
     }
-    assert_eq!(runs, [1, 2, 3, 0, 1], "the fourth save merged the run");
+    assert_eq!(
+        seen,
+        [vec![1], vec![2], vec![3], vec![0, 1], vec![1, 1]],
+        "the fourth save merged tier 0 into tier 1"
+    );
     let merged = log().segments[base.len()];
     let text = segment_text(&server, &format!("wasmwatch-state-segment-{merged}"));
     let text = wasmwatch_kube::checkpoint::unpack(&text)
@@ -1363,20 +1370,29 @@ async fn runs_of_small_segments_are_merged_and_a_successor_merges_the_run_it_fou
         text.lines().skip(1).all(|l| l.contains(" + ")),
         "data changes as patch lines: {text}"
     );
-    // A successor claims with one segment in the run, and goes on.
-    let mut b = store(&server, term("pod-b", 2)).sizes(sizes);
-    let claimed = b.claim().await.unwrap();
-    assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], current(&digests));
-    for i in 6..=8 {
-        change(&mut digests, i);
-        b.save(&claimed.checkpoints, &[stream(current(&digests))])
-            .await
-            .unwrap();
+    // Successors claim with tiers part full, and go on until their tiers
+    // merge; each claim reads the index whole.
+    let mut term_n = 2;
+    let mut i = 5;
+    for (until, expect) in [(17, vec![1, 0, 1]), (33, vec![1, 0, 2])] {
+        let mut next = store(&server, term(&format!("pod-{term_n}"), term_n)).sizes(sizes);
+        term_n += 1;
+        let claimed = next.claim().await.unwrap();
+        assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], current(&digests));
+        while i < until {
+            i += 1;
+            change(&mut digests, i);
+            next.save(&claimed.checkpoints, &[stream(current(&digests))])
+                .await
+                .unwrap();
+        }
+        assert_eq!(tiers(), expect);
+        assert_eq!(log().segments[..base.len()], base[..], "the base stays");
+        only_named_segments_left(&server, "merged segments are deleted").await;
     }
-    assert_eq!(log().run, (0, 0), "merged again");
-    assert_eq!(log().segments.len(), base.len() + 2, "{:?}", log());
-    assert_eq!(log().segments[..base.len()], base[..], "the base stays");
-    only_named_segments_left(&server, "the runs' segments are deleted").await;
-    let claimed = store(&server, term("pod-c", 3)).claim().await.unwrap();
+    let claimed = store(&server, term("pod-last", term_n))
+        .claim()
+        .await
+        .unwrap();
     assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], current(&digests));
 }

@@ -104,7 +104,7 @@ async fn lead(
                 segment: setup.segment_bytes,
                 tail: setup.segment_bytes / 10,
                 compact_floor: setup.segment_bytes * 4,
-                run: 4,
+                tier: 4,
             });
     let mut failures = 0;
     let mut claimed = loop {

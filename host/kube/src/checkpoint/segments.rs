@@ -67,8 +67,8 @@ pub struct Sizes {
     /// Segments written since the last rewrite up to this never cause
     /// one: [`COMPACT_FLOOR`].
     pub compact_floor: usize,
-    /// The most segments of a run: [`RUN_SEGMENTS`].
-    pub run: usize,
+    /// The most segments of a tier: [`TIER_SEGMENTS`].
+    pub tier: usize,
 }
 
 impl Sizes {
@@ -78,22 +78,25 @@ impl Sizes {
             segment,
             tail: TAIL_BYTES,
             compact_floor: COMPACT_FLOOR,
-            run: RUN_SEGMENTS,
+            tier: TIER_SEGMENTS,
         }
     }
 }
 
-/// A run (the segments written since the last merge or rewrite) of more
-/// segments than this is merged into one: its objects' lines as they are
-/// now, each once. Small deltas make small segments, and a new leader
-/// reads every segment with one request: without merges a log grew to
-/// ~2,400 segments before its full rewrite (200k objects, patch lines of
-/// ~20 bytes a change) and a claim read 616 of them in 3.2 s. Merged
-/// segments stay until the next full rewrite ([`COMPACT_FACTOR`]), so a
-/// claim reads at most the base, `COMPACT_FACTOR` times the base in merged
-/// segments, and one run. Measured with `examples/state_bytes.rs`: see
-/// ARCHITECTURE.md.
-pub const RUN_SEGMENTS: usize = 16;
+/// The most segments a tier holds. The segments after the last full
+/// rewrite (the base) are in tiers: a save's new segments join tier 0;
+/// once a tier would hold more, it and every newer tier are merged into
+/// one set of segments of the next tier: their objects' lines as they are
+/// now, each once (what changed since the oldest of them began). Small
+/// deltas make small segments, and a new leader reads every segment with
+/// one request: without merges a log grew to ~2,400 segments before its
+/// full rewrite (200k objects, patch lines of ~20 bytes a change) and a
+/// claim read 616 of them in 3.2 s. With tiers of 16, each tier's
+/// segments are ~16 times the size of the last tier's, so a claim reads
+/// the base and at most 16 segments a tier, the tiers bounded by the full
+/// rewrite ([`COMPACT_FACTOR`]). Measured with `examples/state_bytes.rs`:
+/// see ARCHITECTURE.md.
+pub const TIER_SEGMENTS: usize = 16;
 
 /// The whole index is rewritten once the segments written since its last
 /// rewrite outweigh it this many times: the store holds at most about
@@ -116,10 +119,11 @@ pub struct Log {
     pub bytes: usize,
     /// Bytes of the segments of the last full rewrite.
     pub base: usize,
-    /// How many of the last segments are the run (written since the last
-    /// merge or rewrite), and their bytes: `run=3/9000` (none: `0/0`,
-    /// not written).
-    pub run: (usize, usize),
+    /// The tiers of the segments after the base, newest first (see
+    /// [`TIER_SEGMENTS`]): how many of the last segments each holds, and
+    /// their bytes. `tiers=3/9000,1/50000`; none written when all are
+    /// empty.
+    pub tiers: Vec<(usize, usize)>,
 }
 
 /// What one kind's part of a save writes.
@@ -133,9 +137,10 @@ pub struct Plan {
     pub tail: String,
     /// Segments no longer named once committed (to delete after).
     pub dropped: Vec<u64>,
-    /// Whether the run starts anew from the new index (a rewrite or a
-    /// merge): the next merge writes what changed since it.
-    pub rebased: bool,
+    /// How many of the newest tiers start anew from the new index (a
+    /// merge of them: they are empty now; a rewrite: all,
+    /// `usize::MAX`): a later merge of one writes what changed since.
+    pub rebased: usize,
 }
 
 impl Log {
@@ -154,11 +159,16 @@ impl Log {
                 "segments" => log.segments = parse_seqs(v)?,
                 "bytes" => log.bytes = number(v)?,
                 "base" => log.base = number(v)?,
-                "run" => {
-                    let (n, b) = v
-                        .split_once('/')
-                        .ok_or_else(|| format!("{field:?}: expected run=count/bytes"))?;
-                    log.run = (number(n)?, number(b)?);
+                "tiers" => {
+                    log.tiers = v
+                        .split(',')
+                        .map(|t| {
+                            let (n, b) = t.split_once('/').ok_or_else(|| {
+                                format!("{field:?}: expected tiers=count/bytes,...")
+                            })?;
+                            Ok((number(n)?, number(b)?))
+                        })
+                        .collect::<Result<_, String>>()?
                 }
                 "kinds" => {
                     log.kinds = v
@@ -182,8 +192,9 @@ impl Log {
             self.bytes,
             self.base
         );
-        if self.run != (0, 0) {
-            out.push_str(&format!(" run={}/{}", self.run.0, self.run.1));
+        if !self.tiers.is_empty() {
+            let tiers: Vec<String> = self.tiers.iter().map(|(n, b)| format!("{n}/{b}")).collect();
+            out.push_str(&format!(" tiers={}", tiers.join(",")));
         }
         if !self.kinds.is_empty() {
             let kinds: Vec<&str> = self.kinds.iter().map(|k| k.as_str()).collect();
@@ -195,15 +206,15 @@ impl Log {
     /// What a save that changes the index by `delta` writes, with the
     /// current `tail` (holding the deltas of `tail_saves` saves), new
     /// segments numbered from `next` (advanced); `full` gives the whole
-    /// new index's text if it is rewritten, `merged` what changed since the
-    /// run began (the index as of the last [`Plan::rebased`]) if the run
-    /// is merged.
+    /// new index's text if it is rewritten, `merged(k)` what changed since
+    /// tier `k` began (the index before its first segment) if tiers `0..=k`
+    /// are merged.
     pub fn plan(
         &self,
         (tail, tail_saves): (&str, usize),
         delta: &str,
         full: impl FnOnce() -> String,
-        merged: impl FnOnce() -> String,
+        merged: impl FnOnce(usize) -> String,
         next: &mut u64,
         sizes: Sizes,
     ) -> Plan {
@@ -223,19 +234,32 @@ impl Log {
                 log: self.clone(),
                 tail: text,
                 dropped: Vec::new(),
-                rebased: false,
+                rebased: 0,
             };
         }
         let mut parts = pack_parts(&text, max);
-        let (run, run_bytes) = self.run;
-        let merge = run + parts.len() > sizes.run.max(1);
-        let kept = self.segments.len() - run.min(self.segments.len());
         let mut log = self.clone();
-        if merge {
-            parts = pack_parts(&merged(), max);
-            log.segments.truncate(kept);
-            log.bytes -= run_bytes.min(log.bytes);
-            log.run = (0, 0);
+        let limit = sizes.tier.max(1);
+        let count = |log: &Log, k: usize| log.tiers.get(k).map_or(0, |t| t.0);
+        // Tiers 0..=k merged, into tier k + 1.
+        let merge = (count(&log, 0) + parts.len() > limit).then(|| {
+            let mut k = 0;
+            while count(&log, k + 1) + 1 > limit {
+                k += 1;
+            }
+            k
+        });
+        let mut dropped = Vec::new();
+        if let Some(k) = merge {
+            parts = pack_parts(&merged(k), max);
+            log.tiers.resize(log.tiers.len().max(k + 2), (0, 0));
+            let (n, bytes) = log.tiers[..=k]
+                .iter_mut()
+                .map(std::mem::take)
+                .fold((0, 0), |(n, b), (tn, tb)| (n + tn, b + tb));
+            let kept = log.segments.len() - n.min(log.segments.len());
+            dropped = log.segments.split_off(kept);
+            log.bytes -= bytes.min(log.bytes);
         }
         let added: usize = parts.iter().map(String::len).sum();
         let written = log.bytes - log.base.min(log.bytes) + added;
@@ -245,20 +269,37 @@ impl Log {
         let create = numbered(parts, next);
         log.segments.extend(create.iter().map(|(n, _)| *n));
         log.bytes += added;
-        if !merge {
-            log.run = (run + create.len(), run_bytes + added);
+        let into = merge.map_or(0, |k| k + 1);
+        log.tiers.resize(log.tiers.len().max(into + 1), (0, 0));
+        log.tiers[into].0 += create.len();
+        log.tiers[into].1 += added;
+        while log.tiers.last() == Some(&(0, 0)) {
+            log.tiers.pop();
         }
         Plan {
             create,
             log,
             tail: String::new(),
-            dropped: if merge {
-                self.segments[kept..].to_vec()
-            } else {
-                Vec::new()
-            },
-            rebased: merge,
+            dropped,
+            rebased: into,
         }
+    }
+
+    /// Where each tier's segments begin in [`Log::segments`], newest tier
+    /// first: a tier's index base is the index read before that position
+    /// (an empty tier begins where the next newer one does). One entry
+    /// at least (tier 0).
+    pub fn tier_starts(&self) -> Vec<usize> {
+        let mut at = self.segments.len();
+        let mut starts = Vec::new();
+        for (n, _) in &self.tiers {
+            at -= (*n).min(at);
+            starts.push(at);
+        }
+        if starts.is_empty() {
+            starts.push(at);
+        }
+        starts
     }
 }
 
@@ -274,12 +315,12 @@ impl Log {
                 segments: create.iter().map(|(n, _)| *n).collect(),
                 bytes,
                 base: bytes,
-                run: (0, 0),
+                tiers: Vec::new(),
             },
             create,
             tail: String::new(),
             dropped: self.segments.clone(),
-            rebased: true,
+            rebased: usize::MAX,
         }
     }
 }
@@ -327,12 +368,32 @@ pub fn unpack(stored: &str) -> Result<std::borrow::Cow<'_, str>, String> {
 pub fn pack_parts(text: &str, max: usize) -> Vec<String> {
     let mut out = Vec::new();
     let mut mark: Option<String> = None;
-    for part in split_lines(text, 4 * max) {
-        let part = headed(mark.as_deref(), part);
+    // Raw text taken a part at a time, sized by how well the last part
+    // packed: index lines with remembered metadata pack ~18 times, bare
+    // hex ~2 times. (A fixed 4 times `max` made the segments of a 200k
+    // index 44 KB each: 135 of them where 30 hold it.)
+    let mut raw = 4 * max;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut end = raw.min(rest.len());
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        let cut = match rest[..end].rfind('\n') {
+            _ if rest.len() <= raw => rest.len(),
+            Some(i) => i + 1,
+            None => rest.find('\n').map_or(rest.len(), |i| i + 1),
+        };
+        let (part, after) = rest.split_at(cut);
+        rest = after;
+        let part = headed(mark.as_deref(), part.to_string());
         if let Some(m) = last_mark(&part) {
             mark = Some(m.to_string());
         }
+        let before = out.len();
         pack_into(&part, max, &mut out);
+        let packed: usize = out[before..].iter().map(String::len).sum();
+        raw = (part.len() * (max - max / 8) / packed.max(1)).clamp(max, 64 * max);
     }
     out.retain(|p| p != &pack(""));
     out
@@ -600,7 +661,7 @@ mod tests {
             segments: vec![3, 4, 5, 9, 11, 12],
             bytes: 4096,
             base: 2048,
-            run: (0, 0),
+            tiers: Vec::new(),
         };
         assert_eq!(log.format(), "segments=3-5,9,11-12 bytes=4096 base=2048");
         assert_eq!(Log::parse(&log.format()).unwrap(), log);
@@ -614,15 +675,16 @@ mod tests {
         );
         assert_eq!(Log::parse(&log.format()).unwrap(), log);
         let log = Log {
-            run: (2, 700),
+            tiers: vec![(2, 700), (0, 0), (1, 9000)],
             ..log
         };
         assert_eq!(
             log.format(),
-            "segments=3-5,9,11-12 bytes=4096 base=2048 run=2/700 kinds=ConfigMap,Secret"
+            "segments=3-5,9,11-12 bytes=4096 base=2048 tiers=2/700,0/0,1/9000 kinds=ConfigMap,Secret"
         );
         assert_eq!(Log::parse(&log.format()).unwrap(), log);
-        assert!(Log::parse("run=2").is_err());
+        assert_eq!(log.tier_starts(), [4, 4, 3]);
+        assert!(Log::parse("tiers=2").is_err());
         assert!(Log::parse("segments=1 kinds=Pod").is_err());
         assert_eq!(
             Log::parse("segments= bytes=0 base=0").unwrap(),
@@ -665,13 +727,13 @@ mod tests {
             segments: vec![1],
             bytes: 100_000,
             base: 100_000,
-            run: (0, 0),
+            tiers: Vec::new(),
         };
         let p = log.plan(
             ("a x\n", 1),
             "b y\n",
             || unreachable!(),
-            || unreachable!(),
+            |_| unreachable!(),
             &mut next,
             Sizes::with_segment(1000),
         );
@@ -684,7 +746,7 @@ mod tests {
             ("a x\n", 1),
             &delta,
             || unreachable!(),
-            || unreachable!(),
+            |_| unreachable!(),
             &mut next,
             Sizes::with_segment(5_000),
         );
@@ -713,7 +775,7 @@ mod tests {
             ("", 0),
             &delta,
             || unreachable!(),
-            || unreachable!(),
+            |_| unreachable!(),
             &mut next,
             sizes,
         );
@@ -722,7 +784,7 @@ mod tests {
             (&first.tail, 1),
             &delta,
             || unreachable!(),
-            || unreachable!(),
+            |_| unreachable!(),
             &mut next,
             sizes,
         );
@@ -731,7 +793,7 @@ mod tests {
             (&second.tail, 2),
             &delta,
             || unreachable!(),
-            || unreachable!(),
+            |_| unreachable!(),
             &mut next,
             sizes,
         );
@@ -744,7 +806,7 @@ mod tests {
             ("a x\n", 9),
             &small,
             || unreachable!(),
-            || unreachable!(),
+            |_| unreachable!(),
             &mut next,
             sizes,
         );
@@ -753,7 +815,7 @@ mod tests {
             (&second.tail, 5),
             "",
             || unreachable!(),
-            || unreachable!(),
+            |_| unreachable!(),
             &mut next,
             sizes,
         );
@@ -771,13 +833,13 @@ mod tests {
             segments: vec![1, 2, 7],
             bytes: 300_000 - packed,
             base: 100_000,
-            run: (0, 0),
+            tiers: Vec::new(),
         };
         let p = log.plan(
             ("", 0),
             &delta,
             || unreachable!(),
-            || unreachable!(),
+            |_| unreachable!(),
             &mut next,
             Sizes::with_segment(50_000),
         );
@@ -793,7 +855,7 @@ mod tests {
             ("", 0),
             &delta,
             || full.clone(),
-            || unreachable!(),
+            |_| unreachable!(),
             &mut next,
             Sizes::with_segment(50_000),
         );
@@ -806,14 +868,15 @@ mod tests {
         assert_eq!(p.tail, "");
     }
 
-    /// Segments join the run until it would pass `Sizes::run`; then the
-    /// run, the tail and the delta become the merged text (what changed
-    /// since the run began), the run's segments go, and the base and the
-    /// segments before the run stay.
+    /// Segments join tier 0 until it would pass `Sizes::tier`; then tier
+    /// 0, the tail and the delta become the merged text (what changed
+    /// since tier 0 began) in tier 1, and once tier 1 is full, tiers 0 and
+    /// 1 merge into tier 2; the base stays. A merge past the compaction
+    /// rule rewrites instead.
     #[test]
-    fn a_run_of_too_many_segments_is_merged_into_what_changed_since_it_began() {
+    fn a_full_tier_is_merged_with_the_newer_ones_into_the_next() {
         let sizes = Sizes {
-            run: 3,
+            tier: 2,
             ..Sizes::with_segment(200 * 1024)
         };
         let mut next = 10;
@@ -822,43 +885,69 @@ mod tests {
             segments: vec![1, 2],
             bytes: 1_000_000,
             base: 1_000_000,
-            run: (0, 0),
+            tiers: Vec::new(),
         };
         let delta = lines(2000, 9);
-        for n in 1..=3 {
+        let mut seen = Vec::new();
+        for _ in 0..8 {
+            let mut asked = None;
             let p = log.plan(
                 ("", 0),
                 &delta,
                 || unreachable!(),
-                || unreachable!(),
+                |k| {
+                    asked = Some(k);
+                    lines(100 * (k + 1), k as u64)
+                },
                 &mut next,
                 sizes,
             );
             assert_eq!(p.create.len(), 1);
-            assert!(p.dropped.is_empty() && !p.rebased);
-            let added = p.create[0].1.len();
-            assert_eq!(p.log.run, (n, log.run.1 + added));
-            assert_eq!(p.log.bytes, log.bytes + added);
+            assert_eq!(p.rebased, asked.map_or(0, |k| k + 1));
+            let bytes: usize = p.log.tiers.iter().map(|t| t.1).sum();
+            assert_eq!(p.log.bytes, 1_000_000 + bytes, "{:?}", p.log);
+            assert_eq!(p.log.segments[..2], [1, 2], "the base stays");
+            let counts: Vec<usize> = p.log.tiers.iter().map(|t| t.0).collect();
+            let named: usize = counts.iter().sum();
+            assert_eq!(p.log.segments.len(), 2 + named);
+            let gone: Vec<u64> = log
+                .segments
+                .iter()
+                .filter(|n| !p.log.segments.contains(n))
+                .copied()
+                .collect();
+            assert_eq!(p.dropped, gone);
+            seen.push((asked, counts));
             log = p.log;
         }
-        assert_eq!(log.segments, [1, 2, 10, 11, 12]);
-        let merged = lines(2500, 9);
+        assert_eq!(
+            seen,
+            [
+                (None, vec![1]),
+                (None, vec![2]),
+                (Some(0), vec![0, 1]),
+                (None, vec![1, 1]),
+                (None, vec![2, 1]),
+                (Some(0), vec![0, 2]),
+                (None, vec![1, 2]),
+                (None, vec![2, 2]),
+            ]
+        );
         let p = log.plan(
             ("", 0),
             &delta,
             || unreachable!(),
-            || merged.clone(),
+            |k| lines(100 * (k + 1), k as u64),
             &mut next,
             sizes,
         );
-        assert!(p.rebased);
-        assert_eq!(p.dropped, [10, 11, 12]);
-        assert_eq!(p.create.len(), 1);
-        assert_eq!(unpack(&p.create[0].1).unwrap(), merged);
-        assert_eq!(p.log.segments, [1, 2, 13]);
-        assert_eq!(p.log.run, (0, 0));
-        assert_eq!(p.log.bytes, 1_000_000 + p.create[0].1.len());
-        assert_eq!(p.log.base, 1_000_000);
+        assert_eq!(p.rebased, 2, "tiers 0 and 1 merged");
+        assert_eq!(
+            p.log.tiers.iter().map(|t| t.0).collect::<Vec<_>>(),
+            [0, 0, 1]
+        );
+        assert_eq!(unpack(&p.create[0].1).unwrap(), lines(200, 1));
+        assert_eq!(p.log.segments, [1, 2, p.create[0].0]);
         // A merge that would pass the compaction rule rewrites instead.
         let small = Log {
             bytes: 10,
@@ -870,15 +959,37 @@ mod tests {
             ("", 0),
             &delta,
             || full.clone(),
-            || merged.clone(),
+            |k| lines(100 * (k + 1), k as u64),
             &mut next,
             Sizes {
                 compact_floor: 0,
                 ..sizes
             },
         );
-        assert!(p.rebased);
-        assert_eq!(p.dropped, [1, 2, 10, 11, 12]);
+        assert_eq!(p.rebased, usize::MAX);
+        assert_eq!(p.dropped, log.segments);
         assert_eq!(p.log.base, p.log.bytes);
+        assert!(p.log.tiers.is_empty());
+    }
+
+    /// Raw text is cut by how well it packs: parts of well-packing lines
+    /// fill a segment, not a quarter of one, and every part still fits.
+    #[test]
+    fn parts_are_sized_by_how_well_the_text_packs() {
+        // Lines that pack ~20 times (remembered metadata, repeated).
+        let text: String = (0..40_000)
+            .map(|i| format!("ns/cm-{i} {i:016x} {{\"labels\":{{\"app.kubernetes.io/managed-by\":\"Helm\",\"helm.sh/chart\":\"web-1.2.3\"}}}}\n"))
+            .collect();
+        let max = 8 * 1024;
+        let parts = pack_parts(&text, max);
+        assert!(parts.iter().all(|p| p.len() <= max));
+        let stored: usize = parts.iter().map(String::len).sum();
+        assert!(
+            parts.len() <= stored / (max / 2) + 2,
+            "{} parts for {stored} bytes",
+            parts.len()
+        );
+        let back: String = parts.iter().map(|p| unpack(p).unwrap()).collect();
+        assert_eq!(back, text);
     }
 }
