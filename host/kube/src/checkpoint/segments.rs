@@ -17,12 +17,12 @@
 //!
 //! A save appends its delta (what changed since the last commit) to the
 //! tail while the tail stays under [`TAIL_BYTES`] (one write per save),
-//! else writes tail and delta out as new segments. Once the segments
-//! written since the last full rewrite outweigh that rewrite (the `base`)
-//! [`COMPACT_FACTOR`] times, a save rewrites the whole index instead
-//! (compaction): at most three times the index is ever stored, and each
-//! change is written about one and a half times. Text is stored packed
-//! ([`pack`]: DEFLATE and base64).
+//! else writes tail and delta out as new segments, in tiers that merge
+//! when full ([`TIER_SEGMENTS`]: a claim reads few segments). Once the
+//! segments written since the last full rewrite outweigh that rewrite
+//! (the `base`) [`COMPACT_FACTOR`] times, a save rewrites the whole index
+//! instead (compaction): at most three times the index is ever stored.
+//! Text is stored packed ([`pack`]: DEFLATE and base64).
 //!
 //! [`ObjectIndex::encode`]: wasmwatch_core::index::ObjectIndex::encode
 //! [`ObjectIndex::delta`]: wasmwatch_core::index::ObjectIndex::delta
