@@ -1416,10 +1416,9 @@ struct Stream {
     removals: BTreeMap<u64, ObjectSnapshot>,
     /// Positions of indexes taken after such a removal, in order.
     blocked: std::collections::VecDeque<u64>,
-    /// One past the position of the newest index handed out to be stored.
-    handed: u64,
-    /// That index (see [`Offered`]): once one of the deletions it put back
-    /// is handled, it is offered again without that object.
+    /// The newest index handed out to be stored (see [`Offered`]): once
+    /// one of the deletions it put back is handled, it is offered again
+    /// without that object.
     handed_index: Option<Offered>,
     /// The position of the newest index that may be stored (ready or
     /// handed out): it is stored with any checkpoint taken from now on, so
@@ -1438,6 +1437,23 @@ impl Stream {
         self.next_pos += 1;
         self.pending.push_back(entry(pos));
         pos
+    }
+
+    /// `plain`, the loop's index at `pos`, to offer with `put_back`
+    /// (none for a stream without a kind).
+    fn offered(
+        &self,
+        pos: u64,
+        plain: ObjectIndex,
+        put_back: BTreeMap<u64, ObjectSnapshot>,
+    ) -> Option<Offered> {
+        Some(Offered {
+            pos,
+            kind: self.kind?,
+            scope: self.scope.clone(),
+            plain,
+            put_back,
+        })
     }
 }
 
@@ -1534,7 +1550,6 @@ impl Progress {
             covered: true,
             removals: BTreeMap::new(),
             blocked: Default::default(),
-            handed: 0,
             handed_index: None,
             storable: 0,
         });
@@ -1614,23 +1629,18 @@ impl Progress {
         // retried for up to half a minute by default) held back every
         // index, and every creation waiting for one (found by the
         // simulator).
-        let put_back = s.removals.clone();
-        let offered = (!put_back.is_empty()).then(|| (index.clone(), s.kind, s.scope.clone()));
-        let pos = s.push(|_| Entry::Index(index));
-        match offered {
-            None => self.storable(stream, pos),
-            Some((plain, kind, scope)) => {
-                s.blocked.push_back(pos);
-                if let Some(kind) = kind {
-                    let offered = Offered {
-                        pos,
-                        kind,
-                        scope,
-                        plain,
-                        put_back,
-                    };
-                    self.offer(stream, offered);
-                }
+        let pos = s.next_pos;
+        let patched = match s.removals.is_empty() {
+            true => None,
+            false => s.offered(pos, index.clone(), s.removals.clone()),
+        };
+        s.push(|_| Entry::Index(index));
+        if s.removals.is_empty() {
+            self.storable(stream, pos);
+        } else {
+            s.blocked.push_back(pos);
+            if let Some(offered) = patched {
+                self.offer(stream, offered);
             }
         }
         self.advance(stream);
@@ -1639,16 +1649,10 @@ impl Progress {
     /// The index at `pos` (still pending) may be stored.
     fn storable(&mut self, stream: usize, pos: u64) {
         let s = &self.streams[stream];
-        let Some(kind) = s.kind else { return };
         let at = pos.checked_sub(s.front).map(|i| i as usize);
-        if let Some(Entry::Index(index)) = at.and_then(|i| s.pending.get(i)) {
-            let offered = Offered {
-                pos,
-                kind,
-                scope: s.scope.clone(),
-                plain: index.clone(),
-                put_back: BTreeMap::new(),
-            };
+        if let Some(Entry::Index(index)) = at.and_then(|i| s.pending.get(i))
+            && let Some(offered) = s.offered(pos, index.clone(), BTreeMap::new())
+        {
             self.offer(stream, offered);
         }
     }
@@ -1783,14 +1787,8 @@ impl Progress {
             self.checkpoints.set(kind, &s.scope, &rv);
             self.dirty = true;
         }
-        if let (Some((pos, plain)), Some(kind)) = (safe, s.kind) {
-            let offered = Offered {
-                pos,
-                kind,
-                scope: s.scope.clone(),
-                plain,
-                put_back: BTreeMap::new(),
-            };
+        if let Some(offered) = safe.and_then(|(pos, plain)| s.offered(pos, plain, BTreeMap::new()))
+        {
             self.offer(stream, offered);
         }
     }
@@ -1827,10 +1825,8 @@ impl Progress {
         std::mem::take(&mut self.ready)
             .into_iter()
             .map(|(stream, offered)| {
-                let s = &mut self.streams[stream];
-                s.handed = offered.pos + 1;
                 let ix = offered.stream_index();
-                s.handed_index = Some(offered);
+                self.streams[stream].handed_index = Some(offered);
                 ix
             })
             .collect()
@@ -1845,7 +1841,10 @@ impl Progress {
     /// [`Progress::take_indexes`]: once it is stored, every change of the
     /// stream before it is in the stored index.
     pub fn handed(&self, stream: usize) -> u64 {
-        self.streams[stream].handed
+        self.streams[stream]
+            .handed_index
+            .as_ref()
+            .map_or(0, |o| o.pos + 1)
     }
 
     /// The stream and position of a ticket's change.
