@@ -227,6 +227,17 @@ pub struct Watch {
     pub gone_in_a_row: u32,
 }
 
+impl Watch {
+    /// A watch from `from`, no 410 before it.
+    fn at(from: String, replay_until: Option<u64>) -> Watch {
+        Watch {
+            from,
+            replay_until,
+            gone_in_a_row: 0,
+        }
+    }
+}
+
 /// [`State::Relist`]: a relist after a 410, or the delivery of every
 /// object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -630,20 +641,8 @@ impl<A: ObjectApi> WatchLoop<A> {
     /// index go out.
     async fn baseline(&mut self, out: &mpsc::Sender<Output>) -> Result<(), WatchError> {
         let rv = self.list_into_index().await?;
-        send(
-            out,
-            Output::Progress {
-                resource_version: rv.clone(),
-                index_changed: true,
-            },
-        )
-        .await?;
-        self.send_index(out).await?;
-        self.state = State::Watch(Watch {
-            from: rv,
-            replay_until: None,
-            gone_in_a_row: 0,
-        });
+        self.send_listed(out, &rv).await?;
+        self.state = State::Watch(Watch::at(rv, None));
         Ok(())
     }
 
@@ -655,11 +654,7 @@ impl<A: ObjectApi> WatchLoop<A> {
         self.state = if rebuild_index {
             State::Rebuild { from, replay_until }
         } else {
-            State::Watch(Watch {
-                from,
-                replay_until,
-                gone_in_a_row: 0,
-            })
+            State::Watch(Watch::at(from, replay_until))
         };
         Ok(())
     }
@@ -680,11 +675,25 @@ impl<A: ObjectApi> WatchLoop<A> {
             objects = self.index.len(),
             "no stored index to resume with: rebuilt it from a list"
         );
-        self.state = State::Watch(Watch {
-            from,
-            replay_until,
-            gone_in_a_row: 0,
-        });
+        self.state = State::Watch(Watch::at(from, replay_until));
+        self.send_index(out).await
+    }
+
+    /// After a list: its version (the index changed with it), then the
+    /// index.
+    async fn send_listed(
+        &mut self,
+        out: &mpsc::Sender<Output>,
+        rv: &str,
+    ) -> Result<(), WatchError> {
+        send(
+            out,
+            Output::Progress {
+                resource_version: rv.to_string(),
+                index_changed: true,
+            },
+        )
+        .await?;
         self.send_index(out).await
     }
 
@@ -706,15 +715,7 @@ impl<A: ObjectApi> WatchLoop<A> {
                 return Err(e);
             }
         };
-        send(
-            out,
-            Output::Progress {
-                resource_version: rv.clone(),
-                index_changed: true,
-            },
-        )
-        .await?;
-        self.send_index(out).await?;
+        self.send_listed(out, &rv).await?;
         // After delivering every object, `replay_until` is `None`: live.
         self.state = State::Watch(Watch {
             from: rv,
