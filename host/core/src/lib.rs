@@ -18,6 +18,7 @@ pub mod capability;
 pub mod digest;
 pub mod event;
 pub mod index;
+pub mod jitter;
 pub mod lookups;
 pub mod manifest;
 pub mod needs;

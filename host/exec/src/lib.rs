@@ -1,5 +1,7 @@
 //! What the host does with the actions plugins return.
 //!
+//! - [`decide`]: the plugin calls of a term (one per plugin and object at
+//!   a time, in change order; retried; folded), before the pipeline.
 //! - [`executors`]: the [`pipeline::Execute`] the service runs: each action
 //!   to its executor, and the host's own Events.
 //! - [`http`]: HTTP calls and Service refreshes (every ready pod).
@@ -10,6 +12,7 @@
 //!   actions finished or dead-lettered.
 #![forbid(unsafe_code)]
 
+pub mod decide;
 pub mod executors;
 pub mod http;
 pub mod pipeline;

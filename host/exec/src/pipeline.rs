@@ -547,11 +547,7 @@ pub fn retry_delay(policy: &Policy, n: u32) -> Duration {
         .backoff_initial
         .saturating_mul(2u32.saturating_pow(n.saturating_sub(1).min(20)))
         .min(policy.backoff_max);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    base.mul_f64(0.75 + 0.5 * (nanos as f64 / 1e9))
+    wasmwatch_core::jitter::spread(base)
 }
 
 impl<T: Send + 'static> Pipeline<T> {
@@ -633,6 +629,9 @@ async fn run<T: Send + 'static>(
             None
         } else {
             tokio::select! {
+            // Biased: one schedule per seed in the simulator (a due
+            // window was taken above, before any command).
+            biased;
             c = rx.recv() => match c { Some(c) => Some(c), None => break },
             _ = async { tokio::time::sleep_until(next_due.expect("guarded")).await }, if next_due.is_some() => None,
             Some(_) = jobs.join_next(), if !jobs.is_empty() => continue,

@@ -1116,44 +1116,17 @@ fn replay_ends_at(until: Option<u64>, version: &str) -> bool {
     }
 }
 
-/// Exponential backoff from 200 ms to 30 s with ±25 % jitter.
+/// Exponential backoff from 200 ms to 30 s with ±25 % jitter
+/// ([`wasmwatch_core::jitter`]).
 pub fn backoff(failures: u32) -> Duration {
     let base = 0.2 * 2f64.powi(failures.saturating_sub(1).min(8) as i32);
-    let base = base.min(30.0);
-    let jitter = 0.75 + 0.5 * JITTER.with(|j| j.next());
-    Duration::from_secs_f64(base * jitter)
-}
-
-thread_local! {
-    /// Backoff jitter: seeded from the clock (enough to spread replicas),
-    /// or by the simulator ([`seed_jitter`]) for a schedule it can replay.
-    static JITTER: Jitter = Jitter(std::cell::Cell::new(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-    ));
-}
-
-struct Jitter(std::cell::Cell<u64>);
-
-impl Jitter {
-    /// A number in [0, 1) (splitmix64).
-    fn next(&self) -> f64 {
-        let s = self.0.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
-        self.0.set(s);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
-    }
+    wasmwatch_core::jitter::spread(Duration::from_secs_f64(base.min(30.0)))
 }
 
 /// Seeds this thread's backoff jitter (the simulator: one seed, one
-/// schedule).
+/// schedule); [`wasmwatch_core::jitter::seed`].
 pub fn seed_jitter(seed: u64) {
-    JITTER.with(|j| j.0.set(seed));
+    wasmwatch_core::jitter::seed(seed);
 }
 
 #[cfg(test)]

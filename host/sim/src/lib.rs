@@ -74,6 +74,12 @@ enum Fault {
     Gap { down: Duration },
     /// Requests fail (500/503) with this probability for a while.
     Errors { p: f64, for_: Duration },
+    /// Every plugin call fails for a while (the decide stage retries,
+    /// then dead-letters).
+    PluginDown { for_: Duration },
+    /// The app answers every POST with a 503 for a while (the pipeline
+    /// retries, then dead-letters).
+    AppDown { for_: Duration },
 }
 
 /// What a run of many schedules found.
@@ -190,7 +196,7 @@ impl Replicas {
 }
 
 async fn simulate(seed: u64) -> Outcome {
-    wasmwatch_kube::watchloop::seed_jitter(seed);
+    wasmwatch_core::jitter::seed(seed);
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5151_5151);
     let history = Duration::from_secs(rng.random_range(20..90));
     let world = World::shared(seed, history);
@@ -209,6 +215,12 @@ async fn simulate(seed: u64) -> Outcome {
         } else {
             0.0
         },
+        plugin_fails: if rng.random_bool(0.3) {
+            rng.random_range(0.0..0.2)
+        } else {
+            0.0
+        },
+        plugin_slow: if rng.random_bool(0.2) { 0.02 } else { 0.0 },
         // Small (production: 200 KiB; the tail a tenth of it, rewrites from
         // four), so that saves write several segments, rewrite often, and
         // a failure can fall between any two writes.
@@ -320,9 +332,15 @@ async fn simulate(seed: u64) -> Outcome {
             80..90 => Fault::Gap {
                 down: history + Duration::from_secs_f64(rng.random_range(5.0..60.0)),
             },
-            _ => Fault::Errors {
+            90..95 => Fault::Errors {
                 p: rng.random_range(0.1..0.6),
                 for_: Duration::from_secs_f64(rng.random_range(1.0..20.0)),
+            },
+            95..98 => Fault::PluginDown {
+                for_: Duration::from_secs_f64(rng.random_range(5.0..60.0)),
+            },
+            _ => Fault::AppDown {
+                for_: Duration::from_secs_f64(rng.random_range(5.0..60.0)),
             },
         };
         world.lock().log(format!("fault {fault:?}"));
@@ -376,6 +394,16 @@ async fn simulate(seed: u64) -> Outcome {
                 tokio::time::sleep(for_).await;
                 world.lock().faults.error = base_faults.error;
             }
+            Fault::PluginDown { for_ } => {
+                world.lock().plugin_down = true;
+                tokio::time::sleep(for_).await;
+                world.lock().plugin_down = false;
+            }
+            Fault::AppDown { for_ } => {
+                world.lock().app_down = true;
+                tokio::time::sleep(for_).await;
+                world.lock().app_down = false;
+            }
         }
     }
     let _ = writer.await;
@@ -391,6 +419,16 @@ async fn simulate(seed: u64) -> Outcome {
         reps.start(n);
     }
     tokio::time::sleep(Duration::from_secs(60)).await;
+    // And until the app hears nothing for 40 s (longer than the pipeline's
+    // backoff between two attempts): a backlog of one object's contents,
+    // refused by its app now and then, drains one change at a time.
+    for _ in 0..30 {
+        let heard = world.lock().app.len();
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        if world.lock().app.len() == heard {
+            break;
+        }
+    }
     let mut stopping = Vec::new();
     for n in 0..replicas {
         stopping.extend(reps.terminate(n));
@@ -488,8 +526,11 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
     let mut dead_lettered = 0;
     for (key, (content, exists)) in &w.truth {
         let last = seen.get(key).and_then(|ds| ds.last());
-        if w.dead_letters.contains(key) {
-            // A dead letter: what the app ends with is not judged.
+        // A dead letter after which nothing newer reached the app: what
+        // the app ends with is not judged (a newer delivery is).
+        if let Some(rv) = w.dead_letters.get(key)
+            && last.is_none_or(|d| d.of <= *rv)
+        {
             dead_lettered += 1;
             continue;
         }

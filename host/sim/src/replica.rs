@@ -1,11 +1,12 @@
 //! One replica of wasmwatch in the simulated world: the real elector, the
 //! real checkpoint store, the real watch loops and the real term, wired as
 //! `wasmwatch run` wires them (host/wasmwatch/src/run.rs, `Service::lead`),
-//! with the plugin and its HTTP action replaced by the simulated app.
+//! with the plugin and the app simulated behind their seams.
 //!
 //! The term's loop is host/kube's `shell::Shell`, the one `wasmwatch run`
-//! runs; what acts on a change is [`SimAct`] (the binary's is its
-//! `Acting`: plugin calls, the pipeline, the executors).
+//! runs; what acts on a change is host/exec's `decide::Stage` (the plugin
+//! calls with their retries, then the pipeline with its queues, retries,
+//! fence checks and tickets), the one `wasmwatch run` acts through.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,11 +14,14 @@ use rand::Rng;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use wasmwatch_core::turns::{Call, Offered, Turns};
-use wasmwatch_core::{ChangeEvent, ChangeType, ObjectKind, Scope};
+use wasmwatch_core::action::HttpMethod;
+use wasmwatch_core::{Action, ChangeEvent, ChangeType, ObjectKind, Scope};
+use wasmwatch_exec::decide::{Decide, Decider, Loaded, Stage, Unobserved};
+use wasmwatch_exec::pipeline::{BoxFuture, Execute, Executed, Pipeline, PipelineConfig, Policy};
+use wasmwatch_exec::{ExecError, Origin};
 use wasmwatch_kube::checkpoint::{CheckpointError, CheckpointStore, Ticket};
-use wasmwatch_kube::elector::{Acting, Elector, ElectorConfig, Fence, Leadership};
-use wasmwatch_kube::shell::{Act, Shell};
+use wasmwatch_kube::elector::{Elector, ElectorConfig, Fence, Leadership};
+use wasmwatch_kube::shell::{Act, MayAct, Shell};
 use wasmwatch_kube::term::{End, HOLD_FAILURES, Saved, Start, Term};
 use wasmwatch_kube::watchloop::{WatchLoop, WatchTarget};
 
@@ -34,8 +38,12 @@ pub struct Setup {
     pub checkpoint_interval: Duration,
     /// Plugin call and action latency, up to.
     pub act_latency: Duration,
-    /// Probability that the app answers 503 (the action is retried).
+    /// Probability that the app answers 503 (the pipeline retries it).
     pub app_503: f64,
+    /// Probability that a plugin call fails (it is retried).
+    pub plugin_fails: f64,
+    /// Probability that a plugin call takes 1-8 s more.
+    pub plugin_slow: f64,
     /// Segment size of the stored index (small: several segments a save).
     pub segment_bytes: usize,
 }
@@ -94,9 +102,9 @@ async fn lead(
     let Some(acting) = fence.acting() else {
         return false;
     };
-    let may_act = {
+    let may_act: MayAct = {
         let (fence, acting) = (fence.clone(), acting.clone());
-        move || fence.still(&acting)
+        Arc::new(move || fence.still(&acting))
     };
     let mut store =
         CheckpointStore::with_api(conn.clone(), STATE_LEASE, LEADER_LEASE, acting.term.clone())
@@ -195,17 +203,8 @@ async fn lead(
         store: Some(store),
         outputs,
         flush,
-        may_act: Arc::new(may_act),
-        act: SimAct {
-            conn: conn.clone(),
-            setup: setup.clone(),
-            fence: fence.clone(),
-            acting: acting.clone(),
-            turns: Turns::default(),
-            calls: JoinSet::new(),
-            watches,
-            failed_saves: 0,
-        },
+        may_act: may_act.clone(),
+        act: SimAct::new(conn, setup, may_act.clone(), watches),
         drain: DRAIN,
     };
     let stop = async {
@@ -221,59 +220,63 @@ async fn lead(
     matches!(end, End::Shutdown)
 }
 
-/// The simulated plugin and app behind the shared shell (run.rs's
-/// `Acting`): the decide stage's rules (per object, one call at a time in
-/// change order, changes waiting for their turn folded into one call),
-/// each call holding its turn through its action (stricter than run.rs,
-/// where the pipeline orders the actions).
+/// What acts on a change: the real decide stage and pipeline
+/// (`exec::decide::Stage`, run.rs's `Acting` runs the same), with a
+/// simulated plugin ([`SimPlugin`]) and app ([`SimApp`]) behind their
+/// seams.
 struct SimAct {
     conn: Conn,
-    setup: Setup,
-    fence: Fence,
-    acting: Acting,
-    turns: Turns<(String, String), Ticket>,
-    calls: JoinSet<((String, String), Vec<Ticket>)>,
+    stage: Option<Stage<Ticket>>,
     watches: JoinSet<()>,
     failed_saves: u32,
 }
 
 impl SimAct {
-    fn start(&mut self, key: (String, String), call: Call<Ticket>) {
-        self.calls.spawn(act(
-            self.conn.clone(),
-            self.setup.clone(),
-            self.fence.clone(),
-            self.acting.clone(),
-            key,
-            call,
-        ));
+    fn new(conn: &Conn, setup: &Setup, may_act: MayAct, watches: JoinSet<()>) -> SimAct {
+        let app = Arc::new(SimApp {
+            conn: conn.clone(),
+            app_503: setup.app_503,
+        });
+        let plugin = Loaded {
+            plugin: Arc::new(SimPlugin {
+                conn: conn.clone(),
+                setup: setup.clone(),
+            }),
+            policy: Policy::from(&wasmwatch_core::manifest::Delivery::default()),
+        };
+        let decide = Decide::new(vec![plugin], app.clone(), Arc::new(Unobserved));
+        let stage = Stage::new(decide, |done| {
+            Pipeline::start(app, PipelineConfig::default(), may_act, None, done)
+        });
+        SimAct {
+            conn: conn.clone(),
+            stage: Some(stage),
+            watches,
+            failed_saves: 0,
+        }
+    }
+
+    fn stage(&mut self) -> &mut Stage<Ticket> {
+        self.stage.as_mut().expect("acting until stopped")
     }
 }
 
 impl Act for SimAct {
-    fn dispatch(&mut self, ticket: Ticket, event: Box<ChangeEvent>, _plugins: Vec<usize>) {
-        let key = (event.object.namespace.clone(), event.object.name.clone());
-        if let Offered::Start(call) = self.turns.offer(key.clone(), Arc::new(*event), ticket) {
-            self.start(key, call);
-        }
+    fn dispatch(&mut self, ticket: Ticket, event: Box<ChangeEvent>, plugins: Vec<usize>) {
+        self.stage().dispatch(ticket, *event, &plugins);
     }
 
     async fn next(&mut self) -> Option<Vec<Ticket>> {
-        let Some(joined) = self.calls.join_next().await else {
-            return std::future::pending().await;
-        };
-        let (key, tickets) = joined.expect("a call does not panic");
-        if let Some(next) = self.turns.finished(&key) {
-            self.start(key, next);
-        }
-        // None: abandoned (the successor replays it).
-        (!tickets.is_empty()).then_some(tickets)
+        self.stage().next().await
+    }
+
+    fn accepting(&self) -> bool {
+        self.stage.as_ref().is_some_and(|s| s.accepting())
     }
 
     fn stop(&mut self) -> Vec<Ticket> {
         self.watches.abort_all();
-        self.calls.abort_all();
-        Vec::new()
+        self.stage.take().map(Stage::stop).unwrap_or_default()
     }
 
     fn gate(&mut self) -> impl std::future::Future<Output = ()> + Send {
@@ -301,83 +304,177 @@ impl Act for SimAct {
     }
 }
 
-/// The plugin's decision and its action: POST to the app, retried on 503,
-/// never outside the fence (the executors' check before every action).
-/// Gives back the key and the changes it finished (none: abandoned).
-async fn act(
+/// The simulated plugin: takes up to `act_latency` (now and then much
+/// longer), fails as often as the seed says (the decide stage retries it
+/// per the default delivery policy, then dead-letters it), and decides one
+/// POST of the object's content (or its deletion) to the app.
+struct SimPlugin {
     conn: Conn,
     setup: Setup,
-    fence: Fence,
-    acting: Acting,
-    key: (String, String),
-    call: Call<Ticket>,
-) -> ((String, String), Vec<Ticket>) {
-    let event = &call.event;
-    // A deletion found at a resync carries the index's entry: no data,
-    // content unknown (0).
-    let content = match event.object.data.get("v") {
-        Some(wasmwatch_core::event::DataValue::Text(v)) => v.parse().unwrap_or(0),
-        _ => 0,
-    };
-    let mut delivery = Delivery {
-        at: Duration::ZERO,
-        node: conn.node,
-        namespace: key.0.clone(),
-        name: key.1.clone(),
-        content: (event.change != ChangeType::Deleted).then_some(content),
-        of: event.object.resource_version.parse().unwrap_or(0),
-        replay: event.replay,
-        store_failing: false,
-    };
-    let mut attempt = 0u32;
-    loop {
-        let latency = {
-            let mut w = conn.world.lock();
-            let max = setup.act_latency.as_micros().max(1) as u64;
-            Duration::from_micros(w.rng.random_range(0..max))
-        };
-        tokio::time::sleep(latency).await;
-        conn.gate().await;
-        if !fence.still(&acting) {
-            // Abandoned: the term ends, the successor replays it.
-            return (key, Vec::new());
-        }
-        // The app is reachable from a partitioned replica (only the API
-        // server is not).
-        // Refused: retried as the pipeline's default delivery policy does
-        // (5 retries, 1 s doubling), then dead-lettered (handled, and the
-        // app keeps what it had: counted apart by the checks).
-        let refused = setup.app_503 > 0.0 && conn.world.lock().rng.random_bool(setup.app_503);
-        if refused {
-            attempt += 1;
-            if attempt > 5 {
-                let mut w = conn.world.lock();
-                w.log(format!(
-                    "node {} dead-letters {}/{} at rv {}",
-                    conn.node, delivery.namespace, delivery.name, delivery.of
-                ));
-                w.dead_letters
-                    .insert((delivery.namespace.clone(), delivery.name.clone()));
-                break;
+}
+
+impl Decider for SimPlugin {
+    fn name(&self) -> &str {
+        "sim"
+    }
+
+    fn decide<'a>(&'a self, event: &'a ChangeEvent) -> BoxFuture<'a, Result<Vec<Action>, String>> {
+        Box::pin(async move {
+            let (latency, fails) = {
+                let mut w = self.conn.world.lock();
+                let max = self.setup.act_latency.as_micros().max(1) as u64;
+                let mut latency = Duration::from_micros(w.rng.random_range(0..max));
+                if w.rng.random_bool(self.setup.plugin_slow) {
+                    latency += Duration::from_millis(w.rng.random_range(1_000..8_000));
+                }
+                let fails = w.plugin_down
+                    || (self.setup.plugin_fails > 0.0
+                        && w.rng.random_bool(self.setup.plugin_fails));
+                (latency, fails)
+            };
+            tokio::time::sleep(latency).await;
+            self.conn.gate().await;
+            if fails {
+                return Err("the simulated plugin failed".to_string());
             }
-            tokio::time::sleep(Duration::from_secs(1 << (attempt - 1))).await;
-            continue;
+            // A deletion found at a resync carries the index's entry: no
+            // data, content unknown (0).
+            let content = match event.object.data.get("v") {
+                Some(wasmwatch_core::event::DataValue::Text(v)) => v.parse().unwrap_or(0u64),
+                _ => 0,
+            };
+            let body = Body {
+                content: (event.change != ChangeType::Deleted).then_some(content),
+                replay: event.replay,
+            };
+            Ok(vec![Action::Http {
+                method: HttpMethod::Post,
+                url: "http://app.sim/refresh".into(),
+                headers: Vec::new(),
+                body: Some(body.encode()),
+            }])
+        })
+    }
+}
+
+/// What the plugin POSTs: the content (none: a deletion) and whether the
+/// change was a replay.
+struct Body {
+    content: Option<u64>,
+    replay: bool,
+}
+
+impl Body {
+    fn encode(&self) -> Vec<u8> {
+        let content = self
+            .content
+            .map_or("deleted".to_string(), |c| c.to_string());
+        format!("{content} {}", self.replay).into_bytes()
+    }
+
+    fn decode(bytes: &[u8]) -> Body {
+        let text = String::from_utf8_lossy(bytes);
+        let (content, replay) = text.split_once(' ').expect("a body the plugin wrote");
+        Body {
+            content: content.parse().ok(),
+            replay: replay == "true",
         }
-        let mut w = conn.world.lock();
-        let identity = w.nodes[conn.node].identity.clone();
+    }
+}
+
+/// The simulated app, as the pipeline's executor: it refuses with a 503
+/// as often as the seed says (retried by the pipeline), else records the
+/// delivery. The pipeline asks the fence right before an attempt, and the
+/// POST leaves in the same step (no await between them), so a delivery
+/// outside the leader Lease is a broken fence.
+struct SimApp {
+    conn: Conn,
+    app_503: f64,
+}
+
+impl Execute for SimApp {
+    fn execute<'a>(
+        &'a self,
+        origin: &'a Origin,
+        action: &'a Action,
+    ) -> BoxFuture<'a, Result<Executed, ExecError>> {
+        let Action::Http {
+            body: Some(body), ..
+        } = action
+        else {
+            panic!("the simulated plugin decides POSTs: {action:?}");
+        };
+        let body = Body::decode(body);
+        // Sent now (before the future is first polled out of this step).
+        let refused = {
+            let mut w = self.conn.world.lock();
+            let p = self.app_503;
+            let refused = w.app_down || (p > 0.0 && w.rng.random_bool(p));
+            if !refused {
+                self.record(&mut w, origin, &body);
+            }
+            refused
+        };
+        Box::pin(async move {
+            let latency = self.conn.world.lock().latency();
+            tokio::time::sleep(latency).await;
+            // A paused replica reads the answer once resumed.
+            self.conn.gate().await;
+            if refused {
+                return Err(ExecError::Retryable("503 Service Unavailable".into()));
+            }
+            Ok(Executed {
+                status: Some(200),
+                pods: None,
+            })
+        })
+    }
+
+    fn dead_letter(&self, origin: &Origin, action: &Action, error: &ExecError) {
+        let mut w = self.conn.world.lock();
+        w.log(format!(
+            "node {} dead-letters {}/{} at rv {} ({}: {error})",
+            self.conn.node,
+            origin.namespace,
+            origin.name,
+            origin.resource_version,
+            action.type_name()
+        ));
+        let rv = origin.resource_version.parse().unwrap_or(0);
+        let newest = w
+            .dead_letters
+            .entry((origin.namespace.clone(), origin.name.clone()))
+            .or_default();
+        *newest = rv.max(*newest);
+    }
+}
+
+impl SimApp {
+    /// The app received a content: recorded, and judged against the
+    /// leader Lease.
+    fn record(&self, w: &mut crate::world::World, origin: &Origin, body: &Body) {
+        let node = self.conn.node;
+        let identity = w.nodes[node].identity.clone();
         if w.holder(LEADER_LEASE).as_deref() != Some(identity.as_str()) {
             let holder = w.holder(LEADER_LEASE);
             let v = format!(
-                "node {} ({identity}) acted while the leader Lease was held by {holder:?}: {}/{} {:?}",
-                conn.node, delivery.namespace, delivery.name, delivery.content
+                "node {node} ({identity}) acted while the leader Lease was held by {holder:?}: {}/{} {:?}",
+                origin.namespace, origin.name, body.content
             );
             w.violations.push(v);
         }
-        delivery.at = w.elapsed();
-        delivery.store_failing = w.nodes[conn.node].store_failing;
+        let delivery = Delivery {
+            at: w.elapsed(),
+            node,
+            namespace: origin.namespace.clone(),
+            name: origin.name.clone(),
+            content: body.content,
+            of: origin.resource_version.parse().unwrap_or(0),
+            replay: body.replay,
+            store_failing: w.nodes[node].store_failing,
+        };
         w.log(format!(
-            "node {} delivers {}/{} {} at rv {}{}",
-            conn.node,
+            "node {node} delivers {}/{} {} at rv {}{}",
             delivery.namespace,
             delivery.name,
             match delivery.content {
@@ -388,7 +485,5 @@ async fn act(
             if delivery.replay { " (replay)" } else { "" }
         ));
         w.app.push(delivery);
-        break;
     }
-    (key, call.tickets)
 }

@@ -145,8 +145,13 @@ pub struct World {
     /// and whether it exists now.
     pub truth: BTreeMap<(String, String), (u64, bool)>,
     pub trace: Vec<String>,
-    /// Objects a delivery of which was dead-lettered.
-    pub dead_letters: std::collections::BTreeSet<(String, String)>,
+    /// Objects a change of which was dead-lettered: the newest such
+    /// change's resourceVersion.
+    pub dead_letters: BTreeMap<(String, String), u64>,
+    /// Every plugin call fails (`Fault::PluginDown`).
+    pub plugin_down: bool,
+    /// The app refuses every POST (`Fault::AppDown`).
+    pub app_down: bool,
     /// Violations seen while running (an action outside the fence).
     pub violations: Vec<String>,
     /// Woken at every write (a `Notify`, for the fixed order).
@@ -183,6 +188,8 @@ impl World {
             trace: Vec::new(),
             violations: Vec::new(),
             dead_letters: Default::default(),
+            plugin_down: false,
+            app_down: false,
             changed: Default::default(),
             requests: 0,
         })))
@@ -309,7 +316,7 @@ impl World {
     }
 
     /// The latency of one request.
-    fn latency(&mut self) -> Duration {
+    pub fn latency(&mut self) -> Duration {
         Duration::from_micros(self.rng.random_range(200..20_000))
     }
 

@@ -31,22 +31,7 @@ use wasmwatch_kube::watchloop::{Flush, WatchLoop, WatchStats, WatchTarget};
 use wasmwatch_runtime::Plugin;
 
 use super::{AbortOnDrop, Reports, Service, describe, print_report};
-use crate::decide::{Decide, Tickets};
-
-/// Plugin calls in flight (waiting for their turn, deciding, retrying)
-/// before the term stops reading watch outputs. Changes folded into a
-/// waiting call cost no call, so a backlog over N objects and P plugins
-/// needs about 2·N·P calls: with 1,024, a burst over a few hundred objects
-/// folds (at 512, 20,000 changes over 200 objects mostly did not; each call
-/// holds its change, ~13 KiB with 10 KiB of data, so the budget is ~13 MiB).
-const CALLS_IN_FLIGHT: usize = 1024;
-
-/// Pipeline jobs (waiting or running) before the term stops reading watch
-/// outputs. Coalescing targets hold one job each; contents queue one per
-/// change, so a destination failing for minutes would otherwise hold every
-/// body written meanwhile. Not tickets: those legitimately wait out debounce
-/// windows, and one app's window must not stall the others.
-const QUEUED_JOBS: usize = 10_000;
+use wasmwatch_exec::decide::{Decide, Stage};
 
 /// How long a leader stepping down waits for the changes in flight and a
 /// last index from every watch loop (it then releases the Lease: the
@@ -317,24 +302,15 @@ impl Service {
 }
 
 /// What acts on a term's changes: the plugin calls (the decide stage),
-/// the pipeline and its executors; the metrics and the save health.
+/// the pipeline and its executors ([`Stage`]); the metrics and the save
+/// health.
 struct Acting {
     service: Arc<Service>,
-    /// Dropped first when the term ends (see [`Act::stop`]).
-    running: Option<Running>,
-    done_tx: mpsc::UnboundedSender<Tickets>,
-    done: mpsc::UnboundedReceiver<Tickets>,
+    /// The watch loops (stopped first), then the stage (see [`Act::stop`]).
+    running: Option<(Vec<AbortOnDrop>, Stage<Ticket>)>,
     counters: WatchCounters,
     /// How the saves go, for the metrics and a Warning Event.
     health: Option<SaveHealth>,
-}
-
-/// The watch loops, the plugin calls and the pipeline of a term.
-struct Running {
-    /// The watch loops (dropped first: fields drop in order).
-    _watches: Vec<AbortOnDrop>,
-    decide: Decide,
-    pipeline: Pipeline<Tickets>,
 }
 
 impl Acting {
@@ -345,82 +321,56 @@ impl Acting {
         counters: WatchCounters,
         saves: bool,
     ) -> Self {
-        let (done_tx, done) = mpsc::unbounded_channel::<Tickets>();
-        let pipeline = Pipeline::start_with_pauses(
-            service.executors.clone() as Arc<dyn Execute>,
-            PipelineConfig::from(&service.manifest.rate_limits),
-            Some(service.pause_of.clone()),
-            may_act,
-            Some(service.on_report()),
-            done_tx.clone(),
+        let decide = Decide::new(
+            service.plugins.iter().map(|l| l.decider()).collect(),
+            service.executors.clone(),
+            service.metrics.clone(),
         );
+        let stage = Stage::new(decide, |done| {
+            Pipeline::start_with_pauses(
+                service.executors.clone() as Arc<dyn Execute>,
+                PipelineConfig::from(&service.manifest.rate_limits),
+                Some(service.pause_of.clone()),
+                may_act,
+                Some(service.on_report()),
+                done,
+            )
+        });
         Acting {
             health: saves.then(|| SaveHealth::new(Instant::now())),
-            running: Some(Running {
-                _watches: tasks,
-                decide: Decide::new(
-                    &service.plugins,
-                    service.executors.clone(),
-                    service.metrics.clone(),
-                ),
-                pipeline,
-            }),
+            running: Some((tasks, stage)),
             service: service.clone(),
-            done_tx,
-            done,
             counters,
         }
     }
 
-    fn running(&mut self) -> &mut Running {
-        self.running.as_mut().expect("acting until stopped")
+    fn stage(&mut self) -> &mut Stage<Ticket> {
+        &mut self.running.as_mut().expect("acting until stopped").1
     }
 }
 
 impl Act for Acting {
     fn dispatch(&mut self, ticket: Ticket, event: Box<ChangeEvent>, plugins: Vec<usize>) {
-        self.running().decide.dispatch(*event, ticket, &plugins);
+        self.stage().dispatch(ticket, *event, &plugins);
     }
 
+    /// A decision went to the pipeline (`None`), or changes are done.
     async fn next(&mut self) -> Option<Vec<Ticket>> {
-        let Acting {
-            running,
-            done,
-            done_tx,
-            ..
-        } = self;
-        let Running {
-            decide, pipeline, ..
-        } = running.as_mut().expect("acting until stopped");
-        tokio::select! {
-            biased;
-            decided = decide.next() => {
-                // Its decision goes to the pipeline, which finishes
-                // its changes once the actions are over.
-                decide.settle(decided, pipeline, done_tx);
-                None
-            }
-            Some(tickets) = done.recv() => Some(tickets),
-        }
+        self.stage().next().await
     }
 
     fn accepting(&self) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.running.as_ref().is_some_and(|r| {
-            r.decide.in_flight() < CALLS_IN_FLIGHT
-                && r.pipeline.stats().queued.load(Relaxed) < QUEUED_JOBS
-        })
+        self.running.as_ref().is_some_and(|(_, s)| s.accepting())
     }
 
     /// Stops watching, deciding and executing (dropping a plugin call
     /// ends its sandbox at once).
     fn stop(&mut self) -> Vec<Ticket> {
-        drop(self.running.take());
-        let mut late = Vec::new();
-        while let Ok(tickets) = self.done.try_recv() {
-            late.extend(tickets);
-        }
-        late
+        let Some((watches, stage)) = self.running.take() else {
+            return Vec::new();
+        };
+        drop(watches);
+        stage.stop()
     }
 
     fn received(&mut self, kind: ObjectKind) {
@@ -434,10 +384,8 @@ impl Act for Acting {
     fn tick(&mut self, term: &Term) {
         use std::sync::atomic::Ordering::Relaxed;
         let metrics = &self.service.metrics;
-        if let Some(r) = &self.running {
-            metrics
-                .queue_depth
-                .set(r.pipeline.stats().queued.load(Relaxed) as i64);
+        if let Some((_, stage)) = &self.running {
+            metrics.queue_depth.set(stage.queued() as i64);
         }
         metrics.checkpoint_lag_versions.set(term.unsaved() as i64);
         for (kind, stats, restarts, resyncs) in self.counters.iter_mut() {
