@@ -57,6 +57,12 @@ pub struct Outcome {
     pub faults: Vec<String>,
     pub requests: u64,
     pub simulated: Duration,
+    /// Per term after the first: its duplicates (contents the app had
+    /// received from an earlier term).
+    pub term_duplicates: Vec<usize>,
+    /// The same, of the terms that took over from a SIGTERM handover (the
+    /// term before ended by SIGTERM with its final save stored).
+    pub handover_duplicates: Vec<usize>,
 }
 
 /// A fault of the schedule.
@@ -92,6 +98,31 @@ pub struct Sweep {
     pub duplicates: usize,
     pub excused: usize,
     pub simulated: Duration,
+    /// Every term's duplicates (`Outcome::term_duplicates`), and the seed.
+    pub term_duplicates: Vec<(usize, u64)>,
+    pub handover_duplicates: Vec<(usize, u64)>,
+}
+
+impl Sweep {
+    /// Duplicates per term after the first: median, 99th percentile, most
+    /// (with its seed).
+    pub fn per_term(&self) -> Option<(usize, usize, (usize, u64))> {
+        spread(&self.term_duplicates)
+    }
+
+    /// The same, of the terms after a SIGTERM handover.
+    pub fn per_handover(&self) -> Option<(usize, usize, (usize, u64))> {
+        spread(&self.handover_duplicates)
+    }
+}
+
+/// Median, 99th percentile and most (with its seed) of duplicate counts.
+fn spread(of: &[(usize, u64)]) -> Option<(usize, usize, (usize, u64))> {
+    let mut d = of.to_vec();
+    d.sort();
+    let most = *d.last()?;
+    let at = |q: f64| d[((d.len() - 1) as f64 * q) as usize].0;
+    Some((at(0.5), at(0.99), most))
 }
 
 /// Runs schedules `seeds` on `threads` threads (each schedule is its own
@@ -111,6 +142,10 @@ pub fn sweep(seeds: std::ops::Range<u64>, threads: usize) -> Sweep {
                         part.duplicates += o.duplicates;
                         part.excused += o.excused;
                         part.simulated += o.simulated;
+                        part.term_duplicates
+                            .extend(o.term_duplicates.iter().map(|&d| (d, seed)));
+                        part.handover_duplicates
+                            .extend(o.handover_duplicates.iter().map(|&d| (d, seed)));
                         if !o.violations.is_empty() {
                             part.failed.push((seed, o.violations));
                         }
@@ -132,6 +167,8 @@ pub fn sweep(seeds: std::ops::Range<u64>, threads: usize) -> Sweep {
         all.duplicates += p.duplicates;
         all.excused += p.excused;
         all.simulated += p.simulated;
+        all.term_duplicates.extend(p.term_duplicates);
+        all.handover_duplicates.extend(p.handover_duplicates);
     }
     all.failed.sort();
     all
@@ -501,6 +538,7 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
             .push(d);
     }
     let mut duplicates = 0;
+    let mut term_duplicates = vec![0; w.claims.len()];
     for (key, ds) in &seen {
         let mut newest = 0;
         let mut had = std::collections::BTreeSet::new();
@@ -519,6 +557,24 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
             newest = newest.max(d.of);
             if !had.insert((d.of, d.content.is_some())) {
                 duplicates += 1;
+                term_duplicates[d.term] += 1;
+            }
+            // No storm: a term delivers nothing at or before the
+            // checkpoint it resumed from with an index covering it (what
+            // its predecessors stored as handled).
+            let claim = &w.claims[d.term];
+            if let Some(from) = claim.from.get(&d.namespace)
+                && d.of != 0
+                && d.of <= *from
+            {
+                violations.push(format!(
+                    "{}/{}: {} delivered at {:?}, at or before the checkpoint {from} its term claimed at {:?}",
+                    key.0,
+                    key.1,
+                    describe(d),
+                    d.at,
+                    claim.at
+                ));
             }
         }
     }
@@ -583,6 +639,11 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
         excused,
         dead_lettered,
         requests: w.requests,
+        handover_duplicates: (1..w.claims.len())
+            .filter(|&k| w.claims[k - 1].handed_over)
+            .map(|k| term_duplicates[k])
+            .collect(),
+        term_duplicates: term_duplicates.into_iter().skip(1).collect(),
         ..Default::default()
     }
 }

@@ -31,8 +31,15 @@ fn main() {
             println!("{line}");
         }
         println!(
-            "seed {seed}: {} objects, {} deliveries, {} duplicates, {} excused, {} requests, {:?} simulated, faults {:?}",
-            o.writes, o.deliveries, o.duplicates, o.excused, o.requests, o.simulated, o.faults
+            "seed {seed}: {} objects, {} deliveries, {} duplicates ({:?} per term after the first), {} excused, {} requests, {:?} simulated, faults {:?}",
+            o.writes,
+            o.deliveries,
+            o.duplicates,
+            o.term_duplicates,
+            o.excused,
+            o.requests,
+            o.simulated,
+            o.faults
         );
         for v in &o.violations {
             println!("VIOLATION: {v}");
@@ -70,6 +77,18 @@ fn main() {
         sweep.duplicates,
         sweep.excused,
     );
+    if let Some((median, p99, (most, seed))) = sweep.per_term() {
+        println!(
+            "duplicates per term after the first ({} terms): median {median}, p99 {p99}, most {most} (seed {seed})",
+            sweep.term_duplicates.len()
+        );
+    }
+    if let Some((median, p99, (most, seed))) = sweep.per_handover() {
+        println!(
+            "duplicates per SIGTERM handover ({}): median {median}, p99 {p99}, most {most} (seed {seed})",
+            sweep.handover_duplicates.len()
+        );
+    }
     println!("reproduce one: cargo run -p wasmwatch-sim -- --seed N");
     std::process::exit(if failed.is_empty() { 0 } else { 1 });
 }

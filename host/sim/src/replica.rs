@@ -25,7 +25,7 @@ use wasmwatch_kube::shell::{Act, MayAct, Shell};
 use wasmwatch_kube::term::{End, HOLD_FAILURES, Saved, Start, Term};
 use wasmwatch_kube::watchloop::{WatchLoop, WatchTarget};
 
-use crate::world::{Conn, Delivery, Objects};
+use crate::world::{Claim, Conn, Delivery, Objects};
 
 pub const NAMESPACE: &str = "wasmwatch";
 pub const LEADER_LEASE: &str = "wasmwatch-leader";
@@ -147,6 +147,32 @@ async fn lead(
     let indexes = std::mem::take(&mut claimed.indexes);
     let checkpoints = std::mem::take(&mut claimed.checkpoints);
     let unreadable = std::mem::take(&mut claimed.unreadable);
+    let term_id = {
+        let kind = ObjectKind::ConfigMap;
+        let mut from = std::collections::BTreeMap::new();
+        for scope in &setup.scopes {
+            let trusted = checkpoints.get(kind, scope).filter(|_| {
+                !unreadable.contains_key(&kind)
+                    && indexes.contains_key(&kind)
+                    && claimed.covers(kind, scope)
+            });
+            if let Some(rv) = trusted.and_then(|rv| rv.parse::<u64>().ok()) {
+                for ns in scope.namespace().map_or(vec!["a", "b"], |ns| vec![ns]) {
+                    from.insert(ns.to_string(), rv);
+                }
+            }
+        }
+        let mut w = conn.world.lock();
+        let at = w.elapsed();
+        w.claims.push(Claim {
+            node: conn.node,
+            at,
+            from,
+            handed_over: false,
+            final_stored: false,
+        });
+        w.claims.len() - 1
+    };
     let mut term = Term::new(
         checkpoints.clone(),
         unreadable.keys().copied(),
@@ -204,7 +230,7 @@ async fn lead(
         outputs,
         flush,
         may_act: may_act.clone(),
-        act: SimAct::new(conn, setup, may_act.clone(), watches),
+        act: SimAct::new(conn, setup, may_act.clone(), watches, term_id),
         drain: DRAIN,
     };
     let stop = async {
@@ -216,6 +242,8 @@ async fn lead(
         let mut w = conn.world.lock();
         w.nodes[conn.node].store_failing = false;
         w.log(format!("node {} term ends: {end:?}", conn.node));
+        let claim = &mut w.claims[term_id];
+        claim.handed_over = claim.final_stored && end == End::Shutdown;
     }
     matches!(end, End::Shutdown)
 }
@@ -228,13 +256,22 @@ struct SimAct {
     conn: Conn,
     stage: Option<Stage<Ticket>>,
     watches: JoinSet<()>,
+    /// Its term (`World::claims`).
+    term: usize,
     failed_saves: u32,
 }
 
 impl SimAct {
-    fn new(conn: &Conn, setup: &Setup, may_act: MayAct, watches: JoinSet<()>) -> SimAct {
+    fn new(
+        conn: &Conn,
+        setup: &Setup,
+        may_act: MayAct,
+        watches: JoinSet<()>,
+        term: usize,
+    ) -> SimAct {
         let app = Arc::new(SimApp {
             conn: conn.clone(),
+            term,
             app_503: setup.app_503,
         });
         let plugin = Loaded {
@@ -252,6 +289,7 @@ impl SimAct {
             conn: conn.clone(),
             stage: Some(stage),
             watches,
+            term,
             failed_saves: 0,
         }
     }
@@ -286,6 +324,7 @@ impl Act for SimAct {
     fn saved(&mut self, saved: &Saved, _state_uid: Option<String>, last: bool) {
         let mut w = self.conn.world.lock();
         if last {
+            w.claims[self.term].final_stored = *saved == Saved::Stored;
             w.log(format!(
                 "node {} save after the term: {saved:?}",
                 self.conn.node
@@ -389,6 +428,8 @@ impl Body {
 /// outside the leader Lease is a broken fence.
 struct SimApp {
     conn: Conn,
+    /// The term it acts for (`World::claims`).
+    term: usize,
     app_503: f64,
 }
 
@@ -471,6 +512,7 @@ impl SimApp {
             content: body.content,
             of: origin.resource_version.parse().unwrap_or(0),
             replay: body.replay,
+            term: self.term,
             store_failing: w.nodes[node].store_failing,
         };
         w.log(format!(

@@ -92,10 +92,26 @@ pub struct Delivery {
     /// unknown (a deletion a relist found).
     pub of: u64,
     pub replay: bool,
+    /// The term that delivered it (an index into `World::claims`).
+    pub term: usize,
     /// Made while the replica's saves had failed `term::HOLD_FAILURES`
     /// times in a row (creations then go without a stored index: the one
     /// loss the design accepts, reported by a Warning Event).
     pub store_failing: bool,
+}
+
+/// What a term claimed: per namespace, the checkpoint it resumed from with
+/// an index that covers it (a namespace it rebuilt or delivered whole is
+/// not there: nothing about it is trusted).
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub node: usize,
+    pub at: Duration,
+    pub from: BTreeMap<String, u64>,
+    /// It ended by SIGTERM and its final save was stored: a handover.
+    pub handed_over: bool,
+    /// Its final save was stored.
+    pub final_stored: bool,
 }
 
 /// Faults on requests, drawn per request.
@@ -148,6 +164,8 @@ pub struct World {
     /// Objects a change of which was dead-lettered: the newest such
     /// change's resourceVersion.
     pub dead_letters: BTreeMap<(String, String), u64>,
+    /// Every term's claim, in order.
+    pub claims: Vec<Claim>,
     /// Every plugin call fails (`Fault::PluginDown`).
     pub plugin_down: bool,
     /// The app refuses every POST (`Fault::AppDown`).
@@ -188,6 +206,7 @@ impl World {
             trace: Vec::new(),
             violations: Vec::new(),
             dead_letters: Default::default(),
+            claims: Vec::new(),
             plugin_down: false,
             app_down: false,
             changed: Default::default(),
