@@ -326,3 +326,212 @@ impl<T: Clone + Send + 'static> Stage<T> {
         late
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use wasmwatch_core::action::HttpMethod;
+    use wasmwatch_core::event::{DataValue, ObjectSnapshot};
+    use wasmwatch_core::{ChangeType, ObjectKind};
+
+    use super::*;
+    use crate::pipeline::{Executed, PipelineConfig};
+
+    /// A plugin that fails its first `fails` calls, then POSTs the
+    /// object's `v` after `takes`; every call is recorded.
+    struct Script {
+        fails: Mutex<u32>,
+        takes: Duration,
+        calls: Mutex<Vec<String>>,
+    }
+
+    impl Decider for Script {
+        fn name(&self) -> &str {
+            "script"
+        }
+
+        fn decide<'a>(
+            &'a self,
+            event: &'a ChangeEvent,
+        ) -> BoxFuture<'a, Result<Vec<Action>, String>> {
+            Box::pin(async move {
+                let v = match event.object.data.get("v") {
+                    Some(DataValue::Text(v)) => v.clone(),
+                    _ => String::new(),
+                };
+                self.calls.lock().unwrap().push(v.clone());
+                tokio::time::sleep(self.takes).await;
+                let mut fails = self.fails.lock().unwrap();
+                if *fails > 0 {
+                    *fails -= 1;
+                    return Err("scripted failure".into());
+                }
+                Ok(vec![Action::Http {
+                    method: HttpMethod::Post,
+                    url: "http://app/refresh".into(),
+                    headers: Vec::new(),
+                    body: Some(v.into_bytes()),
+                }])
+            })
+        }
+    }
+
+    /// The app: records every body, and every dead letter.
+    #[derive(Default)]
+    struct App {
+        got: Mutex<Vec<String>>,
+        dead: Mutex<Vec<String>>,
+    }
+
+    impl Execute for App {
+        fn execute<'a>(
+            &'a self,
+            _origin: &'a Origin,
+            action: &'a Action,
+        ) -> BoxFuture<'a, Result<Executed, ExecError>> {
+            if let Action::Http { body: Some(b), .. } = action {
+                self.got
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(b).into_owned());
+            }
+            Box::pin(async { Ok(Executed::default()) })
+        }
+
+        fn dead_letter(&self, origin: &Origin, _action: &Action, _error: &ExecError) {
+            self.dead
+                .lock()
+                .unwrap()
+                .push(origin.resource_version.clone());
+        }
+    }
+
+    fn change(name: &str, v: u32) -> ChangeEvent {
+        let object = ObjectSnapshot {
+            kind: ObjectKind::ConfigMap,
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            resource_version: v.to_string(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            data: BTreeMap::from([("v".to_string(), DataValue::Text(v.to_string()))]),
+        };
+        ChangeEvent::new(ChangeType::Modified, object, None)
+    }
+
+    fn stage(plugin: &Arc<Script>, app: &Arc<App>, retries: u32) -> Stage<u32> {
+        let policy = Policy {
+            retries,
+            ..Policy::from(&wasmwatch_core::manifest::Delivery::default())
+        };
+        let decide = Decide::new(
+            vec![Loaded {
+                plugin: plugin.clone(),
+                policy,
+            }],
+            app.clone(),
+            Arc::new(Unobserved),
+        );
+        let app = app.clone();
+        Stage::new(decide, move |done| {
+            Pipeline::start(
+                app,
+                PipelineConfig::default(),
+                Arc::new(|| true),
+                None,
+                done,
+            )
+        })
+    }
+
+    /// Runs the stage until `n` tickets are done; the tickets in order.
+    async fn finish(stage: &mut Stage<u32>, n: usize) -> Vec<u32> {
+        let mut done = Vec::new();
+        while done.len() < n {
+            if let Some(tickets) = stage.next().await {
+                done.extend(tickets);
+            }
+        }
+        done
+    }
+
+    fn script(fails: u32) -> Arc<Script> {
+        Arc::new(Script {
+            fails: Mutex::new(fails),
+            takes: Duration::from_millis(100),
+            calls: Mutex::new(Vec::new()),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_call_is_retried_and_the_changes_behind_it_fold_and_wait() {
+        let (plugin, app) = (script(2), Arc::new(App::default()));
+        let mut stage = stage(&plugin, &app, 5);
+        stage.dispatch(1, change("a", 1), &[0]);
+        stage.dispatch(2, change("a", 2), &[0]);
+        stage.dispatch(3, change("a", 3), &[0]);
+        stage.dispatch(4, change("b", 4), &[0]);
+        assert_eq!(
+            stage.decide.in_flight(),
+            3,
+            "a: one running, one waiting; b running"
+        );
+        let mut done = finish(&mut stage, 4).await;
+        done.sort();
+        assert_eq!(done, [1, 2, 3, 4]);
+        // The first attempts for a and b fail, their retries decide, then
+        // one call for a's 2 and 3 folded; a's contents reach the app in
+        // change order.
+        let calls = plugin.calls.lock().unwrap().clone();
+        let a: Vec<&String> = calls.iter().filter(|v| *v != "4").collect();
+        assert_eq!(a, ["1", "1", "3"]);
+        assert_eq!(calls.len(), 5, "{calls:?}");
+        let got = app.got.lock().unwrap().clone();
+        let a: Vec<&String> = got.iter().filter(|v| *v != "4").collect();
+        assert_eq!(a, ["1", "3"]);
+        assert!(app.dead.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_failing_past_its_retries_is_dead_lettered_and_its_change_finished() {
+        let (plugin, app) = (script(3), Arc::new(App::default()));
+        let mut stage = stage(&plugin, &app, 2);
+        stage.dispatch(7, change("a", 7), &[0]);
+        let started = tokio::time::Instant::now();
+        assert_eq!(finish(&mut stage, 1).await, [7]);
+        // Three attempts, ~1 s and ~2 s of backoff between them (±25 %).
+        assert_eq!(plugin.calls.lock().unwrap().len(), 3);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(2_550) && took < Duration::from_millis(4_100),
+            "{took:?}"
+        );
+        assert!(app.got.lock().unwrap().is_empty());
+        assert_eq!(*app.dead.lock().unwrap(), ["7"]);
+        // The next change of the object is called for again.
+        stage.dispatch(8, change("a", 8), &[0]);
+        assert_eq!(finish(&mut stage, 1).await, [8]);
+        assert_eq!(*app.got.lock().unwrap(), ["8"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stopping_ends_the_calls_and_gives_back_only_what_finished() {
+        let (plugin, app) = (script(0), Arc::new(App::default()));
+        let mut stage = stage(&plugin, &app, 0);
+        stage.dispatch(1, change("a", 1), &[0]);
+        assert_eq!(finish(&mut stage, 1).await, [1]);
+        stage.dispatch(2, change("a", 2), &[0]);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(stage.stop().is_empty(), "the call for 2 was still running");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            *app.got.lock().unwrap(),
+            ["1"],
+            "a stopped call acts no more"
+        );
+    }
+}
