@@ -305,6 +305,7 @@ async fn simulate(seed: u64) -> Outcome {
     let mean_gap = rng.random_range(0.05..2.0f64);
     let writer = {
         let world = world.clone();
+        let scopes = reps.setup.scopes.clone();
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xabcd);
         tokio::spawn(async move {
             // Objects are written once a first baseline is stored: what
@@ -316,10 +317,19 @@ async fn simulate(seed: u64) -> Outcome {
                     .leases()
                     .get(STATE_LEASE)
                     .and_then(|l| l.metadata.annotations.as_ref())
-                    .is_some_and(|a| {
-                        a.contains_key(wasmwatch_kube::checkpoint::annotation_key(
+                    .and_then(|a| {
+                        a.get(wasmwatch_kube::checkpoint::annotation_key(
                             ObjectKind::ConfigMap,
                         ))
+                    })
+                    .is_some_and(|v| {
+                        // Every scope's: a namespace listed later would take
+                        // what was written meanwhile as its baseline.
+                        let mut stored = wasmwatch_kube::checkpoint::Checkpoints::default();
+                        stored.parse_into(ObjectKind::ConfigMap, v).is_ok()
+                            && scopes
+                                .iter()
+                                .all(|s| stored.get(ObjectKind::ConfigMap, s).is_some())
                     });
                 if baseline {
                     break;
