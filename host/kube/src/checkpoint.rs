@@ -448,7 +448,40 @@ impl<A: LeaseApi> CheckpointStore<A> {
     /// already belongs to a newer term.
     pub async fn claim(&mut self) -> Result<Claimed, CheckpointError> {
         let mut set_aside = Vec::new();
-        let mut lease = match self.api.get_opt(&self.name).await? {
+        let mut lease = self.state_lease().await?;
+        let annotations = lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        self.check_term(annotations, &mut set_aside).await?;
+        let (checkpoints, unreadable) = read_checkpoints(annotations);
+        let named = find_index(annotations, &mut set_aside);
+        self.number_segments(annotations, &named, &mut set_aside);
+        self.stamp(annotations);
+        let stored_scopes: BTreeMap<ObjectKind, String> =
+            [ObjectKind::ConfigMap, ObjectKind::Secret]
+                .into_iter()
+                .filter_map(|k| Some((k, annotations.get(scopes_key(k))?.clone())))
+                .collect();
+        self.lease = Some(self.replace(&lease).await?);
+        let indexes = self
+            .read_found(named, &stored_scopes, &mut set_aside)
+            .await?;
+        self.remove_orphans().await?;
+        self.collect_garbage().await;
+        self.unreadable = unreadable.keys().copied().collect();
+        Ok(Claimed {
+            checkpoints,
+            indexes,
+            covered: self.covered.clone(),
+            unreadable,
+            set_aside,
+        })
+    }
+
+    /// The state Lease, created when there is none.
+    async fn state_lease(&self) -> Result<Lease, CheckpointError> {
+        Ok(match self.api.get_opt(&self.name).await? {
             Some(l) => l,
             None => {
                 let fresh = Lease {
@@ -464,11 +497,17 @@ impl<A: LeaseApi> CheckpointStore<A> {
                     Err(e) => return Err(e.into()),
                 }
             }
-        };
-        let annotations = lease
-            .metadata
-            .annotations
-            .get_or_insert_with(Default::default);
+        })
+    }
+
+    /// Whether this term may claim the state: the term stored in it is not
+    /// newer (an unreadable one is set aside when the leader Lease is still
+    /// this term's).
+    async fn check_term(
+        &self,
+        annotations: &BTreeMap<String, String>,
+        set_aside: &mut Vec<String>,
+    ) -> Result<(), CheckpointError> {
         if let Some(stored) = annotations.get(TERM_ANNOTATION) {
             let stored_uid = annotations
                 .get(TERM_LEASE_UID_ANNOTATION)
@@ -521,121 +560,25 @@ impl<A: LeaseApi> CheckpointStore<A> {
                 }
             }
         }
-        let mut checkpoints = Checkpoints::default();
-        let mut unreadable = BTreeMap::new();
-        for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
-            if let Some(v) = annotations.get(annotation_key(kind))
-                && let Err(message) = checkpoints.parse_into(kind, v)
-            {
-                // Entries before the bad one are not trusted either.
-                checkpoints.clear(kind);
-                unreadable.insert(
-                    kind,
-                    format!("{message}; every {} is delivered once", kind.as_str()),
-                );
-            }
-        }
-        // What the state names of the stored index: the log of segments
-        // of every kind (format 3), or per kind a log of its own (format
-        // 2) or shards (format 1), read for upgrades and rollbacks.
-        let mut stored_logs = BTreeMap::new();
-        let mut shard_counts = BTreeMap::new();
-        let mut superseded = Vec::new();
-        for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
-            // Both a log and a shard count: a version before segments led
-            // after this version's last commit (a rollback). It keeps the
-            // annotations it does not know and writes its shard count on
-            // every save, while this version drops the count at its first
-            // save of the kind: the shards are the newer index, the log
-            // (and its tail) is what stood before the rollback.
-            // (A shard count that does not parse is no index: the log
-            // stays, and the next save drops the count.)
-            if annotations
-                .get(shards_key(kind))
-                .is_some_and(|n| n.parse::<usize>().is_ok())
-                && let Some(v) = annotations.remove(log_key(kind))
-            {
-                annotations.remove(tail_key(kind));
-                let stale = Log::parse(&v).map(|l| l.segments).unwrap_or_default();
-                tracing::info!(
-                    kind = kind.as_str(),
-                    segments = stale.len(),
-                    "the state holds index shards a version before segments wrote after this version's segments (a rollback and back): the shards are read, the segments deleted"
-                );
-                superseded.extend(stale);
-            }
-            if let Some(v) = annotations.get(log_key(kind)) {
-                match Log::parse(v) {
-                    Ok(log) => {
-                        let tail = annotations.get(tail_key(kind)).map_or("", String::as_str);
-                        match segments::unpack(tail) {
-                            Ok(tail) => {
-                                stored_logs.insert(kind, (log, tail.into_owned()));
-                            }
-                            Err(e) => set_aside.push(format!(
-                                "{}: {e}; the {} index is not used",
-                                tail_key(kind),
-                                kind.as_str()
-                            )),
-                        }
-                    }
-                    Err(e) => set_aside.push(format!(
-                        "{}: {v:?}: {e}; the {} index is not used",
-                        log_key(kind),
-                        kind.as_str()
-                    )),
-                }
-            } else if let Some(v) = annotations.get(shards_key(kind)) {
-                match v.parse::<usize>() {
-                    Ok(n) => {
-                        shard_counts.insert(kind, n);
-                    }
-                    Err(_) => set_aside.push(format!(
-                        "{}: {v:?} is not a shard count; the {} index is not used",
-                        shards_key(kind),
-                        kind.as_str()
-                    )),
-                }
-            }
-        }
-        // The log of every kind beside an index of an older format: a
-        // version before this one led after this version's last commit (a
-        // rollback) and wrote its own, as it does at every save; this
-        // version drops them at every save. The older format's index is
-        // the newer one; the log is what stood before the rollback.
-        // (A per-kind log that cannot be read counts too: the log was
-        // still written over by then.)
-        let older = [ObjectKind::ConfigMap, ObjectKind::Secret]
-            .into_iter()
-            .any(|k| annotations.contains_key(log_key(k)) || annotations.contains_key(tail_key(k)));
-        let mut log = None;
-        if let Some(v) = annotations.get(LOG_ANNOTATION).cloned() {
-            if older || !shard_counts.is_empty() {
-                annotations.remove(LOG_ANNOTATION);
-                annotations.remove(TAIL_ANNOTATION);
-                let stale = Log::parse(&v).map(|l| l.segments).unwrap_or_default();
-                tracing::info!(
-                    segments = stale.len(),
-                    "the state holds an index an older version wrote after this version's log (a rollback and back): that index is read, the log's segments deleted"
-                );
-                superseded.extend(stale);
-            } else {
-                let tail = annotations.get(TAIL_ANNOTATION).map_or("", String::as_str);
-                match Log::parse(&v).and_then(|l| Ok((l, segments::unpack(tail)?.into_owned()))) {
-                    Ok(found) => log = Some(found),
-                    Err(e) => set_aside.push(format!(
-                        "{LOG_ANNOTATION} or {TAIL_ANNOTATION}: {e}; the stored index is not used"
-                    )),
-                }
-            }
-        }
+        Ok(())
+    }
+
+    /// Numbers new segments past every one named, and takes over the
+    /// garbage list (with the segments an older format superseded).
+    fn number_segments(
+        &mut self,
+        annotations: &mut BTreeMap<String, String>,
+        named: &NamedIndex,
+        set_aside: &mut Vec<String>,
+    ) {
         // Never at or below a number named (a hand-edited or missing
         // annotation): a new segment must never meet a committed one.
-        let past_named = stored_logs
+        let past_named = named
+            .stored_logs
             .values()
-            .chain(&log)
+            .chain(&named.log)
             .flat_map(|(l, _)| l.segments.iter().map(|n| n + 1))
-            .chain(superseded.iter().map(|n| n + 1))
+            .chain(named.superseded.iter().map(|n| n + 1))
             .max()
             .unwrap_or(0);
         self.next_segment = match annotations.get(NEXT_SEGMENT_ANNOTATION) {
@@ -656,24 +599,31 @@ impl<A: LeaseApi> CheckpointStore<A> {
                     .collect()
             })
             .unwrap_or_default();
-        if !superseded.is_empty() {
-            self.garbage
-                .extend(superseded.iter().map(|&n| segment_name(&self.name, n)));
+        if !named.superseded.is_empty() {
+            self.garbage.extend(
+                named
+                    .superseded
+                    .iter()
+                    .map(|&n| segment_name(&self.name, n)),
+            );
             annotations.insert(GARBAGE_ANNOTATION.to_string(), self.garbage.join(","));
         }
-        self.stamp(annotations);
-        let stored_scopes: BTreeMap<ObjectKind, String> =
-            [ObjectKind::ConfigMap, ObjectKind::Secret]
-                .into_iter()
-                .filter_map(|k| Some((k, annotations.get(scopes_key(k))?.clone())))
-                .collect();
-        self.lease = Some(self.replace(&lease).await?);
+    }
+
+    /// Reads the stored index the state names (after the claim: no older
+    /// leader commits any more), and what namespaces it covers.
+    async fn read_found(
+        &mut self,
+        named: NamedIndex,
+        stored_scopes: &BTreeMap<ObjectKind, String>,
+        set_aside: &mut Vec<String>,
+    ) -> Result<BTreeMap<ObjectKind, ObjectIndex>, CheckpointError> {
         // The indexes are read after the claim: no older leader commits
         // any more (its next state write conflicts), so the segments named
         // now stay as they are.
         let mut indexes = BTreeMap::new();
         let mut found = BTreeMap::new();
-        if let Some((log, tail)) = log {
+        if let Some((log, tail)) = named.log {
             match self.read_log(&log, &tail).await {
                 Ok((read, tier_bases)) => {
                     found.extend(read);
@@ -688,7 +638,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
                 Err(e) => return Err(e),
             }
         }
-        for (kind, (log, tail)) in stored_logs {
+        for (kind, (log, tail)) in named.stored_logs {
             match self.read_segments(kind, &log, &tail).await {
                 Ok(index) => {
                     found.insert(kind, index);
@@ -701,7 +651,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
                 Err(e) => return Err(e),
             }
         }
-        for (kind, n) in shard_counts {
+        for (kind, n) in named.shard_counts {
             match self.read_index(kind, n).await {
                 Ok(index) => {
                     found.insert(kind, index);
@@ -735,16 +685,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             self.stored.insert(kind, index.clone());
             indexes.insert(kind, index);
         }
-        self.remove_orphans().await?;
-        self.collect_garbage().await;
-        self.unreadable = unreadable.keys().copied().collect();
-        Ok(Claimed {
-            checkpoints,
-            indexes,
-            covered: self.covered.clone(),
-            unreadable,
-            set_aside,
-        })
+        Ok(indexes)
     }
 
     /// Reads the stored index of every kind the log holds: its segments in
@@ -1306,6 +1247,150 @@ impl<A: LeaseApi> CheckpointStore<A> {
             }
         }
         Err(err.into())
+    }
+}
+
+/// The checkpoints the state holds, and per kind why they cannot be read.
+fn read_checkpoints(
+    annotations: &BTreeMap<String, String>,
+) -> (Checkpoints, BTreeMap<ObjectKind, String>) {
+    let mut checkpoints = Checkpoints::default();
+    let mut unreadable = BTreeMap::new();
+    for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+        if let Some(v) = annotations.get(annotation_key(kind))
+            && let Err(message) = checkpoints.parse_into(kind, v)
+        {
+            // Entries before the bad one are not trusted either.
+            checkpoints.clear(kind);
+            unreadable.insert(
+                kind,
+                format!("{message}; every {} is delivered once", kind.as_str()),
+            );
+        }
+    }
+    (checkpoints, unreadable)
+}
+
+/// What the state names of the stored index (see [`find_index`]).
+struct NamedIndex {
+    /// The log of every kind (format 3), and its tail.
+    log: Option<(Log, String)>,
+    /// Per kind, a log of its own (format 2) and its tail.
+    stored_logs: BTreeMap<ObjectKind, (Log, String)>,
+    /// Per kind, a shard count (format 1).
+    shard_counts: BTreeMap<ObjectKind, usize>,
+    /// Segments of a log an older version's index superseded (a rollback
+    /// and back): garbage.
+    superseded: Vec<u64>,
+}
+
+/// What the state names of the stored index: the log of segments of every
+/// kind (format 3), or per kind a log of its own (format 2) or shards
+/// (format 1), read for upgrades and rollbacks. Drops from `annotations`
+/// what a rollback left stale.
+fn find_index(
+    annotations: &mut BTreeMap<String, String>,
+    set_aside: &mut Vec<String>,
+) -> NamedIndex {
+    // What the state names of the stored index: the log of segments
+    // of every kind (format 3), or per kind a log of its own (format
+    // 2) or shards (format 1), read for upgrades and rollbacks.
+    let mut stored_logs = BTreeMap::new();
+    let mut shard_counts = BTreeMap::new();
+    let mut superseded = Vec::new();
+    for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+        // Both a log and a shard count: a version before segments led
+        // after this version's last commit (a rollback). It keeps the
+        // annotations it does not know and writes its shard count on
+        // every save, while this version drops the count at its first
+        // save of the kind: the shards are the newer index, the log
+        // (and its tail) is what stood before the rollback.
+        // (A shard count that does not parse is no index: the log
+        // stays, and the next save drops the count.)
+        if annotations
+            .get(shards_key(kind))
+            .is_some_and(|n| n.parse::<usize>().is_ok())
+            && let Some(v) = annotations.remove(log_key(kind))
+        {
+            annotations.remove(tail_key(kind));
+            let stale = Log::parse(&v).map(|l| l.segments).unwrap_or_default();
+            tracing::info!(
+                kind = kind.as_str(),
+                segments = stale.len(),
+                "the state holds index shards a version before segments wrote after this version's segments (a rollback and back): the shards are read, the segments deleted"
+            );
+            superseded.extend(stale);
+        }
+        if let Some(v) = annotations.get(log_key(kind)) {
+            match Log::parse(v) {
+                Ok(log) => {
+                    let tail = annotations.get(tail_key(kind)).map_or("", String::as_str);
+                    match segments::unpack(tail) {
+                        Ok(tail) => {
+                            stored_logs.insert(kind, (log, tail.into_owned()));
+                        }
+                        Err(e) => set_aside.push(format!(
+                            "{}: {e}; the {} index is not used",
+                            tail_key(kind),
+                            kind.as_str()
+                        )),
+                    }
+                }
+                Err(e) => set_aside.push(format!(
+                    "{}: {v:?}: {e}; the {} index is not used",
+                    log_key(kind),
+                    kind.as_str()
+                )),
+            }
+        } else if let Some(v) = annotations.get(shards_key(kind)) {
+            match v.parse::<usize>() {
+                Ok(n) => {
+                    shard_counts.insert(kind, n);
+                }
+                Err(_) => set_aside.push(format!(
+                    "{}: {v:?} is not a shard count; the {} index is not used",
+                    shards_key(kind),
+                    kind.as_str()
+                )),
+            }
+        }
+    }
+    // The log of every kind beside an index of an older format: a
+    // version before this one led after this version's last commit (a
+    // rollback) and wrote its own, as it does at every save; this
+    // version drops them at every save. The older format's index is
+    // the newer one; the log is what stood before the rollback.
+    // (A per-kind log that cannot be read counts too: the log was
+    // still written over by then.)
+    let older = [ObjectKind::ConfigMap, ObjectKind::Secret]
+        .into_iter()
+        .any(|k| annotations.contains_key(log_key(k)) || annotations.contains_key(tail_key(k)));
+    let mut log = None;
+    if let Some(v) = annotations.get(LOG_ANNOTATION).cloned() {
+        if older || !shard_counts.is_empty() {
+            annotations.remove(LOG_ANNOTATION);
+            annotations.remove(TAIL_ANNOTATION);
+            let stale = Log::parse(&v).map(|l| l.segments).unwrap_or_default();
+            tracing::info!(
+                segments = stale.len(),
+                "the state holds an index an older version wrote after this version's log (a rollback and back): that index is read, the log's segments deleted"
+            );
+            superseded.extend(stale);
+        } else {
+            let tail = annotations.get(TAIL_ANNOTATION).map_or("", String::as_str);
+            match Log::parse(&v).and_then(|l| Ok((l, segments::unpack(tail)?.into_owned()))) {
+                Ok(found) => log = Some(found),
+                Err(e) => set_aside.push(format!(
+                    "{LOG_ANNOTATION} or {TAIL_ANNOTATION}: {e}; the stored index is not used"
+                )),
+            }
+        }
+    }
+    NamedIndex {
+        log,
+        stored_logs,
+        shard_counts,
+        superseded,
     }
 }
 
