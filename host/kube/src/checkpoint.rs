@@ -1003,96 +1003,20 @@ impl<A: LeaseApi> CheckpointStore<A> {
         kinds.extend(self.stored.keys().copied());
         kinds.sort();
         kinds.dedup();
+        let planning = self.planning(&kinds);
         // Worked out off the async workers (differences and text of 10k
         // objects take milliseconds; the copies are cheap, see
-        // `ObjectIndex`): changes go on meanwhile.
-        let work: Vec<_> = kinds
-            .iter()
-            .map(|&kind| {
-                let streams: Vec<(Scope, ObjectIndex)> = self
-                    .pending
-                    .iter()
-                    .filter(|((k, _), _)| *k == kind)
-                    .map(|((_, s), ix)| (s.clone(), ix.clone()))
-                    .collect();
-                let stored = self.stored.get(&kind).cloned();
-                let bases: Vec<ObjectIndex> = self
-                    .tier_bases
-                    .iter()
-                    .map(|b| {
-                        b.get(&kind)
-                            .cloned()
-                            .unwrap_or_else(|| ObjectIndex::new(kind))
-                    })
-                    .collect();
-                (
-                    kind,
-                    stored.unwrap_or_else(|| ObjectIndex::new(kind)),
-                    bases,
-                    streams,
-                )
-            })
-            .collect();
-        let log = self.log.clone();
-        let tail = (self.tail.clone(), self.tail_saves);
-        // An index read from an older format is rewritten whole.
-        let rewrite = !self.legacy.is_empty();
-        let mut next = self.next_segment;
-        let sizes = self.sizes;
-        let plan_all = move || {
-            let fit = |text: String| {
-                let (fit, dropped) = segments::fit_lines(&text, SHARD_BYTES);
-                for object in dropped {
-                    tracing::warn!(
-                        %object,
-                        "object too large for the stored index; a resync will deliver it again"
-                    );
-                }
-                fit.into_owned()
-            };
-            let mut deltas = Vec::new();
-            let mut indexes = Vec::new();
-            let mut tier_bases = Vec::new();
-            for (kind, mut index, bases, streams) in work {
-                let mut delta = String::new();
-                for (scope, ix) in &streams {
-                    delta.push_str(&index.delta(ix, scope));
-                    index.replace_part(scope, ix);
-                }
-                deltas.push((kind, fit(delta)));
-                indexes.push((kind, index));
-                tier_bases.push(bases);
-            }
-            let full =
-                || segments::join_kinds(indexes.iter().map(|(k, ix)| (*k, fit(ix.encode()))));
-            // What changed since tier `t` began.
-            let merged = |t: usize| {
-                segments::join_kinds(indexes.iter().zip(&tier_bases).map(|((k, ix), bases)| {
-                    let empty = ObjectIndex::new(*k);
-                    let base = bases.get(t).unwrap_or(&empty);
-                    (*k, fit(base.delta(ix, &Scope::All)))
-                }))
-            };
-            let mut plan = if rewrite {
-                log.rewrite(&full(), &mut next, sizes.segment)
-            } else {
-                let tail = (tail.0.as_str(), tail.1);
-                let delta = segments::join_kinds(deltas);
-                log.plan(tail, &delta, full, merged, &mut next, sizes)
-            };
-            plan.log.kinds = indexes.iter().map(|(k, _)| *k).collect();
-            (plan, indexes, next)
-        };
-        // On a current-thread runtime (the simulator's, tests) there are no
-        // other workers to keep free, and a blocking thread would make the
-        // schedule depend on the machine: worked out in place.
+        // `ObjectIndex`): changes go on meanwhile. On a current-thread
+        // runtime (the simulator's, tests) there are no other workers to
+        // keep free, and a blocking thread would make the schedule depend
+        // on the machine: worked out in place.
         let (plan, indexes, next) = match tokio::runtime::Handle::try_current() {
             Ok(h) if h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread => {
-                tokio::task::spawn_blocking(plan_all)
+                tokio::task::spawn_blocking(move || planning.plan())
                     .await
                     .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
             }
-            _ => plan_all(),
+            _ => planning.plan(),
         };
         let mut created = Vec::new();
         for (seq, text) in &plan.create {
@@ -1106,6 +1030,75 @@ impl<A: LeaseApi> CheckpointStore<A> {
             .metadata
             .annotations
             .get_or_insert_with(Default::default);
+        let (garbage, covered) = self.write_state(annotations, &plan, &kinds, checkpoints, next);
+        // The commit: one conditional write.
+        match self.replace(&lease).await {
+            Ok(l) => self.lease = Some(l),
+            Err(e) => {
+                self.abandon(created);
+                return Err(e);
+            }
+        }
+        self.committed(plan, indexes, next, garbage, covered, checkpoints);
+        self.collect_garbage().await;
+        Ok(())
+    }
+
+    /// What a save works out its plan from (copies: cheap, see
+    /// [`ObjectIndex`]).
+    fn planning(&self, kinds: &[ObjectKind]) -> Planning {
+        Planning {
+            work: kinds
+                .iter()
+                .map(|&kind| {
+                    let streams: Vec<(Scope, ObjectIndex)> = self
+                        .pending
+                        .iter()
+                        .filter(|((k, _), _)| *k == kind)
+                        .map(|((_, s), ix)| (s.clone(), ix.clone()))
+                        .collect();
+                    let stored = self.stored.get(&kind).cloned();
+                    let bases: Vec<ObjectIndex> = self
+                        .tier_bases
+                        .iter()
+                        .map(|b| {
+                            b.get(&kind)
+                                .cloned()
+                                .unwrap_or_else(|| ObjectIndex::new(kind))
+                        })
+                        .collect();
+                    (
+                        kind,
+                        stored.unwrap_or_else(|| ObjectIndex::new(kind)),
+                        bases,
+                        streams,
+                    )
+                })
+                .collect(),
+            log: self.log.clone(),
+            tail: (self.tail.clone(), self.tail_saves),
+            // An index read from an older format is rewritten whole.
+            rewrite: !self.legacy.is_empty(),
+            next: self.next_segment,
+            sizes: self.sizes,
+        }
+    }
+
+    /// Writes into the state Lease's annotations what the save commits:
+    /// the log, the tail, the scopes covered, the garbage, the numbering
+    /// and the checkpoints; drops any index of an older format. Returns
+    /// the garbage list and the scopes covered once committed.
+    fn write_state(
+        &self,
+        annotations: &mut BTreeMap<String, String>,
+        plan: &segments::Plan,
+        kinds: &[ObjectKind],
+        checkpoints: &Checkpoints,
+        next: u64,
+    ) -> (
+        Vec<String>,
+        BTreeMap<ObjectKind, std::collections::BTreeSet<Scope>>,
+    ) {
         let mut garbage = self.garbage.clone();
         let mut covered = self.covered.clone();
         annotations.insert(LOG_ANNOTATION.to_string(), plan.log.format());
@@ -1115,7 +1108,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             annotations.insert(TAIL_ANNOTATION.to_string(), segments::pack(&plan.tail));
         }
         garbage.extend(plan.dropped.iter().map(|&n| segment_name(&self.name, n)));
-        for &kind in &kinds {
+        for &kind in kinds {
             let scopes = covered.entry(kind).or_default();
             scopes.extend(
                 self.pending
@@ -1160,14 +1153,19 @@ impl<A: LeaseApi> CheckpointStore<A> {
                 None => annotations.remove(annotation_key(kind)),
             };
         }
-        // The commit: one conditional write.
-        match self.replace(&lease).await {
-            Ok(l) => self.lease = Some(l),
-            Err(e) => {
-                self.abandon(created);
-                return Err(e);
-            }
-        }
+        (garbage, covered)
+    }
+
+    /// The save committed: what the store now holds.
+    fn committed(
+        &mut self,
+        plan: segments::Plan,
+        indexes: Vec<(ObjectKind, ObjectIndex)>,
+        next: u64,
+        garbage: Vec<String>,
+        covered: BTreeMap<ObjectKind, std::collections::BTreeSet<Scope>>,
+        checkpoints: &Checkpoints,
+    ) {
         self.orphans.clear();
         self.next_segment = next;
         self.garbage = garbage;
@@ -1201,8 +1199,6 @@ impl<A: LeaseApi> CheckpointStore<A> {
                 self.unreadable.remove(&kind);
             }
         }
-        self.collect_garbage().await;
-        Ok(())
     }
 
     /// A save failed after creating segments `created` (in order): they are
@@ -1391,6 +1387,81 @@ fn find_index(
         stored_logs,
         shard_counts,
         superseded,
+    }
+}
+
+/// What a save works out its plan from, off the async workers.
+struct Planning {
+    /// Per kind: the stored index, the index each tier began with, and the
+    /// streams' new indexes.
+    #[allow(clippy::type_complexity)]
+    work: Vec<(
+        ObjectKind,
+        ObjectIndex,
+        Vec<ObjectIndex>,
+        Vec<(Scope, ObjectIndex)>,
+    )>,
+    log: Log,
+    /// The tail, and how many saves' deltas it holds.
+    tail: (String, usize),
+    rewrite: bool,
+    next: u64,
+    sizes: Sizes,
+}
+
+impl Planning {
+    /// The plan ([`Log::plan`] or a rewrite), the new index of every kind,
+    /// and the next segment number.
+    fn plan(self) -> (segments::Plan, Vec<(ObjectKind, ObjectIndex)>, u64) {
+        let Planning {
+            work,
+            log,
+            tail,
+            rewrite,
+            mut next,
+            sizes,
+        } = self;
+        let fit = |text: String| {
+            let (fit, dropped) = segments::fit_lines(&text, SHARD_BYTES);
+            for object in dropped {
+                tracing::warn!(
+                    %object,
+                    "object too large for the stored index; a resync will deliver it again"
+                );
+            }
+            fit.into_owned()
+        };
+        let mut deltas = Vec::new();
+        let mut indexes = Vec::new();
+        let mut tier_bases = Vec::new();
+        for (kind, mut index, bases, streams) in work {
+            let mut delta = String::new();
+            for (scope, ix) in &streams {
+                delta.push_str(&index.delta(ix, scope));
+                index.replace_part(scope, ix);
+            }
+            deltas.push((kind, fit(delta)));
+            indexes.push((kind, index));
+            tier_bases.push(bases);
+        }
+        let full = || segments::join_kinds(indexes.iter().map(|(k, ix)| (*k, fit(ix.encode()))));
+        // What changed since tier `t` began.
+        let merged = |t: usize| {
+            segments::join_kinds(indexes.iter().zip(&tier_bases).map(|((k, ix), bases)| {
+                let empty = ObjectIndex::new(*k);
+                let base = bases.get(t).unwrap_or(&empty);
+                (*k, fit(base.delta(ix, &Scope::All)))
+            }))
+        };
+        let mut plan = if rewrite {
+            log.rewrite(&full(), &mut next, sizes.segment)
+        } else {
+            let tail = (tail.0.as_str(), tail.1);
+            let delta = segments::join_kinds(deltas);
+            log.plan(tail, &delta, full, merged, &mut next, sizes)
+        };
+        plan.log.kinds = indexes.iter().map(|(k, _)| *k).collect();
+        (plan, indexes, next)
     }
 }
 
