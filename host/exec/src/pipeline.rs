@@ -611,17 +611,19 @@ async fn run<T: Send + 'static>(
     tx: mpsc::UnboundedSender<Command<T>>,
     done: mpsc::UnboundedSender<T>,
 ) {
-    let mut slots: BTreeMap<TargetKey, Slot<T>> = BTreeMap::new();
-    // Until when each target's cooldown lasts (from its last job's start),
-    // and the cooldown that set it.
-    let mut cooldowns: HashMap<TargetKey, (Instant, Duration)> = HashMap::new();
-    // (due, sequence, key): the next pending window to close.
-    let mut timers: BinaryHeap<Reverse<(Instant, u64, TargetKey)>> = BinaryHeap::new();
-    let mut seq = 0u64;
-    let mut unique = 0u64;
-    let mut jobs = tokio::task::JoinSet::new();
+    let mut state = Loop {
+        shared,
+        tx,
+        done,
+        slots: BTreeMap::new(),
+        cooldowns: HashMap::new(),
+        timers: BinaryHeap::new(),
+        seq: 0,
+        unique: 0,
+        jobs: tokio::task::JoinSet::new(),
+    };
     loop {
-        let next_due = timers.peek().map(|Reverse((due, _, _))| *due);
+        let next_due = state.timers.peek().map(|Reverse((due, _, _))| *due);
         // A window already closed (debounce 0, a finished job's next one)
         // starts now: a timer for it would round up to the timer wheel's
         // next millisecond and add ~1 ms to every change (issue 24).
@@ -634,143 +636,171 @@ async fn run<T: Send + 'static>(
             biased;
             c = rx.recv() => match c { Some(c) => Some(c), None => break },
             _ = async { tokio::time::sleep_until(next_due.expect("guarded")).await }, if next_due.is_some() => None,
-            Some(_) = jobs.join_next(), if !jobs.is_empty() => continue,
+            Some(_) = state.jobs.join_next(), if !state.jobs.is_empty() => continue,
             }
         };
         match command {
-            Some(Command::Submit(s)) => {
-                shared.stats.submitted.fetch_add(1, Ordering::Relaxed);
-                if s.actions.is_empty() {
-                    let _ = done.send(s.ticket);
-                    continue;
-                }
-                let state = Arc::new(TicketState {
-                    remaining: AtomicUsize::new(s.actions.len()),
-                    ticket: Mutex::new(Some(s.ticket)),
-                    done: done.clone(),
-                });
-                for action in s.actions {
-                    unique += 1;
-                    let key = TargetKey::of(&action, &s.origin, unique);
-                    let slot = slots.entry(key.clone()).or_default();
-                    match slot.pending.back_mut() {
-                        Some(p) if !key.queues() => {
-                            shared.stats.coalesced.fetch_add(1, Ordering::Relaxed);
-                            if let Some(object) = restart_object(&action) {
-                                p.restarts
-                                    .retain(|(_, a)| restart_object(a) != Some(object));
-                                p.restarts.push((s.origin.clone(), action.clone()));
-                            }
-                            p.action = action;
-                            if !p.origins.contains(&s.origin) {
-                                p.origins.push(s.origin.clone());
-                            }
-                            p.tickets.push(state.clone());
-                        }
-                        _ => {
-                            shared.stats.queued.fetch_add(1, Ordering::Relaxed);
-                            let now = Instant::now();
-                            let mut due = if key.debounces() {
-                                now + s.policy.debounce
-                            } else {
-                                now
-                            };
-                            if let Some((until, cooldown)) = cooldowns.get(&key).copied()
-                                && until > due
-                                && key.cools_down()
-                            {
-                                shared.executor.throttled(
-                                    &s.origin,
-                                    &action,
-                                    until - now,
-                                    cooldown,
-                                );
-                                due = until;
-                            }
-                            let restarts = match restart_object(&action) {
-                                Some(_) => vec![(s.origin.clone(), action.clone())],
-                                None => Vec::new(),
-                            };
-                            slot.pending.push_back(Pending {
-                                action,
-                                restarts,
-                                origins: vec![s.origin.clone()],
-                                tickets: vec![state.clone()],
-                                policy: s.policy,
-                                due,
-                            });
-                            seq += 1;
-                            timers.push(Reverse((due, seq, key)));
-                        }
+            Some(Command::Submit(s)) => state.submit(s),
+            Some(Command::Finished(key)) => state.finished(key),
+            None => state.start_due(),
+        }
+    }
+}
+
+/// The pipeline's loop state.
+struct Loop<T> {
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<Command<T>>,
+    done: mpsc::UnboundedSender<T>,
+    slots: BTreeMap<TargetKey, Slot<T>>,
+    /// Until when each target's cooldown lasts (from its last job's
+    /// start), and the cooldown that set it.
+    cooldowns: HashMap<TargetKey, (Instant, Duration)>,
+    /// (due, sequence, key): the next pending window to close.
+    timers: BinaryHeap<Reverse<(Instant, u64, TargetKey)>>,
+    seq: u64,
+    unique: u64,
+    jobs: tokio::task::JoinSet<()>,
+}
+
+impl<T: Send + 'static> Loop<T> {
+    /// A decision's actions: each joins its target's waiting job or
+    /// opens a window of its own.
+    fn submit(&mut self, s: Submission<T>) {
+        self.shared.stats.submitted.fetch_add(1, Ordering::Relaxed);
+        if s.actions.is_empty() {
+            let _ = self.done.send(s.ticket);
+            return;
+        }
+        let state = Arc::new(TicketState {
+            remaining: AtomicUsize::new(s.actions.len()),
+            ticket: Mutex::new(Some(s.ticket)),
+            done: self.done.clone(),
+        });
+        for action in s.actions {
+            self.unique += 1;
+            let key = TargetKey::of(&action, &s.origin, self.unique);
+            let slot = self.slots.entry(key.clone()).or_default();
+            match slot.pending.back_mut() {
+                Some(p) if !key.queues() => {
+                    self.shared.stats.coalesced.fetch_add(1, Ordering::Relaxed);
+                    if let Some(object) = restart_object(&action) {
+                        p.restarts
+                            .retain(|(_, a)| restart_object(a) != Some(object));
+                        p.restarts.push((s.origin.clone(), action.clone()));
                     }
+                    p.action = action;
+                    if !p.origins.contains(&s.origin) {
+                        p.origins.push(s.origin.clone());
+                    }
+                    p.tickets.push(state.clone());
                 }
-            }
-            Some(Command::Finished(key)) => {
-                if let Some(slot) = slots.get_mut(&key) {
-                    slot.running = false;
-                    // A window that closed while the job ran starts now.
-                    if slot
-                        .pending
-                        .front()
-                        .is_some_and(|p| p.due <= Instant::now())
+                _ => {
+                    self.shared.stats.queued.fetch_add(1, Ordering::Relaxed);
+                    let now = Instant::now();
+                    let mut due = if key.debounces() {
+                        now + s.policy.debounce
+                    } else {
+                        now
+                    };
+                    if let Some((until, cooldown)) = self.cooldowns.get(&key).copied()
+                        && until > due
+                        && key.cools_down()
                     {
-                        seq += 1;
-                        timers.push(Reverse((Instant::now(), seq, key.clone())));
+                        self.shared
+                            .executor
+                            .throttled(&s.origin, &action, until - now, cooldown);
+                        due = until;
                     }
-                    if slot.pending.is_empty() {
-                        slots.remove(&key);
-                    }
+                    let restarts = match restart_object(&action) {
+                        Some(_) => vec![(s.origin.clone(), action.clone())],
+                        None => Vec::new(),
+                    };
+                    slot.pending.push_back(Pending {
+                        action,
+                        restarts,
+                        origins: vec![s.origin.clone()],
+                        tickets: vec![state.clone()],
+                        policy: s.policy,
+                        due,
+                    });
+                    self.seq += 1;
+                    self.timers.push(Reverse((due, self.seq, key)));
                 }
             }
-            None => {
-                let now = Instant::now();
-                while let Some(Reverse((due, _, _))) = timers.peek() {
-                    if *due > now {
-                        break;
-                    }
-                    let Reverse((_, _, key)) = timers.pop().expect("peeked");
-                    let Some(slot) = slots.get_mut(&key) else {
-                        continue;
-                    };
-                    if slot.running || slot.pending.front().is_none_or(|p| p.due > now) {
-                        continue;
-                    }
-                    let pending = slot.pending.pop_front().expect("checked");
-                    slot.running = true;
-                    let cooldown = match &shared.pause_of {
-                        Some(pause_of) if key.cools_down() => pause_of(&pending.action)
-                            .unwrap_or_default()
-                            .max(pending.policy.cooldown),
-                        _ => pending.policy.cooldown,
-                    };
-                    if key.cools_down() && !cooldown.is_zero() {
-                        if cooldowns.len() >= 4096 {
-                            cooldowns.retain(|_, (until, _)| *until > now);
-                        }
-                        cooldowns.insert(key.clone(), (now + cooldown, cooldown));
-                    }
-                    let shared = shared.clone();
-                    let tx = tx.clone();
-                    let span = {
-                        let o = pending.origins.last().expect("a job has an origin");
-                        tracing::info_span!(
-                            "action",
-                            r#type = pending.action.type_name(),
-                            plugin = %o.plugin,
-                            object = %format!("{}/{}/{}", o.kind.as_str(), o.namespace, o.name),
-                            changes = pending.origins.len(),
-                        )
-                    };
-                    jobs.spawn(
-                        async move {
-                            execute_job(&shared, &key, pending).await;
-                            shared.stats.queued.fetch_sub(1, Ordering::Relaxed);
-                            let _ = tx.send(Command::Finished(key));
-                        }
-                        .instrument(span),
-                    );
-                }
+        }
+    }
+
+    /// A target's job is over: a window that closed meanwhile starts.
+    fn finished(&mut self, key: TargetKey) {
+        if let Some(slot) = self.slots.get_mut(&key) {
+            slot.running = false;
+            // A window that closed while the job ran starts now.
+            if slot
+                .pending
+                .front()
+                .is_some_and(|p| p.due <= Instant::now())
+            {
+                self.seq += 1;
+                self.timers
+                    .push(Reverse((Instant::now(), self.seq, key.clone())));
             }
+            if slot.pending.is_empty() {
+                self.slots.remove(&key);
+            }
+        }
+    }
+
+    /// Starts the job of every window that closed, unless its target runs
+    /// one.
+    fn start_due(&mut self) {
+        let now = Instant::now();
+        while let Some(Reverse((due, _, _))) = self.timers.peek() {
+            if *due > now {
+                break;
+            }
+            let Reverse((_, _, key)) = self.timers.pop().expect("peeked");
+            let Some(slot) = self.slots.get_mut(&key) else {
+                continue;
+            };
+            if slot.running || slot.pending.front().is_none_or(|p| p.due > now) {
+                continue;
+            }
+            let pending = slot.pending.pop_front().expect("checked");
+            slot.running = true;
+            let cooldown = match &self.shared.pause_of {
+                Some(pause_of) if key.cools_down() => pause_of(&pending.action)
+                    .unwrap_or_default()
+                    .max(pending.policy.cooldown),
+                _ => pending.policy.cooldown,
+            };
+            if key.cools_down() && !cooldown.is_zero() {
+                if self.cooldowns.len() >= 4096 {
+                    self.cooldowns.retain(|_, (until, _)| *until > now);
+                }
+                self.cooldowns
+                    .insert(key.clone(), (now + cooldown, cooldown));
+            }
+            let shared = self.shared.clone();
+            let tx = self.tx.clone();
+            let span = {
+                let o = pending.origins.last().expect("a job has an origin");
+                tracing::info_span!(
+                    "action",
+                    r#type = pending.action.type_name(),
+                    plugin = %o.plugin,
+                    object = %format!("{}/{}/{}", o.kind.as_str(), o.namespace, o.name),
+                    changes = pending.origins.len(),
+                )
+            };
+            self.jobs.spawn(
+                async move {
+                    execute_job(&shared, &key, pending).await;
+                    shared.stats.queued.fetch_sub(1, Ordering::Relaxed);
+                    let _ = tx.send(Command::Finished(key));
+                }
+                .instrument(span),
+            );
         }
     }
 }

@@ -386,99 +386,7 @@ impl Term {
             Output::Change {
                 event,
                 resource_version,
-            } => {
-                let kind = event.object.kind;
-                out.push(Effect::Received(kind));
-                let removes = event.change == ChangeType::Deleted;
-                let ticket = self.progress.change_of(
-                    id,
-                    resource_version.as_deref(),
-                    removes.then_some(&event.object),
-                );
-                if self.closing.is_some() {
-                    // Not handled: the successor replays it.
-                    return;
-                }
-                let plugins = (self.route)(&event);
-                if plugins.is_empty() {
-                    self.progress.complete(ticket);
-                    self.handled += 1;
-                    out.push(Effect::Handled(kind));
-                    return;
-                }
-                self.outstanding.insert(
-                    ticket,
-                    Outstanding {
-                        left: plugins.len(),
-                        kind,
-                        since: now,
-                    },
-                );
-                let creation =
-                    self.stores && matches!(event.change, ChangeType::Added | ChangeType::Resynced);
-                // Only a creation, or a change while some wait, needs it.
-                let key = (creation || !self.waiting.is_empty()).then(|| object_of(&event));
-                let waits = key.as_ref().is_some_and(|k| self.waiting.contains_key(k));
-                if waits && removes {
-                    // Created and deleted before the creation's actions
-                    // ran: the waiting changes run not. Nor the deletion,
-                    // as the apps never saw the object; unless one of them
-                    // is a replay, which the predecessor may have
-                    // delivered: then the deletion goes out alone, now (a
-                    // successor relisting finds the object gone and no
-                    // app keeping it). Found by the simulator (seed 12:
-                    // the object stayed with its apps).
-                    let key = key.as_ref().expect("waits");
-                    self.waiting.remove(key);
-                    let mut gone = Vec::new();
-                    let mut creations = 0;
-                    let mut replayed = event.replay;
-                    self.held.retain(|h| {
-                        let of = object_of(&h.event) == *key;
-                        if of {
-                            gone.push(h.ticket);
-                            creations += usize::from(h.creation);
-                            replayed |= h.event.replay;
-                        }
-                        !of
-                    });
-                    self.held_creations -= creations;
-                    if !replayed {
-                        gone.push(ticket);
-                    }
-                    for t in gone {
-                        self.outstanding.remove(&t);
-                        self.progress.complete(t);
-                        self.handled += 1;
-                        out.push(Effect::Handled(kind));
-                    }
-                    if replayed {
-                        out.push(Effect::Dispatch {
-                            ticket,
-                            event,
-                            plugins,
-                        });
-                    }
-                    return;
-                }
-                if waits || creation {
-                    *self.waiting.entry(key.expect("held")).or_default() += 1;
-                    self.held_creations += usize::from(creation);
-                    self.held.push_back(Held {
-                        ticket,
-                        event,
-                        plugins,
-                        creation,
-                    });
-                    self.commit_held(out);
-                    return;
-                }
-                out.push(Effect::Dispatch {
-                    ticket,
-                    event,
-                    plugins,
-                });
-            }
+            } => self.change(id, event, resource_version, now, out),
             Output::Progress {
                 resource_version,
                 index_changed,
@@ -489,23 +397,148 @@ impl Term {
                     self.progress.progress(id, &resource_version);
                 }
             }
-            Output::Index(index) => {
-                self.progress.index(id, index);
-                if let Some(flushed) = self.closing.as_mut() {
-                    flushed[id] = true;
-                }
-                self.commit_held(out);
-                let stream = &mut self.streams[id];
-                if std::mem::take(&mut stream.baseline_unsaved) {
-                    // Stored at once, and nothing else read until it is
-                    // (right after the save being written, if one is).
-                    if self.saving {
-                        self.baseline_while_saving = Some(now);
-                    } else {
-                        self.urgent = Some(now);
-                        self.save(out);
-                    }
-                }
+            Output::Index(index) => self.index(id, index, now, out),
+        }
+    }
+
+    /// A change from stream `id`: dispatched, held behind a creation
+    /// waiting for a stored index, or handled at once (no plugin wants
+    /// it; closing: the successor replays it).
+    fn change(
+        &mut self,
+        id: usize,
+        event: Box<ChangeEvent>,
+        resource_version: Option<String>,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
+        let kind = event.object.kind;
+        out.push(Effect::Received(kind));
+        let removes = event.change == ChangeType::Deleted;
+        let ticket = self.progress.change_of(
+            id,
+            resource_version.as_deref(),
+            removes.then_some(&event.object),
+        );
+        if self.closing.is_some() {
+            // Not handled: the successor replays it.
+            return;
+        }
+        let plugins = (self.route)(&event);
+        if plugins.is_empty() {
+            self.progress.complete(ticket);
+            self.handled += 1;
+            out.push(Effect::Handled(kind));
+            return;
+        }
+        self.outstanding.insert(
+            ticket,
+            Outstanding {
+                left: plugins.len(),
+                kind,
+                since: now,
+            },
+        );
+        let creation =
+            self.stores && matches!(event.change, ChangeType::Added | ChangeType::Resynced);
+        // Only a creation, or a change while some wait, needs it.
+        let key = (creation || !self.waiting.is_empty()).then(|| object_of(&event));
+        let waits = key.as_ref().is_some_and(|k| self.waiting.contains_key(k));
+        if waits && removes {
+            let key = key.expect("waits");
+            self.cancel_creation(&key, ticket, event, plugins, out);
+            return;
+        }
+        if waits || creation {
+            *self.waiting.entry(key.expect("held")).or_default() += 1;
+            self.held_creations += usize::from(creation);
+            self.held.push_back(Held {
+                ticket,
+                event,
+                plugins,
+                creation,
+            });
+            self.commit_held(out);
+            return;
+        }
+        out.push(Effect::Dispatch {
+            ticket,
+            event,
+            plugins,
+        });
+    }
+
+    /// A deletion of `key` while its creation waits for a stored index:
+    /// created and deleted before the creation's actions ran, the waiting
+    /// changes run not. Nor the deletion, as the apps never saw the
+    /// object; unless one of them is a replay, which the predecessor may
+    /// have delivered: then the deletion goes out alone, now (a successor
+    /// relisting finds the object gone and no app keeping it). Found by
+    /// the simulator (seed 12: the object stayed with its apps).
+    fn cancel_creation(
+        &mut self,
+        key: &ObjectKey,
+        ticket: Ticket,
+        event: Box<ChangeEvent>,
+        plugins: Vec<usize>,
+        out: &mut Vec<Effect>,
+    ) {
+        let kind = event.object.kind;
+        self.waiting.remove(key);
+        let mut gone = Vec::new();
+        let mut creations = 0;
+        let mut replayed = event.replay;
+        self.held.retain(|h| {
+            let of = object_of(&h.event) == *key;
+            if of {
+                gone.push(h.ticket);
+                creations += usize::from(h.creation);
+                replayed |= h.event.replay;
+            }
+            !of
+        });
+        self.held_creations -= creations;
+        if !replayed {
+            gone.push(ticket);
+        }
+        for t in gone {
+            self.outstanding.remove(&t);
+            self.progress.complete(t);
+            self.handled += 1;
+            out.push(Effect::Handled(kind));
+        }
+        if replayed {
+            out.push(Effect::Dispatch {
+                ticket,
+                event,
+                plugins,
+            });
+        }
+    }
+
+    /// A copy of stream `id`'s index: to store with the checkpoint; a
+    /// baseline's is stored at once.
+    fn index(
+        &mut self,
+        id: usize,
+        index: wasmwatch_core::index::ObjectIndex,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
+        self.progress.index(id, index);
+        if let Some(flushed) = self.closing.as_mut() {
+            flushed[id] = true;
+        }
+        self.commit_held(out);
+        let stream = &mut self.streams[id];
+        if std::mem::take(&mut stream.baseline_unsaved) {
+            // Stored at once, and nothing else read until it is
+            // (right after the save being written, if one is).
+            if self.saving {
+                self.baseline_while_saving = Some(now);
+            } else {
+                self.urgent = Some(now);
+                self.save(out);
             }
         }
     }
