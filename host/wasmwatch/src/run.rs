@@ -134,42 +134,8 @@ pub async fn run(
             policy: Policy::from(&entry.delivery),
         });
     }
-    let buses = wasmwatch_bus::Buses::new(&manifest.buses)?;
     let metrics = Arc::new(Metrics::new(&manifest.metrics));
-    let kube = Arc::new(wasmwatch_exec::workload::KubeExecutor::new(
-        client.clone(),
-        "wasmwatch",
-        &options.identity,
-    ));
-    let events = {
-        let metrics = metrics.clone();
-        wasmwatch_exec::recorder::EventRecorder::start(
-            kube.clone(),
-            wasmwatch_exec::recorder::DEFAULT_CAPACITY,
-            wasmwatch_exec::recorder::DEFAULT_CONCURRENCY,
-            move || {
-                metrics.k8s_events_dropped.inc();
-            },
-        )
-    };
-    let executors = Arc::new(Executors {
-        http: wasmwatch_exec::http::HttpExecutor::new(
-            lookups.clone() as Arc<dyn Lookups>,
-            Duration::from_secs(10),
-        ),
-        buses,
-        kube,
-        events,
-        on_reload: Some({
-            let metrics = metrics.clone();
-            Box::new(move |workload, success| metrics.reloaded(&workload.namespace, success))
-        }),
-        restart_strategies: manifest
-            .plugins
-            .iter()
-            .map(|p| (p.name.clone(), p.delivery.restart_strategy))
-            .collect(),
-    });
+    let executors = executors(&client, &options, &manifest, &lookups, &metrics)?;
 
     let mut ha = manifest.ha.clone();
     ha.enabled |= options.force_ha;
@@ -178,29 +144,8 @@ pub async fn run(
         .clone()
         .unwrap_or_else(|| options.namespace.clone());
     let (ready_tx, ready) = watch::channel(false);
-    let (leadership_tx, leadership) = watch::channel(Leadership::default());
-    let mut elector_parts = None;
-    let leadership = if ha.enabled {
-        let config = ElectorConfig {
-            namespace: lease_namespace.clone(),
-            lease_name: ha.lease_name.clone(),
-            identity: options.identity.clone(),
-            lease_duration: ha.lease_duration.0,
-            renew_deadline: ha.renew_deadline.0,
-            retry_period: ha.retry_period.0,
-        };
-        let (elector, rx) =
-            Elector::new(client.clone(), config).map_err(|e| anyhow::anyhow!("ha: {e}"))?;
-        elector_parts = Some(elector);
-        rx
-    } else {
-        leadership_tx.send_replace(Leadership {
-            leading: true,
-            term: None,
-            holder: Some(options.identity.clone()),
-        });
-        leadership
-    };
+    let (elector_parts, _leadership_tx, leadership) =
+        elect(&client, &options, &ha, &lease_namespace)?;
 
     let listener = crate::admin::bind(options.admin_addr)
         .await
@@ -258,42 +203,14 @@ pub async fn run(
         pause_of: pause_of(lookups.clone()),
         namespaces: in_scope,
     });
-    match elector_parts {
-        None => {
-            service.lead(None, leadership, &mut shutdown).await;
-        }
-        Some(elector) => {
-            let fence = elector.fence();
-            let (stop_elector, stopped) = tokio::sync::oneshot::channel::<()>();
-            let elector_task = tokio::spawn(elector.run(async {
-                let _ = stopped.await;
-            }));
-            let mut leadership = leadership;
-            loop {
-                let term = tokio::select! {
-                    t = wait_leading(&mut leadership) => t,
-                    _ = &mut shutdown => break,
-                };
-                let Some(term) = term else { break };
-                tracing::info!(term = %term, "leading");
-                let stop = service
-                    .lead(Some(fence.clone()), leadership.clone(), &mut shutdown)
-                    .await;
-                if stop {
-                    break;
-                }
-                // A term that ended at once (a claim refused as fenced or
-                // corrupt) must not spin: wait a little before the next.
-                tokio::select! {
-                    _ = tokio::time::sleep(ha.retry_period.0) => {}
-                    _ = &mut shutdown => break,
-                }
-            }
-            // Leader work has stopped and its checkpoint is saved: now release.
-            let _ = stop_elector.send(());
-            let _ = elector_task.await;
-        }
-    }
+    lead_terms(
+        &service,
+        elector_parts,
+        leadership,
+        ha.retry_period.0,
+        &mut shutdown,
+    )
+    .await;
     // The last Events about actions done, bounded so that SIGTERM still
     // ends within about a second.
     if !service
@@ -306,6 +223,139 @@ pub async fn run(
     }
     admin.abort();
     Ok(())
+}
+
+/// What [`elect`] gives back.
+type Elected = (
+    Option<Elector>,
+    watch::Sender<Leadership>,
+    watch::Receiver<Leadership>,
+);
+
+/// The elector (HA on: not running yet) and the leadership it will tell;
+/// HA off: this replica leads, alone, as long as the sender given back
+/// lives (a leadership whose sender is gone would end the term).
+fn elect(
+    client: &kube::Client,
+    options: &RunOptions,
+    ha: &wasmwatch_core::manifest::HaSpec,
+    lease_namespace: &str,
+) -> anyhow::Result<Elected> {
+    let (leadership_tx, leadership) = watch::channel(Leadership::default());
+    Ok(if ha.enabled {
+        let config = ElectorConfig {
+            namespace: lease_namespace.to_string(),
+            lease_name: ha.lease_name.clone(),
+            identity: options.identity.clone(),
+            lease_duration: ha.lease_duration.0,
+            renew_deadline: ha.renew_deadline.0,
+            retry_period: ha.retry_period.0,
+        };
+        let (elector, rx) =
+            Elector::new(client.clone(), config).map_err(|e| anyhow::anyhow!("ha: {e}"))?;
+        (Some(elector), leadership_tx, rx)
+    } else {
+        leadership_tx.send_replace(Leadership {
+            leading: true,
+            term: None,
+            holder: Some(options.identity.clone()),
+        });
+        (None, leadership_tx, leadership)
+    })
+}
+
+/// The executors of the plugins' actions: HTTP (endpoints from the
+/// lookups), the buses, the Kubernetes API (restarts, Events).
+fn executors(
+    client: &kube::Client,
+    options: &RunOptions,
+    manifest: &Manifest,
+    lookups: &Arc<KubeLookups>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Arc<Executors>> {
+    let buses = wasmwatch_bus::Buses::new(&manifest.buses)?;
+    let kube = Arc::new(wasmwatch_exec::workload::KubeExecutor::new(
+        client.clone(),
+        "wasmwatch",
+        &options.identity,
+    ));
+    let events = {
+        let metrics = metrics.clone();
+        wasmwatch_exec::recorder::EventRecorder::start(
+            kube.clone(),
+            wasmwatch_exec::recorder::DEFAULT_CAPACITY,
+            wasmwatch_exec::recorder::DEFAULT_CONCURRENCY,
+            move || {
+                metrics.k8s_events_dropped.inc();
+            },
+        )
+    };
+    Ok(Arc::new(Executors {
+        http: wasmwatch_exec::http::HttpExecutor::new(
+            lookups.clone() as Arc<dyn Lookups>,
+            Duration::from_secs(10),
+        ),
+        buses,
+        kube,
+        events,
+        on_reload: Some({
+            let metrics = metrics.clone();
+            Box::new(move |workload, success| metrics.reloaded(&workload.namespace, success))
+        }),
+        restart_strategies: manifest
+            .plugins
+            .iter()
+            .map(|p| (p.name.clone(), p.delivery.restart_strategy))
+            .collect(),
+    }))
+}
+
+/// Leads each term this replica wins (HA), or one term (HA off), until
+/// shutdown; the elector releases the Lease only after leader work stopped
+/// and its checkpoint is saved.
+async fn lead_terms(
+    service: &Arc<Service>,
+    elector: Option<Elector>,
+    leadership: watch::Receiver<Leadership>,
+    retry: Duration,
+    shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) {
+    match elector {
+        None => {
+            service.lead(None, leadership, shutdown).await;
+        }
+        Some(elector) => {
+            let fence = elector.fence();
+            let (stop_elector, stopped) = tokio::sync::oneshot::channel::<()>();
+            let elector_task = tokio::spawn(elector.run(async {
+                let _ = stopped.await;
+            }));
+            let mut leadership = leadership;
+            loop {
+                let term = tokio::select! {
+                    t = wait_leading(&mut leadership) => t,
+                    _ = &mut *shutdown => break,
+                };
+                let Some(term) = term else { break };
+                tracing::info!(term = %term, "leading");
+                let stop = service
+                    .lead(Some(fence.clone()), leadership.clone(), shutdown)
+                    .await;
+                if stop {
+                    break;
+                }
+                // A term that ended at once (a claim refused as fenced or
+                // corrupt) must not spin: wait a little before the next.
+                tokio::select! {
+                    _ = tokio::time::sleep(retry) => {}
+                    _ = &mut *shutdown => break,
+                }
+            }
+            // Leader work has stopped and its checkpoint is saved: now release.
+            let _ = stop_elector.send(());
+            let _ = elector_task.await;
+        }
+    }
 }
 
 /// The key of Secret digests, read (or created) before this replica is
