@@ -592,10 +592,12 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
     let mut dead_lettered = 0;
     for (key, (content, exists)) in &w.truth {
         let last = seen.get(key).and_then(|ds| ds.last());
-        // A dead letter after which nothing newer reached the app: what
-        // the app ends with is not judged (a newer delivery is).
-        if let Some(rv) = w.dead_letters.get(key)
-            && last.is_none_or(|d| d.of <= *rv)
+        // A dead letter after which nothing of the object reached the
+        // app: what the app ends with is not judged (a later delivery is).
+        if let Some(&at) = w.dead_letters.get(key)
+            && !w.app[at..]
+                .iter()
+                .any(|d| d.namespace == key.0 && d.name == key.1)
         {
             dead_lettered += 1;
             continue;

@@ -481,12 +481,11 @@ impl Execute for SimApp {
             origin.resource_version,
             action.type_name()
         ));
-        let rv = origin.resource_version.parse().unwrap_or(0);
-        let newest = w
-            .dead_letters
-            .entry((origin.namespace.clone(), origin.name.clone()))
-            .or_default();
-        *newest = rv.max(*newest);
+        // Where the app's deliveries stood (a deletion found at a resync
+        // has no version to compare).
+        let at = w.app.len();
+        w.dead_letters
+            .insert((origin.namespace.clone(), origin.name.clone()), at);
     }
 }
 

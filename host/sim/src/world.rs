@@ -161,9 +161,9 @@ pub struct World {
     /// and whether it exists now.
     pub truth: BTreeMap<(String, String), (u64, bool)>,
     pub trace: Vec<String>,
-    /// Objects a change of which was dead-lettered: the newest such
-    /// change's resourceVersion.
-    pub dead_letters: BTreeMap<(String, String), u64>,
+    /// Objects a change of which was dead-lettered: how many deliveries
+    /// the app had had (of any object) at the newest such dead letter.
+    pub dead_letters: BTreeMap<(String, String), usize>,
     /// Every term's claim, in order.
     pub claims: Vec<Claim>,
     /// Every plugin call fails (`Fault::PluginDown`).

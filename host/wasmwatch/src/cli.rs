@@ -148,6 +148,12 @@ struct RunArgs {
     /// every tick.
     #[arg(long, env = "WASMWATCH_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=256))]
     worker_threads: Option<u16>,
+    /// Read the modules the manifest names under IMAGE_DIR from LOCAL_DIR
+    /// instead (e.g. /usr/lib/wasmwatch/plugins=./plugins): the install's
+    /// manifest run outside the image, as `validate --plugin-dir` checks
+    /// it. Repeatable.
+    #[arg(long = "plugin-dir", value_name = "IMAGE_DIR=LOCAL_DIR")]
+    plugin_dirs: Vec<crate::plugin_dir::PluginDirMap>,
     /// How to reach registries for `oci://` modules.
     #[command(flatten)]
     registry: crate::oci::RegistryArgs,
@@ -490,6 +496,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             if run.dry_run {
                 rt.block_on(crate::dryrun::run(
                     &run.manifest,
+                    &run.plugin_dirs,
                     &run.namespace,
                     args.cache_dir,
                     &run.registry.options()?,
@@ -513,6 +520,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                 kube_config: None,
                 checkpoint_interval: run.checkpoint_interval.0,
                 force_ha: false,
+                plugin_dirs: run.plugin_dirs,
             };
             on_worker(&rt, crate::run::run(options, shutdown_signal()))?;
             Ok(ExitCode::SUCCESS)

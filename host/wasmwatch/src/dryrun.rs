@@ -30,12 +30,14 @@ use wasmwatch_runtime::{Decision, Plugin, Runtime};
 /// Loads the manifest and its plugins, then watches until `shutdown`.
 pub async fn run(
     manifest_path: &Path,
+    plugin_dirs: &[crate::plugin_dir::PluginDirMap],
     namespace: &str,
     cache_dir: Option<std::path::PathBuf>,
     registry: &wasmwatch_oci::RegistryOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let mut manifest = Manifest::from_file(manifest_path)?;
+    crate::plugin_dir::apply_noting(&mut manifest, plugin_dirs);
     crate::oci::resolve_modules(&mut manifest, cache_dir.as_deref(), registry, None).await?;
     let client = kube::Client::try_default()
         .await

@@ -247,6 +247,7 @@ pub async fn run(
         kube_config: Some(server.kube_config()),
         checkpoint_interval: Duration::from_secs(1),
         force_ha: true,
+        plugin_dirs: Vec::new(),
     };
     let mut replicas = Vec::new();
     for identity in ["wasmwatch-0", "wasmwatch-1"] {

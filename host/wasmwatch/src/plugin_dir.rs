@@ -68,6 +68,18 @@ pub fn apply(manifest: &mut Manifest, maps: &[PluginDirMap]) -> Vec<PluginDirMap
         .collect()
 }
 
+/// [`apply`], warning of each mapping no module is under (`run`).
+pub fn apply_noting(manifest: &mut Manifest, maps: &[PluginDirMap]) {
+    for unused in apply(manifest, maps) {
+        tracing::warn!(
+            "--plugin-dir {}={}: no module of the manifest is under {}",
+            unused.from.display(),
+            unused.to.display(),
+            unused.from.display()
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

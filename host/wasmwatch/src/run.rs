@@ -63,6 +63,9 @@ pub struct RunOptions {
     /// Elect a leader even when the manifest's `ha.enabled` is false (the
     /// local run's two replicas must never both act).
     pub force_ha: bool,
+    /// `--plugin-dir`: modules read from a local folder instead of the
+    /// image's.
+    pub plugin_dirs: Vec<crate::plugin_dir::PluginDirMap>,
 }
 
 /// How action reports are printed.
@@ -100,6 +103,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let mut manifest = Manifest::from_file(&options.manifest)?;
+    crate::plugin_dir::apply_noting(&mut manifest, &options.plugin_dirs);
     crate::oci::resolve_modules(
         &mut manifest,
         options.cache_dir.as_deref(),

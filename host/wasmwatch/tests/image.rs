@@ -735,3 +735,47 @@ fn validate_maps_the_image_plugin_folder_to_a_local_one() {
         text(&out)
     );
 }
+
+/// `run --plugin-dir` runs the install's manifest outside the image: without
+/// the mapping it stops at the first module, naming the image's folder;
+/// with it, every plugin loads and the replica gets ready (issue 34).
+/// (Threads: the test API server answers while this one waits for the
+/// process.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_maps_the_image_plugin_folder_to_a_local_one() {
+    let plugins = built_plugins();
+    let env = common::test_env("plugins: []\n", "wasmwatch").await;
+    let manifest = env.dir.path().join("deploy-manifest.yaml");
+    std::fs::copy(deploy_dir().join("base/manifest.yaml"), &manifest).unwrap();
+    run_ok(
+        Command::new(deploy_dir().join("pin-plugins"))
+            .arg("--dir")
+            .arg(&plugins)
+            .arg(&manifest),
+        "deploy/pin-plugins",
+    );
+    let named = std::fs::read_to_string(&manifest)
+        .unwrap()
+        .matches("module:")
+        .count();
+    assert!(named > 0);
+
+    let out = common::run_command(&env.kubeconfig, &manifest, "r0", "2s", "wasmwatch")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(PLUGIN_DIR),
+        "{}",
+        text(&out)
+    );
+
+    let mut cmd = common::run_command(&env.kubeconfig, &manifest, "r0", "2s", "wasmwatch");
+    cmd.arg("--plugin-dir")
+        .arg(format!("{PLUGIN_DIR}={}", plugins.display()));
+    let (mut child, ready, _) = common::spawn_ready(&mut cmd, Duration::from_secs(120));
+    assert_eq!(ready["plugins"], named, "{ready}");
+    child.kill().unwrap();
+    let _ = child.wait();
+}
