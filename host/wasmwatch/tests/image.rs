@@ -659,21 +659,28 @@ async fn the_install_files_apply_with_kubectl() {
 
 // ---------------------------------------- validate outside the image
 
+/// A copy of the deploy manifest in `dir`, pinned to the plugins built in
+/// `plugins` (its modules still named under the image's folder).
+fn pinned_deploy_manifest(dir: &Path, plugins: &Path) -> PathBuf {
+    let manifest = dir.join("deploy-manifest.yaml");
+    std::fs::copy(deploy_dir().join("base/manifest.yaml"), &manifest).unwrap();
+    run_ok(
+        Command::new(deploy_dir().join("pin-plugins"))
+            .arg("--dir")
+            .arg(plugins)
+            .arg(&manifest),
+        "deploy/pin-plugins",
+    );
+    manifest
+}
+
 /// The deploy manifest names its modules under /usr/lib/wasmwatch/plugins,
 /// as in the image; `--plugin-dir` reads them from a local folder.
 #[test]
 fn validate_maps_the_image_plugin_folder_to_a_local_one() {
     let plugins = built_plugins();
     let dir = tempfile::tempdir().unwrap();
-    let manifest = dir.path().join("manifest.yaml");
-    std::fs::copy(deploy_dir().join("base/manifest.yaml"), &manifest).unwrap();
-    run_ok(
-        Command::new(deploy_dir().join("pin-plugins"))
-            .arg("--dir")
-            .arg(&plugins)
-            .arg(&manifest),
-        "deploy/pin-plugins",
-    );
+    let manifest = pinned_deploy_manifest(dir.path(), &plugins);
     let validate = |args: &[String], cwd: &Path| {
         Command::new(env!("CARGO_BIN_EXE_wasmwatch"))
             .arg("validate")
@@ -745,15 +752,7 @@ fn validate_maps_the_image_plugin_folder_to_a_local_one() {
 async fn run_maps_the_image_plugin_folder_to_a_local_one() {
     let plugins = built_plugins();
     let env = common::test_env("plugins: []\n", "wasmwatch").await;
-    let manifest = env.dir.path().join("deploy-manifest.yaml");
-    std::fs::copy(deploy_dir().join("base/manifest.yaml"), &manifest).unwrap();
-    run_ok(
-        Command::new(deploy_dir().join("pin-plugins"))
-            .arg("--dir")
-            .arg(&plugins)
-            .arg(&manifest),
-        "deploy/pin-plugins",
-    );
+    let manifest = pinned_deploy_manifest(env.dir.path(), &plugins);
     let named = std::fs::read_to_string(&manifest)
         .unwrap()
         .matches("module:")
