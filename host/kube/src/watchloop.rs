@@ -1123,11 +1123,5 @@ pub fn backoff(failures: u32) -> Duration {
     wasmwatch_core::jitter::spread(Duration::from_secs_f64(base.min(30.0)))
 }
 
-/// Seeds this thread's backoff jitter (the simulator: one seed, one
-/// schedule); [`wasmwatch_core::jitter::seed`].
-pub fn seed_jitter(seed: u64) {
-    wasmwatch_core::jitter::seed(seed);
-}
-
 #[cfg(test)]
 mod tests;
