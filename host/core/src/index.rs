@@ -19,7 +19,7 @@
 //! of the same object, so an upgrade delivers no change by itself; such a
 //! line is rewritten keyed the next time its object is seen.
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -267,6 +267,9 @@ pub struct ObjectIndex {
     key: Option<DigestKey>,
     /// The labels and annotations kept of each object.
     remember: Arc<Remember>,
+    /// Some entry may be unverified (see [`ObjectIndex::mark_unverified`]):
+    /// without it [`ObjectIndex::unverified_keys`] reads no entry.
+    some_unverified: bool,
 }
 
 impl ObjectIndex {
@@ -276,6 +279,7 @@ impl ObjectIndex {
             objects: Objects::new(),
             key: None,
             remember: Arc::default(),
+            some_unverified: false,
         }
     }
 
@@ -363,6 +367,7 @@ impl ObjectIndex {
                 .collect(),
             key: self.key.clone(),
             remember: self.remember.clone(),
+            some_unverified: self.some_unverified,
         }
     }
 
@@ -374,15 +379,72 @@ impl ObjectIndex {
     /// checkpoint is a real change, so an unverified object's next event is
     /// delivered whatever its content; after it the object is verified.
     pub fn mark_unverified(&mut self) {
+        self.set_verified(false);
+    }
+
+    /// Marks only `keys` (namespace, name) as possibly out of date: the
+    /// stored index's objects whose stored content may not have reached
+    /// the apps (issue 33: the state names them beside the index), the
+    /// others verified.
+    pub fn mark_unverified_only<'a>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'a (String, String)>,
+    ) {
+        self.set_verified(true);
+        for key in keys {
+            if let Some((k, h)) = self.objects.get_key_value(key) {
+                let mut h = Handled::clone(h);
+                h.unverified = true;
+                let k = k.clone();
+                self.objects.insert(k, Arc::new(h));
+                self.some_unverified = true;
+            }
+        }
+    }
+
+    /// Marks every object verified: its entry is what the apps were last
+    /// given, or older than every change still to come. True once a watch
+    /// resuming from a checkpoint has seen every change up to where its
+    /// stored (or rebuilt) index was taken: an object with no change since
+    /// the checkpoint was handled before it.
+    pub fn mark_verified(&mut self) {
+        if self.some_unverified {
+            self.set_verified(true);
+        }
+    }
+
+    fn set_verified(&mut self, verified: bool) {
         self.objects = self
             .objects
             .iter()
             .map(|(k, h)| {
+                if h.unverified != verified {
+                    return (k.clone(), h.clone());
+                }
                 let mut h = Handled::clone(h);
-                h.unverified = true;
+                h.unverified = !verified;
                 (k.clone(), Arc::new(h))
             })
             .collect();
+        self.some_unverified = !verified && !self.objects.is_empty();
+    }
+
+    /// The objects still unverified (see [`ObjectIndex::mark_unverified`]),
+    /// or `None` when there are more than `limit`.
+    pub fn unverified_keys(&self, limit: usize) -> Option<BTreeSet<(String, String)>> {
+        let mut keys = BTreeSet::new();
+        if !self.some_unverified {
+            return Some(keys);
+        }
+        for (k, h) in &self.objects {
+            if h.unverified {
+                if keys.len() == limit {
+                    return None;
+                }
+                keys.insert(Arc::unwrap_or_clone(k.clone()));
+            }
+        }
+        Some(keys)
     }
 
     /// Keeps only the objects of the namespaces `keep` accepts.
@@ -969,6 +1031,39 @@ mod tests {
             .unwrap();
         assert_eq!(d.change, ChangeType::Deleted);
         assert!(idx.is_empty());
+    }
+
+    /// Issue 33: only the objects the state names stay unverified; the
+    /// others compare by content, and `mark_verified` ends it for all.
+    #[test]
+    fn only_the_named_objects_start_unverified() {
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap);
+        for name in ["a", "b", "c"] {
+            idx.apply(Seen::Added, cm(name, json!({"k": "A"}), json!({})), false);
+        }
+        assert_eq!(idx.unverified_keys(10), Some(BTreeSet::new()));
+        let b = ("ns".to_string(), "b".to_string());
+        let gone = ("ns".to_string(), "gone".to_string());
+        idx.mark_unverified_only([&b, &gone]);
+        assert_eq!(idx.unverified_keys(10), Some(BTreeSet::from([b.clone()])));
+        // a: verified, its stored content is what the apps have.
+        assert!(
+            idx.apply(Seen::Modified, cm("a", json!({"k": "A"}), json!({})), false)
+                .is_none()
+        );
+        // b: its stored content may not have reached them.
+        assert!(
+            idx.apply(Seen::Modified, cm("b", json!({"k": "A"}), json!({})), false)
+                .is_some()
+        );
+        idx.mark_unverified();
+        assert_eq!(idx.unverified_keys(2), None, "three, over the limit");
+        idx.mark_verified();
+        assert_eq!(idx.unverified_keys(0), Some(BTreeSet::new()));
+        assert!(
+            idx.apply(Seen::Modified, cm("c", json!({"k": "A"}), json!({})), false)
+                .is_none()
+        );
     }
 
     #[test]

@@ -114,6 +114,7 @@ async fn main() {
                 kind: ix.kind(),
                 scope: Scope::All,
                 index: ix.clone(),
+                at: None,
             })
             .collect()
     };

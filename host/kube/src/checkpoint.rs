@@ -58,7 +58,7 @@
 //! them (`wasmwatch.io/<kind>-index-shards`); the next save of that kind
 //! rewrites the whole index as segments, drops the shard count and deletes
 //! the shards.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -91,10 +91,12 @@ pub const SEGMENT_KIND_ANNOTATION: &str = "wasmwatch.io/index-kind";
 
 mod health;
 mod segments;
+mod trust;
 pub use health::{REPORT_AFTER, SaveHealth};
 pub use segments::{
     Log, Plan, Sizes, join_kinds, pack, split_kinds, split_lines as split_shards, unpack,
 };
+pub use trust::{MAX_UNHANDLED, TRUST_ANNOTATION, Trust, Unhandled};
 
 /// On the state Lease: the segments of the stored index of every kind
 /// ([`Log::format`]).
@@ -157,6 +159,9 @@ pub struct StreamIndex {
     pub kind: ObjectKind,
     pub scope: Scope,
     pub index: ObjectIndex,
+    /// The version the stream's watch had got to when the index was taken
+    /// (at most: see [`Trusted`]); `None` when unknown.
+    pub at: Option<String>,
 }
 
 /// What a new leader starts from.
@@ -182,6 +187,8 @@ pub struct Claimed {
     /// (that kind's watch loops rebuild an index from a list before
     /// watching: see [`crate::watchloop::WatchLoop::with_index`]).
     pub set_aside: Vec<String>,
+    /// What the stored index may be trusted for (see [`Trust`]).
+    pub trust: Option<Trust>,
 }
 
 impl Claimed {
@@ -191,6 +198,12 @@ impl Claimed {
         self.covered
             .get(&kind)
             .is_some_and(|s| s.contains(&Scope::All) || s.contains(scope))
+    }
+
+    /// What a stream of `kind` and `scope` resuming with the stored index
+    /// may trust of it (see [`crate::watchloop::WatchLoop::trusting`]).
+    pub fn trusted(&self, kind: ObjectKind, scope: &Scope) -> Option<crate::watchloop::Trusted> {
+        self.trust.as_ref()?.trusted(kind, scope)
     }
 
     /// Everything found unreadable, one line each (for the log and an Event).
@@ -225,6 +238,12 @@ impl Checkpoints {
     /// Forgets every checkpoint of `kind`.
     pub fn clear(&mut self, kind: ObjectKind) {
         self.versions.remove(&kind);
+    }
+
+    pub fn remove(&mut self, kind: ObjectKind, scope: &Scope) {
+        if let Some(m) = self.versions.get_mut(&kind) {
+            m.remove(scope);
+        }
     }
 
     pub fn set(&mut self, kind: ObjectKind, scope: &Scope, version: &str) {
@@ -376,6 +395,9 @@ pub struct CheckpointStore<A = Api<Lease>> {
     /// Kinds whose checkpoints were unreadable at the claim: their
     /// annotation stays as found until a save carries checkpoints of theirs.
     unreadable: std::collections::BTreeSet<ObjectKind>,
+    /// Per stream, the version its stored index part was taken at (see
+    /// [`Trust`]), as committed.
+    stored_at: Checkpoints,
 }
 
 impl CheckpointStore {
@@ -414,6 +436,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             sizes: segments::Sizes::with_segment(SHARD_BYTES),
             covered: BTreeMap::new(),
             unreadable: Default::default(),
+            stored_at: Checkpoints::default(),
         }
     }
 
@@ -455,9 +478,20 @@ impl<A: LeaseApi> CheckpointStore<A> {
             .get_or_insert_with(Default::default);
         self.check_term(annotations, &mut set_aside).await?;
         let (checkpoints, unreadable) = read_checkpoints(annotations);
+        let trust = read_trust(annotations);
         let named = find_index(annotations, &mut set_aside);
         self.number_segments(annotations, &named, &mut set_aside);
         self.stamp(annotations);
+        // Taken over as this term's: a successor of a term that commits
+        // nothing trusts what it did.
+        let trust = trust.map(|t| Trust {
+            term: self.trust_term(),
+            ..t
+        });
+        match trust.as_ref().and_then(Trust::format) {
+            Some(v) => annotations.insert(TRUST_ANNOTATION.to_string(), v),
+            None => annotations.remove(TRUST_ANNOTATION),
+        };
         let stored_scopes: BTreeMap<ObjectKind, String> =
             [ObjectKind::ConfigMap, ObjectKind::Secret]
                 .into_iter()
@@ -470,12 +504,24 @@ impl<A: LeaseApi> CheckpointStore<A> {
         self.remove_orphans().await?;
         self.collect_garbage().await;
         self.unreadable = unreadable.keys().copied().collect();
+        // A kind whose index was not read (set aside) trusts nothing.
+        let trust = trust.map(|mut t| {
+            for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+                if !indexes.contains_key(&kind) {
+                    t.at.clear(kind);
+                    t.unhandled.remove(&kind);
+                }
+            }
+            t
+        });
+        self.stored_at = trust.as_ref().map(|t| t.at.clone()).unwrap_or_default();
         Ok(Claimed {
             checkpoints,
             indexes,
             covered: self.covered.clone(),
             unreadable,
             set_aside,
+            trust,
         })
     }
 
@@ -965,6 +1011,11 @@ impl<A: LeaseApi> CheckpointStore<A> {
     }
 
     /// Marks the state Lease or a shard as written by this term.
+    /// This term as [`Trust::term`] names it.
+    fn trust_term(&self) -> String {
+        format!("{} {}", self.term, self.term.lease_uid)
+    }
+
     fn stamp(&self, annotations: &mut BTreeMap<String, String>) {
         annotations.insert(TERM_ANNOTATION.into(), self.term.to_string());
         if self.term.lease_uid.is_empty() {
@@ -990,12 +1041,30 @@ impl<A: LeaseApi> CheckpointStore<A> {
         checkpoints: &Checkpoints,
         indexes: &[StreamIndex],
     ) -> Result<(), CheckpointError> {
+        self.save_with(checkpoints, indexes, &Unhandled::new())
+            .await
+    }
+
+    /// [`CheckpointStore::save`], committing with it what a successor may
+    /// trust of the index (see [`Trust`]): per stream, the objects whose
+    /// content as stored may not have reached the apps.
+    pub async fn save_with(
+        &mut self,
+        checkpoints: &Checkpoints,
+        indexes: &[StreamIndex],
+        unhandled: &Unhandled,
+    ) -> Result<(), CheckpointError> {
         let Some(mut lease) = self.lease.clone() else {
             return Err(CheckpointError::NotClaimed);
         };
+        let mut stored_at = self.stored_at.clone();
         for ix in indexes {
             self.pending
                 .insert((ix.kind, ix.scope.clone()), ix.index.clone());
+            match &ix.at {
+                Some(v) => stored_at.set(ix.kind, &ix.scope, v),
+                None => stored_at.remove(ix.kind, &ix.scope),
+            }
         }
         // Every kind the stored index holds: a rewrite writes them all.
         let mut kinds: Vec<ObjectKind> = self.pending.keys().map(|(k, _)| *k).collect();
@@ -1031,6 +1100,10 @@ impl<A: LeaseApi> CheckpointStore<A> {
             .annotations
             .get_or_insert_with(Default::default);
         let (garbage, covered) = self.write_state(annotations, &plan, &kinds, checkpoints, next);
+        match Trust::of(self.trust_term(), &stored_at, unhandled).format() {
+            Some(v) => annotations.insert(TRUST_ANNOTATION.to_string(), v),
+            None => annotations.remove(TRUST_ANNOTATION),
+        };
         // The commit: one conditional write.
         match self.replace(&lease).await {
             Ok(l) => self.lease = Some(l),
@@ -1040,6 +1113,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             }
         }
         self.committed(plan, indexes, next, garbage, covered, checkpoints);
+        self.stored_at = stored_at;
         self.collect_garbage().await;
         Ok(())
     }
@@ -1265,6 +1339,27 @@ fn read_checkpoints(
         }
     }
     (checkpoints, unreadable)
+}
+
+/// The trust stored with the index (see [`Trust`]), when the term that
+/// wrote it is the one the state names (else a binary from before it led
+/// since, and kept it as found).
+fn read_trust(annotations: &BTreeMap<String, String>) -> Option<Trust> {
+    let value = annotations.get(TRUST_ANNOTATION)?;
+    let trust = match Trust::parse(value) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!("{e}; the stored index is not trusted beyond its checkpoint");
+            return None;
+        }
+    };
+    let stamp = |k: &str| annotations.get(k).map_or("", String::as_str);
+    let term = format!(
+        "{} {}",
+        stamp(TERM_ANNOTATION),
+        stamp(TERM_LEASE_UID_ANNOTATION)
+    );
+    (trust.term == term).then_some(trust)
 }
 
 /// What the state names of the stored index (see [`find_index`]).
@@ -1529,6 +1624,8 @@ enum Entry {
         seq: u64,
         version: Option<String>,
         done: bool,
+        /// Its object (namespace, name), for [`Progress::unhandled`].
+        object: Option<Box<(String, String)>>,
     },
     /// Nothing to handle up to `version`. `changes_index`: the loop's index
     /// changed with it (a list, a label-only change), so the checkpoint may
@@ -1537,8 +1634,9 @@ enum Entry {
         version: String,
         changes_index: bool,
     },
-    /// The loop's index after everything before it.
-    Index(ObjectIndex),
+    /// The loop's index after everything before it, and the version of
+    /// the last entry with one before it.
+    Index(ObjectIndex, Option<String>),
 }
 
 impl Entry {
@@ -1559,6 +1657,13 @@ struct Stream {
     front: u64,
     /// The position of the next entry pushed.
     next_pos: u64,
+    /// The version of the last entry pushed that had one: an index pushed
+    /// now was taken with every change up to it applied.
+    pushed: Option<String>,
+    /// The objects the newest index the loop sent has unverified (see
+    /// [`ObjectIndex::unverified_keys`]); `None`: too many, or no index
+    /// yet (the stream's start is not known to be verified).
+    unverified: Option<BTreeSet<(String, String)>>,
     pending: std::collections::VecDeque<Entry>,
     /// The last version of the completed prefix.
     last: Option<String>,
@@ -1591,7 +1696,17 @@ impl Stream {
     fn push(&mut self, entry: impl FnOnce(u64) -> Entry) -> u64 {
         let pos = self.next_pos;
         self.next_pos += 1;
-        self.pending.push_back(entry(pos));
+        let entry = entry(pos);
+        match &entry {
+            Entry::Change {
+                version: Some(v), ..
+            } => self.pushed = Some(v.clone()),
+            Entry::Progress { version, .. } if !version.is_empty() => {
+                self.pushed = Some(version.clone())
+            }
+            _ => {}
+        }
+        self.pending.push_back(entry);
         pos
     }
 
@@ -1600,7 +1715,7 @@ impl Stream {
     fn offered(
         &self,
         pos: u64,
-        plain: ObjectIndex,
+        (plain, at): (ObjectIndex, Option<String>),
         put_back: BTreeMap<u64, ObjectSnapshot>,
     ) -> Option<Offered> {
         Some(Offered {
@@ -1609,6 +1724,7 @@ impl Stream {
             scope: self.scope.clone(),
             plain,
             put_back,
+            at,
         })
     }
 }
@@ -1649,6 +1765,8 @@ struct Offered {
     scope: Scope,
     plain: ObjectIndex,
     put_back: BTreeMap<u64, ObjectSnapshot>,
+    /// See [`StreamIndex::at`].
+    at: Option<String>,
 }
 
 impl Offered {
@@ -1675,6 +1793,7 @@ impl Offered {
             kind: self.kind,
             scope: self.scope.clone(),
             index,
+            at: self.at.clone(),
         }
     }
 }
@@ -1701,6 +1820,8 @@ impl Progress {
             scope,
             front: 0,
             next_pos: 0,
+            pushed: None,
+            unverified: None,
             pending: Default::default(),
             last: None,
             covered: true,
@@ -1727,6 +1848,19 @@ impl Progress {
         resource_version: Option<&str>,
         removes: Option<&ObjectSnapshot>,
     ) -> Ticket {
+        let object = removes.map(|o| (o.namespace.clone(), o.name.clone()));
+        self.change_to(stream, resource_version, object, removes)
+    }
+
+    /// [`Progress::change_of`] of a change to `object` (namespace, name):
+    /// until it is handled, [`Progress::unhandled`] names it.
+    pub fn change_to(
+        &mut self,
+        stream: usize,
+        resource_version: Option<&str>,
+        object: Option<(String, String)>,
+        removes: Option<&ObjectSnapshot>,
+    ) -> Ticket {
         let s = &mut self.streams[stream];
         let seq = s.push(|seq| Entry::Change {
             seq,
@@ -1736,6 +1870,7 @@ impl Progress {
                 .filter(|v| !v.is_empty())
                 .map(str::to_string),
             done: false,
+            object: object.map(Box::new),
         });
         if let Some(object) = removes {
             s.removals.insert(seq, object.clone());
@@ -1779,6 +1914,7 @@ impl Progress {
     /// term holds a creation's actions until then).
     pub fn index(&mut self, stream: usize, index: ObjectIndex) {
         let s = &mut self.streams[stream];
+        s.unverified = index.unverified_keys(MAX_UNHANDLED);
         // The objects of unhandled deletions put back: a successor
         // relisting finds them gone and delivers their deletions. Without
         // this a deletion whose action waits (an app answering 503,
@@ -1788,9 +1924,10 @@ impl Progress {
         let pos = s.next_pos;
         let patched = match s.removals.is_empty() {
             true => None,
-            false => s.offered(pos, index.clone(), s.removals.clone()),
+            false => s.offered(pos, (index.clone(), s.pushed.clone()), s.removals.clone()),
         };
-        s.push(|_| Entry::Index(index));
+        let at = s.pushed.clone();
+        s.push(|_| Entry::Index(index, at));
         if s.removals.is_empty() {
             self.storable(stream, pos);
         } else {
@@ -1806,8 +1943,8 @@ impl Progress {
     fn storable(&mut self, stream: usize, pos: u64) {
         let s = &self.streams[stream];
         let at = pos.checked_sub(s.front).map(|i| i as usize);
-        if let Some(Entry::Index(index)) = at.and_then(|i| s.pending.get(i))
-            && let Some(offered) = s.offered(pos, index.clone(), BTreeMap::new())
+        if let Some(Entry::Index(index, version)) = at.and_then(|i| s.pending.get(i))
+            && let Some(offered) = s.offered(pos, (index.clone(), version.clone()), BTreeMap::new())
         {
             self.offer(stream, offered);
         }
@@ -1930,8 +2067,8 @@ impl Progress {
                         s.last = Some(version);
                     }
                 }
-                Entry::Index(index) => {
-                    safe = Some((s.front - 1, index));
+                Entry::Index(index, at) => {
+                    safe = Some((s.front - 1, (index, at)));
                     s.covered = true;
                     to = s.last.clone().or(to);
                 }
@@ -1947,6 +2084,36 @@ impl Progress {
         {
             self.offer(stream, offered);
         }
+    }
+
+    /// The objects of stream `stream` whose content, as any index it
+    /// stores or stored has it, may not have reached the apps: those of
+    /// changes not handled yet, and those the newest index the loop sent
+    /// has unverified. `None`: more than [`MAX_UNHANDLED`], or not known
+    /// (no index sent yet): every object then.
+    pub fn unhandled(&self, stream: usize) -> Option<BTreeSet<(String, String)>> {
+        let s = &self.streams[stream];
+        let mut keys = s.unverified.clone()?;
+        for e in &s.pending {
+            if let Entry::Change {
+                done: false,
+                object: Some(o),
+                ..
+            } = e
+            {
+                keys.insert((**o).clone());
+            }
+        }
+        (keys.len() <= MAX_UNHANDLED).then_some(keys)
+    }
+
+    /// [`Progress::unhandled`] of every stream with a kind.
+    pub fn unhandled_all(&self) -> Unhandled {
+        self.streams
+            .iter()
+            .enumerate()
+            .filter_map(|(id, s)| Some(((s.kind?, s.scope.clone()), self.unhandled(id))))
+            .collect()
     }
 
     /// Changes handed out and not yet complete, over all streams.

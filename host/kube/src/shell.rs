@@ -19,7 +19,9 @@ use tokio::time::Instant;
 use wasmwatch_core::{ChangeEvent, ObjectKind};
 
 use crate::apis::LeaseApi;
-use crate::checkpoint::{CheckpointError, CheckpointStore, Checkpoints, StreamIndex, Ticket};
+use crate::checkpoint::{
+    CheckpointError, CheckpointStore, Checkpoints, StreamIndex, Ticket, Unhandled,
+};
 use crate::elector::Leadership;
 use crate::term::{Effect, End, Input, Saved, Term};
 use crate::watchloop::{Flush, Output};
@@ -74,12 +76,13 @@ pub async fn write<L: LeaseApi>(
     store: &mut CheckpointStore<L>,
     checkpoints: &Checkpoints,
     indexes: &[StreamIndex],
+    unhandled: &Unhandled,
     may_act: &(dyn Fn() -> bool + Send + Sync),
 ) -> Saved {
     if !may_act() {
         return Saved::NotActing;
     }
-    match store.save(checkpoints, indexes).await {
+    match store.save_with(checkpoints, indexes, unhandled).await {
         Ok(()) => Saved::Stored,
         Err(CheckpointError::Api(e)) => {
             tracing::warn!("checkpoint not saved, retrying: {e}");
@@ -218,6 +221,7 @@ impl<L: LeaseApi + Send + 'static, A: Act> Shell<L, A> {
                 Effect::Save {
                     checkpoints,
                     indexes,
+                    unhandled,
                 } => {
                     let mut store = self
                         .store
@@ -225,7 +229,8 @@ impl<L: LeaseApi + Send + 'static, A: Act> Shell<L, A> {
                         .expect("a term without a store saves nothing (or one save at a time)");
                     let may_act = self.may_act.clone();
                     *writing = Some(Box::pin(async move {
-                        let saved = write(&mut store, &checkpoints, &indexes, &*may_act).await;
+                        let saved =
+                            write(&mut store, &checkpoints, &indexes, &unhandled, &*may_act).await;
                         (store, saved)
                     }));
                 }
@@ -269,12 +274,13 @@ impl<L: LeaseApi + Send + 'static, A: Act> Shell<L, A> {
             Some(Effect::Save {
                 checkpoints,
                 indexes,
+                unhandled,
             }),
         ) = (self.store.as_mut(), self.term.final_save())
             && !fenced
             && (self.may_act)()
         {
-            let saved = write(store, &checkpoints, &indexes, &*self.may_act).await;
+            let saved = write(store, &checkpoints, &indexes, &unhandled, &*self.may_act).await;
             match &saved {
                 Saved::Stored => {}
                 Saved::Failed(e) | Saved::Fenced(e) => {

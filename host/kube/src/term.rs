@@ -64,7 +64,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use wasmwatch_core::{ChangeEvent, ChangeType, ObjectKind, Scope};
 
-use crate::checkpoint::{Checkpoints, Progress, StreamIndex, Ticket};
+use crate::checkpoint::{Checkpoints, Progress, StreamIndex, Ticket, Unhandled};
 use crate::watchloop::Output;
 
 /// Which plugins (indexes into the shell's list) a change goes to.
@@ -133,6 +133,9 @@ pub enum Effect {
     Save {
         checkpoints: Checkpoints,
         indexes: Vec<StreamIndex>,
+        /// Per stream, what a successor must not trust of the stored
+        /// index (see [`crate::checkpoint::Trust`]).
+        unhandled: Unhandled,
     },
     /// A change arrived (for metrics).
     Received(ObjectKind),
@@ -415,9 +418,10 @@ impl Term {
         let kind = event.object.kind;
         out.push(Effect::Received(kind));
         let removes = event.change == ChangeType::Deleted;
-        let ticket = self.progress.change_of(
+        let ticket = self.progress.change_to(
             id,
             resource_version.as_deref(),
+            Some((event.object.namespace.clone(), event.object.name.clone())),
             removes.then_some(&event.object),
         );
         if self.closing.is_some() {
@@ -629,6 +633,7 @@ impl Term {
         out.push(Effect::Save {
             checkpoints,
             indexes: self.indexes.clone(),
+            unhandled: self.progress.unhandled_all(),
         });
     }
 

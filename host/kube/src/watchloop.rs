@@ -294,6 +294,22 @@ pub struct WatchLoop<A = Api<DynamicObject>> {
     replays: std::collections::BTreeMap<(String, String), (u64, ChangeEvent, String)>,
     /// When held replays go out if nothing more comes.
     replay_quiet: Option<tokio::time::Instant>,
+    /// The stored index this loop resumed with, as the state trusts it
+    /// (see [`WatchLoop::trusting`]); until the watch passes `at`.
+    trusted: Option<Trusted>,
+    /// Once the watch reaches this version, every object of the index is
+    /// verified (see [`ObjectIndex::mark_verified`]).
+    verify_at: Option<u64>,
+}
+
+/// What the state says of a stored index (issue 33): it was taken when
+/// its watch had got to `at`, and every object but `unhandled` had then
+/// reached the apps as stored (the changes of `unhandled` were still in
+/// their turns, retries or pipeline).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Trusted {
+    pub at: u64,
+    pub unhandled: std::collections::BTreeSet<(String, String)>,
 }
 
 /// Objects per list page. kube-rs's watcher and client-go's reflector ask
@@ -371,6 +387,8 @@ impl<A: ObjectApi> WatchLoop<A> {
             watched: false,
             replays: Default::default(),
             replay_quiet: None,
+            trusted: None,
+            verify_at: None,
         }
     }
 
@@ -423,6 +441,7 @@ impl<A: ObjectApi> WatchLoop<A> {
     fn gone(&mut self, watch: Watch) -> Relist {
         tracing::info!(kind = self.target.kind.as_str(), from = %watch.from, "watch history expired; resynchronising");
         self.replay_quiet = None;
+        self.trusted = None;
         let oldest = self.replays.values().map(|(at, _, _)| *at).min();
         self.replays.clear();
         let floor = match oldest {
@@ -532,6 +551,53 @@ impl<A: ObjectApi> WatchLoop<A> {
             *rebuild_index = false;
         }
         self
+    }
+
+    /// The stored index given to [`WatchLoop::with_index`] is trusted as
+    /// the state says (issue 33): only `trusted.unhandled` start
+    /// unverified, and a replayed change up to `trusted.at` of any other
+    /// object is skipped: the index has it already, and its apps had it
+    /// (a SIGTERM handover replays only what was not handled). Why that
+    /// holds: every change up to `at` is in the index, and the ones not
+    /// handled when the state was stored are `unhandled`'s; a change after
+    /// `at` compares with the index's content as usual.
+    pub fn trusting(mut self, trusted: Trusted) -> WatchLoop<A> {
+        if let State::Start {
+            rebuild_index: false,
+            ..
+        } = &self.state
+        {
+            self.index.mark_unverified_only(&trusted.unhandled);
+            self.trusted = Some(trusted);
+        }
+        self
+    }
+
+    /// Whether the change of `key` at `rv` is one a trusted stored index
+    /// has as handled (see [`WatchLoop::trusting`]). Past `at` nothing is.
+    fn trusted_handled(&mut self, key: &(String, String), rv: &str) -> bool {
+        let Some(t) = &self.trusted else {
+            return false;
+        };
+        match rv.parse::<u64>() {
+            Ok(v) if v <= t.at => !t.unhandled.contains(key),
+            _ => {
+                self.trusted = None;
+                false
+            }
+        }
+    }
+
+    /// The watch got to `rv`: past where the replay of a resumed (or
+    /// rebuilt) index runs, every object of the index is verified: one
+    /// with no change since the checkpoint was handled before it.
+    fn reached(&mut self, rv: &str) {
+        if let (Some(at), Ok(v)) = (self.verify_at, rv.parse::<u64>())
+            && v >= at
+        {
+            self.index.mark_verified();
+            self.verify_at = None;
+        }
     }
 
     async fn send_index(&mut self, out: &mpsc::Sender<Output>) -> Result<(), WatchError> {
@@ -651,6 +717,9 @@ impl<A: ObjectApi> WatchLoop<A> {
         // Not a number (another server's versions): nothing can be told
         // apart, so nothing is marked.
         let replay_until = self.current_version().await?.parse::<u64>().ok();
+        if !rebuild_index {
+            self.verify_at = replay_until;
+        }
         self.state = if rebuild_index {
             State::Rebuild { from, replay_until }
         } else {
@@ -668,8 +737,11 @@ impl<A: ObjectApi> WatchLoop<A> {
         replay_until: Option<u64>,
     ) -> Result<(), WatchError> {
         self.index = self.target.new_index();
-        self.list_into_index().await?;
+        let listed = self.list_into_index().await?;
         self.index.mark_unverified();
+        // The list is newer than the replay's end: changes up to it may
+        // still come, each its object's first since the checkpoint.
+        self.verify_at = listed.parse().ok();
         tracing::info!(
             kind = self.target.kind.as_str(),
             objects = self.index.len(),
@@ -959,6 +1031,7 @@ impl<A: ObjectApi> WatchLoop<A> {
             WatchEvent::Bookmark(b) => {
                 watch.from = b.metadata.resource_version;
                 self.on_bookmark(out, watch).await?;
+                self.reached(&watch.from);
                 return Ok(false);
             }
             WatchEvent::Error(status) if status.code == 410 => return Ok(true),
@@ -969,6 +1042,7 @@ impl<A: ObjectApi> WatchLoop<A> {
         };
         watch.from = rv.clone();
         self.on_change(out, watch, seen, snapshot, rv).await?;
+        self.reached(&watch.from);
         Ok(false)
     }
 
@@ -1006,9 +1080,14 @@ impl<A: ObjectApi> WatchLoop<A> {
         snapshot: ObjectSnapshot,
         rv: String,
     ) -> Result<(), WatchError> {
-        let (event, remembered_changed) =
+        let key = (snapshot.namespace.clone(), snapshot.name.clone());
+        let (event, remembered_changed) = if self.trusted_handled(&key, &rv) {
+            // The stored index has it, and its apps had it.
+            (None, false)
+        } else {
             self.index
-                .apply_noting(seen, snapshot, self.target.metadata_changes);
+                .apply_noting(seen, snapshot, self.target.metadata_changes)
+        };
         // A label-only change delivers nothing but changes what the stored
         // index must remember; a change always counts (the checkpoint
         // waits for an index sent after it).

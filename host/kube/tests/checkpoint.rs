@@ -335,6 +335,7 @@ async fn an_unreadable_term_shard_count_or_index_is_set_aside() {
         kind,
         scope: Scope::from_key("shop"),
         index: index.clone(),
+        at: None,
     });
     a.save(&claimed.checkpoints, &streams).await.unwrap();
     for kind in ["configmap", "secret"] {
@@ -461,11 +462,13 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
                 kind: ObjectKind::ConfigMap,
                 scope: Scope::from_key("shop"),
                 index: shop_ix.clone(),
+                at: None,
             },
             StreamIndex {
                 kind: ObjectKind::ConfigMap,
                 scope: Scope::from_key("prod"),
                 index: prod_ix.clone(),
+                at: None,
             },
         ],
     )
@@ -487,6 +490,7 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
             kind: ObjectKind::ConfigMap,
             scope: Scope::from_key("shop"),
             index: shop2.clone(),
+            at: None,
         }],
     )
     .await
@@ -508,6 +512,7 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
             kind: ObjectKind::ConfigMap,
             scope: Scope::from_key("prod"),
             index: prod2,
+            at: None,
         }],
     )
     .await
@@ -533,6 +538,7 @@ async fn a_paused_leader_cannot_overwrite_the_index_shards_of_its_successor() {
         kind: ObjectKind::ConfigMap,
         scope: Scope::from_key("shop"),
         index: ix,
+        at: None,
     };
     old.save(&cps, &[stream(index(&[("shop/x", 1)]))])
         .await
@@ -570,6 +576,7 @@ async fn the_next_leader_knows_which_scopes_the_stored_index_covers() {
             kind: ObjectKind::ConfigMap,
             scope: Scope::from_key("shop"),
             index: index(&[("shop/x", 1)]),
+            at: None,
         }],
     )
     .await
@@ -611,6 +618,7 @@ async fn a_save_writes_what_changed_not_the_whole_index() {
         kind: ObjectKind::ConfigMap,
         scope: Scope::from_key("shop"),
         index: ix,
+        at: None,
     };
     a.save(&cps, &[stream(ix(&|_| 0))]).await.unwrap();
     let before = lease_writes(&server).len();
@@ -666,6 +674,7 @@ async fn a_full_rewrite_deletes_the_segments_it_replaces() {
         kind: ObjectKind::ConfigMap,
         scope: Scope::from_key("shop"),
         index: ix,
+        at: None,
     };
     a.save(&cps, &[stream(ix(0))]).await.unwrap();
     let first = named_segments(&server);
@@ -754,6 +763,7 @@ async fn after_a_rollback_and_back_the_shards_of_the_old_version_win_over_the_st
         kind: ObjectKind::ConfigMap,
         scope: Scope::from_key("shop"),
         index: ix,
+        at: None,
     };
     let mut a = store(&server, term("pod-a", 1));
     let mut cps = a.claim().await.unwrap().checkpoints;
@@ -856,6 +866,7 @@ async fn a_save_failing_at_any_of_its_requests_leaves_the_old_state_or_the_new_o
         kind: ObjectKind::ConfigMap,
         scope: Scope::from_key("shop"),
         index: ix.clone(),
+        at: None,
     };
     let cps = |rv: &str| {
         let mut c = wasmwatch_kube::checkpoint::Checkpoints::default();
@@ -969,6 +980,7 @@ async fn a_failed_save_is_retried_past_what_it_created_and_that_is_deleted() {
         kind: ObjectKind::ConfigMap,
         scope: Scope::from_key("shop"),
         index: ix.clone(),
+        at: None,
     };
     let err = a.save(&cps, &[stream]).await.unwrap_err();
     assert!(!err.is_fenced(), "{err}");
@@ -1076,11 +1088,13 @@ async fn changes_of_both_kinds_go_into_one_tail_and_one_segment() {
                 kind: ObjectKind::ConfigMap,
                 scope: Scope::from_key("shop"),
                 index: with(shop(3000, 0), &shop(n, bump)),
+                at: None,
             },
             StreamIndex {
                 kind: ObjectKind::Secret,
                 scope: Scope::from_key("vault"),
                 index: with(vault(3000, 0), &vault(n, bump)),
+                at: None,
             },
         ]
     };
@@ -1234,6 +1248,7 @@ async fn after_a_rollback_to_a_log_per_kind_and_back_its_log_wins_over_the_stale
             kind: ObjectKind::ConfigMap,
             scope: Scope::from_key("shop"),
             index: shop(3000, 0),
+            at: None,
         }],
     )
     .await
@@ -1268,6 +1283,7 @@ async fn a_per_kind_log_beside_the_log_wins_even_when_it_cannot_be_read() {
         kind: ObjectKind::ConfigMap,
         scope: Scope::from_key("shop"),
         index,
+        at: None,
     };
     a.save(&cps, &[stream(shop(100, 0))]).await.unwrap();
     let next: u64 = annotation(&server, "wasmwatch.io/index-next-segment")
@@ -1329,6 +1345,7 @@ async fn full_tiers_are_merged_and_successors_merge_the_tiers_they_found() {
         kind: ObjectKind::ConfigMap,
         scope: Scope::from_key("shop"),
         index: ix,
+        at: None,
     };
     // Save `i` changes 50 objects of its own.
     let change = |d: &mut Vec<u128>, i: usize| {

@@ -214,6 +214,9 @@ async fn lead(
             && claimed.covers(kind, scope)
         {
             wl = wl.with_index(index.part(scope));
+            if let Some(trusted) = claimed.trusted(kind, scope) {
+                wl = wl.trusting(trusted);
+            }
         }
         let id = term.stream(kind, scope.clone(), start);
         wl.index_interval = setup.checkpoint_interval;

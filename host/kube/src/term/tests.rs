@@ -86,6 +86,7 @@ fn saves(effects: &[Effect]) -> Vec<(Checkpoints, Vec<StreamIndex>)> {
             Effect::Save {
                 checkpoints,
                 indexes,
+                ..
             } => Some((checkpoints.clone(), indexes.clone())),
             _ => None,
         })
@@ -669,6 +670,7 @@ async fn stepping_down_drains_and_the_final_save_covers_everything_handled() {
     let Some(Effect::Save {
         checkpoints,
         indexes,
+        ..
     }) = t.final_save()
     else {
         panic!("a final save")

@@ -204,6 +204,9 @@ impl Service {
                     && claimed.covers(*kind, &scope)
                 {
                     wl = wl.with_index(index.part(&scope));
+                    if let Some(trusted) = claimed.trusted(*kind, &scope) {
+                        wl = wl.trusting(trusted);
+                    }
                 }
                 let span = tracing::info_span!("watch", kind = kind.as_str(), namespace = %scope);
                 let id = term.stream(*kind, scope, start);
