@@ -563,7 +563,7 @@ impl ObjectIndex {
                 || (r.metadata_changes && before.metadata != now.metadata)
             {
                 Some(before.changed_keys(&same))
-            } else if r.changed_after_floor(&object.resource_version) {
+            } else if r.changed_after_floor(&object) {
                 // Equal to what the index remembers, but written after the
                 // history was lost: what happened in between is unknown (a
                 // predecessor may have delivered a B the index never saw
@@ -623,6 +623,9 @@ pub struct Resync {
     /// The version the watch history was lost from, when known: an object
     /// last written after it changed while nobody could see it.
     floor: Option<u64>,
+    /// A stored index trusted up to a version, but for some objects (see
+    /// [`Resync::trusting`]).
+    trusted: Option<(u64, BTreeSet<(String, String)>)>,
 }
 
 impl Resync {
@@ -631,7 +634,17 @@ impl Resync {
             fresh: Objects::new(),
             metadata_changes,
             floor: None,
+            trusted: None,
         }
+    }
+
+    /// A resync against a stored index the state trusts (issue 33): it
+    /// has every change up to `at`, and all of them but `unhandled`'s had
+    /// reached the apps. An object of the others last written by then is
+    /// delivered only when its content differs from the index's.
+    pub fn trusting(mut self, at: u64, unhandled: &BTreeSet<(String, String)>) -> Resync {
+        self.trusted = Some((at, unhandled.clone()));
+        self
     }
 
     /// A resync after the history was lost from `floor` (the last version
@@ -645,13 +658,19 @@ impl Resync {
         self
     }
 
-    fn changed_after_floor(&self, resource_version: &str) -> bool {
-        match self.floor {
-            None => false,
-            Some(floor) => resource_version
-                .parse::<u64>()
-                .map_or(true, |rv| rv > floor),
+    fn changed_after_floor(&self, object: &ObjectSnapshot) -> bool {
+        let Some(mut floor) = self.floor else {
+            return false;
+        };
+        if let Some((at, unhandled)) = &self.trusted
+            && !unhandled.contains(&(object.namespace.clone(), object.name.clone()))
+        {
+            floor = floor.max(*at);
         }
+        object
+            .resource_version
+            .parse::<u64>()
+            .map_or(true, |rv| rv > floor)
     }
 }
 

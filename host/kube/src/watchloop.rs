@@ -295,7 +295,8 @@ pub struct WatchLoop<A = Api<DynamicObject>> {
     /// When held replays go out if nothing more comes.
     replay_quiet: Option<tokio::time::Instant>,
     /// The stored index this loop resumed with, as the state trusts it
-    /// (see [`WatchLoop::trusting`]); until the watch passes `at`.
+    /// (see [`WatchLoop::trusting`]); until the watch passes `at`, or a
+    /// relist has read every object.
     trusted: Option<Trusted>,
     /// Once the watch reaches this version, every object of the index is
     /// verified (see [`ObjectIndex::mark_verified`]).
@@ -441,7 +442,6 @@ impl<A: ObjectApi> WatchLoop<A> {
     fn gone(&mut self, watch: Watch) -> Relist {
         tracing::info!(kind = self.target.kind.as_str(), from = %watch.from, "watch history expired; resynchronising");
         self.replay_quiet = None;
-        self.trusted = None;
         let oldest = self.replays.values().map(|(at, _, _)| *at).min();
         self.replays.clear();
         let floor = match oldest {
@@ -787,6 +787,8 @@ impl<A: ObjectApi> WatchLoop<A> {
                 return Err(e);
             }
         };
+        // The index has the list now: nothing of it is taken on trust.
+        self.trusted = None;
         self.send_listed(out, &rv).await?;
         // After delivering every object, `replay_until` is `None`: live.
         self.state = State::Watch(Watch {
@@ -811,6 +813,9 @@ impl<A: ObjectApi> WatchLoop<A> {
         let mut resync = Resync::new(self.target.metadata_changes);
         if let Some(floor) = &relist.floor {
             resync = resync.after(floor);
+        }
+        if let Some(t) = &self.trusted {
+            resync = resync.trusting(t.at, &t.unhandled);
         }
         // Delivering every object: the changes have no version (the
         // checkpoint appears with the progress after the last one).

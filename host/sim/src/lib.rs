@@ -569,6 +569,16 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
                 duplicates += 1;
                 term_duplicates[d.term] += 1;
             }
+            if let Some(earlier) = handover_duplicate(&w, ds, d) {
+                violations.push(format!(
+                    "{}/{}: {} delivered again after a SIGTERM handover (first at {:?} by term {}), but the final save did not name it unhandled",
+                    key.0,
+                    key.1,
+                    describe(d),
+                    earlier.at,
+                    earlier.term,
+                ));
+            }
             // No storm: a term delivers nothing at or before the
             // checkpoint it resumed from with an index covering it (what
             // its predecessors stored as handled).
@@ -658,6 +668,36 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
         term_duplicates: term_duplicates.into_iter().skip(1).collect(),
         ..Default::default()
     }
+}
+
+/// Rule 6: after a SIGTERM handover whose final save was stored, the
+/// successor delivers again nothing its predecessors delivered, but the
+/// objects that save named unhandled (changes still in their retries,
+/// issue 32's bound of one duplicate per handover, the one in flight).
+/// Returns the earlier delivery `d` repeats, when that breaks the rule.
+fn handover_duplicate<'a>(
+    w: &World,
+    ds: &[&'a world::Delivery],
+    d: &world::Delivery,
+) -> Option<&'a world::Delivery> {
+    let k = d.term;
+    if k == 0 || !w.claims[k - 1].handed_over {
+        return None;
+    }
+    let trust = w.claims[k].trust.as_ref()?;
+    let kind = ObjectKind::ConfigMap;
+    let trusted = trust
+        .trusted(kind, &Scope::All)
+        .or_else(|| trust.trusted(kind, &Scope::from_key(&d.namespace)))?;
+    if trusted
+        .unhandled
+        .contains(&(d.namespace.clone(), d.name.clone()))
+    {
+        return None;
+    }
+    ds.iter()
+        .find(|e| e.term < k && e.of == d.of && e.content == d.content)
+        .copied()
 }
 
 fn describe(d: &world::Delivery) -> String {

@@ -139,10 +139,18 @@ async fn lead(
         }
     };
     conn.world.lock().log(format!(
-        "node {} leads as {} from {:?}",
+        "node {} leads as {} from {:?}, trusting {}",
         conn.node,
         acting.term.transitions,
-        claimed.checkpoints.format(ObjectKind::ConfigMap)
+        claimed.checkpoints.format(ObjectKind::ConfigMap),
+        match &claimed.trust {
+            Some(t) => format!(
+                "the index at {:?} but {:?}",
+                t.at.format(ObjectKind::ConfigMap),
+                t.unhandled.get(&ObjectKind::ConfigMap).map(|u| u.len())
+            ),
+            None => "nothing".to_string(),
+        }
     ));
     let indexes = std::mem::take(&mut claimed.indexes);
     let checkpoints = std::mem::take(&mut claimed.checkpoints);
@@ -170,6 +178,7 @@ async fn lead(
             from,
             handed_over: false,
             final_stored: false,
+            trust: claimed.trust.clone(),
         });
         w.claims.len() - 1
     };

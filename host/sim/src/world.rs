@@ -112,6 +112,9 @@ pub struct Claim {
     pub handed_over: bool,
     /// Its final save was stored.
     pub final_stored: bool,
+    /// What it trusted of the stored index (what its predecessor's last
+    /// save named unhandled).
+    pub trust: Option<wasmwatch_kube::checkpoint::Trust>,
 }
 
 /// Faults on requests, drawn per request.
