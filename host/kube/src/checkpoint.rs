@@ -2188,6 +2188,43 @@ mod progress_tests {
         index_of(&format!("prod/a {:032x} {:016x} \n", 1, 2))
     }
 
+    fn key(name: &str) -> (String, String) {
+        ("prod".to_string(), name.to_string())
+    }
+
+    /// Issue 33: what a save says a successor must not trust. Nothing is
+    /// known before the loop's first index; then the objects of changes
+    /// not handled, and those the index has unverified. An index carries
+    /// the version of the last entry before it.
+    #[test]
+    fn unhandled_names_the_objects_of_changes_not_handled_and_an_index_its_version() {
+        let mut p = Progress::new(Checkpoints::default());
+        let s = p.stream(ObjectKind::ConfigMap, Scope::from_key("prod"));
+        assert_eq!(p.unhandled(s), None, "no index yet");
+        let a = p.change_to(s, Some("11"), Some(key("a")), None);
+        let b = p.change_to(s, Some("12"), Some(key("b")), None);
+        p.progress(s, "13");
+        p.index(s, one_object());
+        let c = p.change_to(s, Some("14"), Some(key("c")), None);
+        p.complete(b);
+        assert_eq!(p.unhandled(s), Some(BTreeSet::from([key("a"), key("c")])));
+        let ready = p.take_indexes();
+        assert_eq!(ready.len(), 1, "stored early, before a is handled");
+        assert_eq!(ready[0].at.as_deref(), Some("13"));
+        p.complete(a);
+        p.complete(c);
+        assert_eq!(p.unhandled(s), Some(BTreeSet::new()));
+        let mut unverified = one_object();
+        unverified.mark_unverified();
+        p.index(s, unverified);
+        assert_eq!(p.unhandled(s), Some(BTreeSet::from([key("a")])));
+        let all = p.unhandled_all();
+        assert_eq!(
+            all.get(&(ObjectKind::ConfigMap, Scope::from_key("prod"))),
+            Some(&Some(BTreeSet::from([key("a")])))
+        );
+    }
+
     /// What the delivery of every object (an unreadable checkpoint) relies
     /// on: its changes are handed out without a version, so the stream has
     /// no checkpoint until the progress after the last of them, whatever

@@ -1413,3 +1413,82 @@ async fn full_tiers_are_merged_and_successors_merge_the_tiers_they_found() {
         .unwrap();
     assert_eq!(claimed.indexes[&ObjectKind::ConfigMap], current(&digests));
 }
+
+/// Issue 33: what a save says a successor may trust of the index (its
+/// version per stream, the objects not handled) is committed with it,
+/// carried over by a claim that commits nothing, and dropped once a
+/// binary that does not know it (it stamps its term, keeps the annotation
+/// as found) led in between.
+#[tokio::test]
+async fn the_index_trust_is_committed_with_it_and_dropped_after_another_binary_led() {
+    use std::collections::BTreeSet;
+    use wasmwatch_kube::checkpoint::{TRUST_ANNOTATION, Unhandled};
+    let server = Server::start(Config::default()).await.unwrap();
+    let (shop_scope, cm) = (Scope::from_key("shop"), ObjectKind::ConfigMap);
+    let mut a = store(&server, term("pod-a", 1));
+    let mut cps = a.claim().await.unwrap().checkpoints;
+    cps.set(cm, &shop_scope, "90");
+    let stuck = ("shop".to_string(), "cm-7".to_string());
+    let unhandled: Unhandled = [(
+        (cm, shop_scope.clone()),
+        Some(BTreeSet::from([stuck.clone()])),
+    )]
+    .into();
+    let part = StreamIndex {
+        kind: cm,
+        scope: shop_scope.clone(),
+        index: shop(20, 0),
+        at: Some("120".into()),
+    };
+    a.save_with(&cps, &[part], &unhandled).await.unwrap();
+    // The next save writes no index: the stored part's version stays.
+    a.save_with(&cps, &[], &unhandled).await.unwrap();
+    assert_eq!(
+        annotation(&server, TRUST_ANNOTATION),
+        "term pod-a/1 \nconfigmap-at shop=120\nconfigmap-unhandled shop/cm-7\n"
+    );
+    let b = store(&server, term("pod-b", 2)).claim().await.unwrap();
+    let trusted = b.trusted(cm, &shop_scope).expect("trusted");
+    assert_eq!(
+        (trusted.at, trusted.unhandled),
+        (120, BTreeSet::from([stuck.clone()]))
+    );
+    assert_eq!(b.trusted(cm, &Scope::from_key("other")), None);
+    assert_eq!(b.trusted(ObjectKind::Secret, &shop_scope), None);
+    // pod-b claimed and committed nothing: pod-c trusts the same.
+    let c = store(&server, term("pod-c", 3)).claim().await.unwrap();
+    assert_eq!(c.trusted(cm, &shop_scope).map(|t| t.at), Some(120));
+    // An older binary leads (its claim stamps its term, nothing else).
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    let mut lease = api.get("wasmwatch-state").await.unwrap();
+    lease
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("wasmwatch.io/term".into(), "pod-old/4".into());
+    api.replace("wasmwatch-state", &PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let d = store(&server, term("pod-d", 5)).claim().await.unwrap();
+    assert!(d.trust.is_none(), "written under another term");
+    assert!(d.indexes.contains_key(&cm), "the index itself is read");
+    assert_eq!(
+        annotation(&server, TRUST_ANNOTATION),
+        serde_json::Value::Null
+    );
+    // A save without a version for the part trusts nothing of it.
+    let mut d_store = store(&server, term("pod-d", 5));
+    d_store.claim().await.unwrap();
+    let part = StreamIndex {
+        kind: cm,
+        scope: shop_scope.clone(),
+        index: shop(21, 0),
+        at: None,
+    };
+    d_store.save_with(&cps, &[part], &unhandled).await.unwrap();
+    assert_eq!(
+        annotation(&server, TRUST_ANNOTATION),
+        serde_json::Value::Null
+    );
+}

@@ -185,6 +185,78 @@ async fn sigterm_hands_over_within_a_second_and_loses_nothing() {
     eprintln!("SIGTERM handover: successor led after {took:?}");
 }
 
+/// Issue 33 (issue 32's bound): a change still in its retries at SIGTERM
+/// (its app answering 503) holds the checkpoint before it, and a change
+/// after it is delivered meanwhile. The final save names the stuck one
+/// unhandled; the successor delivers it and nothing else: before, it
+/// delivered every change after the checkpoint again (orders here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_handover_redelivers_only_the_change_still_in_its_retries() {
+    let _alone = ALONE.lock().await;
+    let patient = MANIFEST.replace(
+        "retries: 3, backoffInitial: 100ms, backoffMax: 1s",
+        "retries: 30, backoffInitial: 200ms, backoffMax: 1s",
+    );
+    let TestEnv {
+        server: _server,
+        client,
+        dir: _dir,
+        kubeconfig,
+        manifest,
+    } = test_env(&patient, "shop").await;
+    let orders = Pod::start().await;
+    let billing = Pod::start().await;
+    service(&client, "shop", "orders", &[&orders], &[]).await;
+    service(&client, "shop", "billing", &[&billing], &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "shop");
+    for name in ["orders", "billing"] {
+        cms.create(&PostParams::default(), &config_map(name, "1"))
+            .await
+            .unwrap();
+    }
+    let a = Replica::start(&kubeconfig, &manifest, "replica-a");
+    eventually(Duration::from_secs(10), "replica-a leads", || a.leading()).await;
+    let b = Replica::start(&kubeconfig, &manifest, "replica-b");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    billing.answer(&[503; 10]);
+    set(&cms, "billing", "2").await;
+    eventually(Duration::from_secs(10), "billing refused twice", || async {
+        billing.hits(REFRESH) >= 2
+    })
+    .await;
+    set(&cms, "orders", "2").await;
+    eventually(Duration::from_secs(10), "orders refreshed", || async {
+        orders.hits(REFRESH) == 1
+    })
+    .await;
+    a.signal("TERM");
+    let mut a = a;
+    assert!(a.child.wait().unwrap().success(), "graceful exit");
+    assert!(
+        billing.hits(REFRESH) < 10,
+        "still in its retries at the handover: {}",
+        billing.hits(REFRESH)
+    );
+    eventually(Duration::from_secs(5), "replica-b leads", || b.leading()).await;
+    eventually(
+        Duration::from_secs(20),
+        "billing delivered by the successor",
+        || async { billing.hits(REFRESH) >= 11 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(orders.hits(REFRESH), 1, "orders was handled: not replayed");
+    let objects: Vec<String> = b
+        .reports()
+        .iter()
+        .filter(|r| r["outcome"] == "done")
+        .flat_map(|r| r["objects"].as_array().unwrap().clone())
+        .map(|o| o.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(objects, ["ConfigMap/shop/billing"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_gap_longer_than_the_history_only_what_changed_is_delivered() {
     let _alone = ALONE.lock().await;
