@@ -52,6 +52,11 @@
 //! commit (409), and a segment it creates in a successor's numbering meets
 //! the successor's stamp and stops it.
 //!
+//! With the index each save commits what a successor may trust of it
+//! (`wasmwatch.io/index-trust`, see [`Trust`]): per stream the version the
+//! stored part was taken at, and the objects not handled at the save. A
+//! SIGTERM handover then replays only those (issue 33).
+//!
 //! Before segments (format 1) the index was in shards
 //! `<state>-index-<kind>-<n>` that every save wrote over one by one, so a
 //! failure between two shard writes left a torn index. A claim still reads

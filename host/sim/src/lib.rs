@@ -671,9 +671,10 @@ fn check(world: &Shared, stored: Result<String, String>) -> Outcome {
 }
 
 /// Rule 6: after a SIGTERM handover whose final save was stored, the
-/// successor delivers again nothing its predecessors delivered, but the
-/// objects that save named unhandled (changes still in their retries,
-/// issue 32's bound of one duplicate per handover, the one in flight).
+/// successor delivers again nothing its predecessors delivered up to the
+/// version that save's index was taken at, but the objects it named
+/// unhandled (changes still in their retries; issue 32's bound of one
+/// duplicate per handover, the one in flight).
 /// Returns the earlier delivery `d` repeats, when that breaks the rule.
 fn handover_duplicate<'a>(
     w: &World,
@@ -689,9 +690,15 @@ fn handover_duplicate<'a>(
     let trusted = trust
         .trusted(kind, &Scope::All)
         .or_else(|| trust.trusted(kind, &Scope::from_key(&d.namespace)))?;
-    if trusted
-        .unhandled
-        .contains(&(d.namespace.clone(), d.name.clone()))
+    // Past the stored index's version a change is compared with the
+    // index's content: one handled after the index was taken (the loop
+    // could not hand its index over within the drain, its watch
+    // reconnecting) goes out again. A relist's deletion has no version.
+    if d.of == 0
+        || d.of > trusted.at
+        || trusted
+            .unhandled
+            .contains(&(d.namespace.clone(), d.name.clone()))
     {
         return None;
     }

@@ -68,6 +68,10 @@ fn the_schedules_that_found_bugs_stay_clean() {
         // The simulator's own: a deletion found at a resync (no version)
         // dead-lettered, and judged as lost (once the real pipeline ran).
         301693, 395801,
+        // Rule 6 too strict: a change handled after the final save's
+        // index was taken (the loop's watch reconnecting at SIGTERM) is
+        // delivered again, past the index's version.
+        555768,
     ] {
         assert_clean(seed..seed + 1);
     }
