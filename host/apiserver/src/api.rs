@@ -1222,6 +1222,9 @@ pub fn delete(sh: &Shared, t: &Target, q: &Query, body: Option<Value>) -> Result
         if dry_run(q) {
             return Ok(Reply::Stored(200, cur));
         }
+        if rt.is_namespace() {
+            return terminate_namespace(sh, t, cur);
+        }
         let has_finalizers = cur
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
@@ -1256,6 +1259,38 @@ pub fn delete(sh: &Shared, t: &Target, q: &Query, body: Option<Value>) -> Result
             Err(e) => return Err(store_err(t, e)),
         }
     }
+}
+
+/// A namespace's deletion as kube-apiserver and the namespace controller
+/// do it: marked `Terminating` at once (creations in it refused from then
+/// on), then its content deleted one resource after another, every
+/// [`crate::Config::namespace_teardown_step`], then the namespace. So a
+/// watcher sees the content go while the rest still exists (a ConfigMap
+/// deleted before the Deployment that uses it), as on a real cluster.
+fn terminate_namespace(sh: &Shared, t: &Target, cur: Arc<Value>) -> Result<Reply, ApiError> {
+    if cur.pointer("/metadata/deletionTimestamp").is_some() {
+        return Ok(Reply::Stored(200, cur));
+    }
+    let marked = sh
+        .store
+        .terminate_namespace(t.name())
+        .map_err(|e| store_err(t, e))?;
+    let (store, name, step) = (
+        sh.store.clone(),
+        t.name().to_string(),
+        sh.config.namespace_teardown_step,
+    );
+    tokio::spawn(async move {
+        for (res, rt) in crate::resources::RESOURCES.iter().enumerate() {
+            if rt.namespaced {
+                tokio::time::sleep(step).await;
+                store.delete_content(res, &name);
+            }
+        }
+        tokio::time::sleep(step).await;
+        let _ = store.delete(crate::resources::namespaces_id(), "", &name, None);
+    });
+    Ok(Reply::Stored(200, marked))
 }
 
 pub fn delete_collection(sh: &Shared, t: &Target, q: &Query) -> Result<Reply, ApiError> {

@@ -103,6 +103,10 @@ pub struct Config {
     /// How many requests the request log keeps (the newest; resource and
     /// non-resource requests each); 0 records nothing. See [`audit`].
     pub request_log: usize,
+    /// A namespace being deleted: the pause before each resource's content
+    /// goes, then the namespace (the namespace controller's pace; see
+    /// `api::terminate_namespace`).
+    pub namespace_teardown_step: Duration,
 }
 
 impl Default for Config {
@@ -114,6 +118,7 @@ impl Default for Config {
             broadcast_capacity: 64 * 1024,
             auto_create_namespaces: false,
             request_log: 100_000,
+            namespace_teardown_step: Duration::from_millis(20),
         }
     }
 }
@@ -121,6 +126,11 @@ impl Default for Config {
 impl Config {
     pub fn port(mut self, port: u16) -> Self {
         self.addr.set_port(port);
+        self
+    }
+
+    pub fn namespace_teardown_step(mut self, step: Duration) -> Self {
+        self.namespace_teardown_step = step;
         self
     }
 

@@ -373,6 +373,40 @@ impl Store {
         Ok(self.commit(&mut g, res, key, kind, obj, Some(cur)))
     }
 
+    /// kube-apiserver's deletion of a namespace (its `kubernetes` finalizer):
+    /// only marked, `deletionTimestamp` and phase `Terminating`; from then
+    /// on nothing new may be created in it (NamespaceLifecycle), while
+    /// updates and patches of what it holds still work. The namespace
+    /// controller deletes the content ([`Store::delete_content`]) and then
+    /// the namespace.
+    pub fn terminate_namespace(&self, name: &str) -> Result<Arc<Value>, StoreError> {
+        let mut g = self.lock();
+        let nsid = namespaces_id();
+        let key = (String::new(), name.to_string());
+        let cur = g.objects[nsid]
+            .get(&key)
+            .cloned()
+            .ok_or(StoreError::NotFound)?;
+        let mut obj = crate::objects::mark_deleting(&cur);
+        obj["status"] = serde_json::json!({"phase": "Terminating"});
+        Ok(self.commit(&mut g, nsid, key, ChangeType::Modified, obj, Some(cur)))
+    }
+
+    /// The namespace controller's step: every object of `res` in `ns`
+    /// deleted.
+    pub fn delete_content(&self, res: ResourceId, ns: &str) {
+        let mut g = self.lock();
+        let keys: Vec<Key> = g.objects[res]
+            .range((ns.to_string(), String::new())..)
+            .take_while(|(k, _)| k.0 == ns)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            let o = g.objects[res].get(&k).cloned().expect("present");
+            self.commit(&mut g, res, k, ChangeType::Deleted, (*o).clone(), Some(o));
+        }
+    }
+
     /// Delete an object (optionally only at `expect_rv`). Deleting a namespace
     /// deletes everything in it.
     pub fn delete(

@@ -163,11 +163,35 @@ async fn crud_with_kube_rs() {
         .await
         .unwrap();
     other.create(&pp, &cm("x", &[])).await.unwrap();
-    // Deleting the namespace deletes its content.
+    // Deleting the namespace marks it Terminating (kube-apiserver): no new
+    // content, existing content can still change; the namespace controller
+    // then deletes its content, and the namespace.
     ns_api
         .delete("nope", &DeleteParams::default())
         .await
         .unwrap();
+    let terminating = ns_api.get("nope").await.unwrap();
+    assert_eq!(
+        terminating.status.and_then(|s| s.phase).as_deref(),
+        Some("Terminating")
+    );
+    let e = api_err(other.create(&pp, &cm("y", &[])).await.unwrap_err());
+    assert_eq!(e.code, 403);
+    assert!(
+        e.message.contains("because it is being terminated"),
+        "{}",
+        e.message
+    );
+    for _ in 0..200 {
+        if ns_api.get_opt("nope").await.unwrap().is_none() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        ns_api.get_opt("nope").await.unwrap().is_none(),
+        "deleted at last"
+    );
     assert_eq!(api_err(other.get("x").await.unwrap_err()).code, 404);
 }
 

@@ -31,7 +31,17 @@
 //!
 //! The patch carries the resourceVersion the executor read, so a workload
 //! changed in between is not patched on stale knowledge: the API server
-//! answers 409 and the action is retried (read again, compare again).
+//! answers 409, and the executor reads and compares again at once (up to
+//! [`CONFLICT_REREADS`] times, then the pipeline retries with backoff).
+//! Kept on purpose (issue 34 §5): a restart's merge patch of annotations
+//! would apply without it, but two restarts of one content racing (an old
+//! leader's request landing after its successor's, or two objects' changes
+//! of one workload) would then roll the workload twice; with it the second
+//! re-reads, finds the content recorded and writes nothing. On a real
+//! cluster the Deployment controller's status write after a restart makes
+//! the next restart's patch conflict: that costs a re-read (a few
+//! milliseconds), no longer a retry after the pipeline's backoff (0.88 s
+//! measured on kube-apiserver 1.32).
 //!
 //! ## Kinds
 //!
@@ -204,6 +214,9 @@ pub struct KubeExecutor {
     uids: Mutex<HashMap<WorkloadRef, String>>,
     /// The resources of kinds found through discovery.
     resources: Mutex<HashMap<WorkloadKind, ApiResource>>,
+    /// Read a workload's namespace before restarting it (see
+    /// [`KubeExecutor::reading_namespaces`]).
+    reads_namespaces: bool,
 }
 
 /// Where a workload kind is served and how it is restarted.
@@ -231,7 +244,18 @@ impl KubeExecutor {
             timeout: DEFAULT_TIMEOUT,
             uids: Mutex::new(HashMap::new()),
             resources: Mutex::new(HashMap::new()),
+            reads_namespaces: false,
         }
+    }
+
+    /// Reads a workload's namespace before restarting it, and restarts
+    /// nothing in one being deleted (see [`KubeExecutor::restart_with`]).
+    /// Needs RBAC `get` on `namespaces`, which only a cluster-wide install
+    /// grants (a Role cannot): `wasmwatch run` turns it on when it watches
+    /// every namespace. A namespace that cannot be read counts as live.
+    pub fn reading_namespaces(mut self, reads: bool) -> Self {
+        self.reads_namespaces = reads;
+        self
     }
 
     /// Bounds each API request (default 30 s); a request without an answer
@@ -285,7 +309,34 @@ impl KubeExecutor {
     /// holds it (the template annotation, the variable, or a Rollout's
     /// `restartAt` record on its metadata), so switching strategies
     /// restarts nothing by itself. See the module docs for the kinds.
+    ///
+    /// A write answered 409 (the workload changed since it was read: on a
+    /// real cluster mostly its controller's status write after a rollout)
+    /// reads and compares again at once, up to [`CONFLICT_REREADS`] times,
+    /// before the conflict goes to the pipeline's backoff.
     pub async fn restart_with(
+        &self,
+        workload: &WorkloadRef,
+        contents: &[(&str, Option<&str>)],
+        reason: &str,
+        strategy: RestartStrategy,
+    ) -> Result<Vec<bool>, ExecError> {
+        let mut rereads = 0;
+        loop {
+            match self
+                .restart_once(workload, contents, reason, strategy)
+                .await
+            {
+                Err(e) if is_conflict(&e) && rereads < CONFLICT_REREADS => {
+                    debug!("{e}; reading the workload again");
+                    rereads += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn restart_once(
         &self,
         workload: &WorkloadRef,
         contents: &[(&str, Option<&str>)],
@@ -314,6 +365,13 @@ impl KubeExecutor {
         let current = self
             .request(&what, "reading the workload", api.get(&workload.name))
             .await?;
+        if let Some(why) = self.being_deleted(workload, &current).await {
+            // A namespace's teardown deletes its ConfigMaps before its
+            // Deployments (with `reloadOnDelete` each deletion restarted
+            // a dying workload): nothing to refresh there.
+            info!(%what, "not restarted: {why}");
+            return Ok(vec![false; contents.len()]);
+        }
         if let Some(uid) = &current.metadata.uid {
             self.remember_uid(workload, uid);
         }
@@ -939,6 +997,31 @@ impl KubeExecutor {
 
     /// Runs one API request within the executor's timeout and classifies
     /// its failure.
+    /// Why `workload` (as read: `current`) must not be restarted: it is
+    /// being deleted, or its namespace is (kube-apiserver still accepts
+    /// patches there; read only [`KubeExecutor::reading_namespaces`]). A
+    /// namespace that cannot be read counts as live.
+    async fn being_deleted(
+        &self,
+        workload: &WorkloadRef,
+        current: &DynamicObject,
+    ) -> Option<String> {
+        if current.metadata.deletion_timestamp.is_some() {
+            return Some("the workload is being deleted".into());
+        }
+        if !self.reads_namespaces {
+            return None;
+        }
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        let ns = tokio::time::timeout(self.timeout, namespaces.get_opt(&workload.namespace))
+            .await
+            .ok()?
+            .ok()??;
+        let terminating = ns.metadata.deletion_timestamp.is_some()
+            || ns.status.and_then(|s| s.phase).as_deref() == Some("Terminating");
+        terminating.then(|| format!("namespace {} is being deleted", workload.namespace))
+    }
+
     async fn request<T>(
         &self,
         what: &str,
@@ -1112,6 +1195,18 @@ impl KubeExecutor {
     }
 }
 
+/// How a 409 reads in an [`ExecError`].
+const CONFLICT: &str = "conflict (409)";
+
+/// Re-reads of a workload whose restart met a 409, before the conflict is
+/// an error (see [`KubeExecutor::restart_with`]).
+pub const CONFLICT_REREADS: u32 = 3;
+
+/// Whether `e` is a 409 (see [`classify_error`]).
+fn is_conflict(e: &ExecError) -> bool {
+    matches!(e, ExecError::Retryable(m) if m.contains(CONFLICT))
+}
+
 /// The failure class of a kube error (see the module docs).
 fn classify_error(what: &str, doing: &str, e: &kube::Error) -> ExecError {
     match e {
@@ -1126,12 +1221,16 @@ fn classify_error(what: &str, doing: &str, e: &kube::Error) -> ExecError {
                 404 => {
                     ExecError::Permanent(format!("{what}: not found (404) when {doing}: {detail}"))
                 }
+                403 if detail.contains("because it is being terminated") => {
+                    ExecError::Permanent(format!(
+                        "{what}: refused (403) when {doing}: the namespace is being deleted \
+                         (NamespaceLifecycle admits nothing new there; this is not RBAC): {detail}"
+                    ))
+                }
                 403 => ExecError::Permanent(format!(
                     "{what}: forbidden (403) when {doing}: {detail}; check the RBAC rules of wasmwatch's ServiceAccount"
                 )),
-                409 => {
-                    ExecError::Retryable(format!("{what}: conflict (409) when {doing}: {detail}"))
-                }
+                409 => ExecError::Retryable(format!("{what}: {CONFLICT} when {doing}: {detail}")),
                 408 | 429 | 500..=599 => ExecError::Retryable(format!(
                     "{what}: API server answered {code} when {doing}: {detail}"
                 )),

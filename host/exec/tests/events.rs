@@ -795,10 +795,13 @@ async fn restarts_write_reloaders_events_and_count_attempts() {
         .unwrap();
     assert_eq!(take(), []);
 
-    // A conflict: a failed attempt, then the retry patches.
-    server
-        .faults()
-        .conflict_next_write("deployments", NS, "web");
+    // Conflicts on every re-read (one alone is read again at once, see
+    // workload.rs): a failed attempt, then the retry patches.
+    for _ in 0..=wasmwatch_exec::workload::CONFLICT_REREADS {
+        server
+            .faults()
+            .conflict_next_write("deployments", NS, "web");
+    }
     let error = executors
         .execute_restarts(&restarts("web", "2"))
         .await

@@ -278,11 +278,18 @@ fn executors(
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<Arc<Executors>> {
     let buses = wasmwatch_bus::Buses::new(&manifest.buses)?;
-    let kube = Arc::new(wasmwatch_exec::workload::KubeExecutor::new(
-        client.clone(),
-        "wasmwatch",
-        &options.identity,
-    ));
+    // Every namespace watched: the cluster-wide install, whose ClusterRole
+    // lets the restarts read a namespace (one being deleted restarts
+    // nothing).
+    let kube = Arc::new(
+        wasmwatch_exec::workload::KubeExecutor::new(client.clone(), "wasmwatch", &options.identity)
+            .reading_namespaces(
+                manifest
+                    .watch
+                    .scopes()
+                    .contains(&wasmwatch_core::Scope::All),
+            ),
+    );
     let events = {
         let metrics = metrics.clone();
         wasmwatch_exec::recorder::EventRecorder::start(

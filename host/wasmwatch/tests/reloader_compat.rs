@@ -266,11 +266,14 @@ async fn reloader_metrics_and_events_as_reloader_writes_them() {
     assert_eq!(reloads(&r).await, [1.0, 0.0, 1.0, 0.0]);
     assert_eq!(generation(c).await, g, "no restart");
 
-    // 4. A conflict (409), then the retry patches: `false` once, `true`
+    // 4. A conflict (409) on the patch and on every re-read at once
+    //    (`CONFLICT_REREADS`), then the retry patches: `false` once, `true`
     //    once more, and a `ReloadFail` Warning in Reloader's words.
-    e.server
-        .faults()
-        .conflict_next_write("deployments", NS, "orders");
+    for _ in 0..=wasmwatch_exec::workload::CONFLICT_REREADS {
+        e.server
+            .faults()
+            .conflict_next_write("deployments", NS, "orders");
+    }
     set(&cms, "4").await;
     assert_eq!(
         restart_outcomes(&r, &mut reports, &content_hash("4")).await,
@@ -293,7 +296,7 @@ async fn reloader_metrics_and_events_as_reloader_writes_them() {
     // 5. Every attempt fails (retries: 2): three `false`, three more
     //    `ReloadFail` occurrences, no `Reloaded`; the ConfigMap gets its
     //    `RefreshFailed` as before, and our own dead-letter count moves.
-    for _ in 0..3 {
+    for _ in 0..3 * (wasmwatch_exec::workload::CONFLICT_REREADS + 1) {
         e.server
             .faults()
             .conflict_next_write("deployments", NS, "orders");
