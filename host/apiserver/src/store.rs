@@ -395,7 +395,10 @@ impl Store {
     /// The namespace controller's step: every object of `res` in `ns`
     /// deleted.
     pub fn delete_content(&self, res: ResourceId, ns: &str) {
-        let mut g = self.lock();
+        self.delete_content_locked(&mut self.lock(), res, ns);
+    }
+
+    fn delete_content_locked(&self, g: &mut Inner, res: ResourceId, ns: &str) {
         let keys: Vec<Key> = g.objects[res]
             .range((ns.to_string(), String::new())..)
             .take_while(|(k, _)| k.0 == ns)
@@ -403,7 +406,7 @@ impl Store {
             .collect();
         for k in keys {
             let o = g.objects[res].get(&k).cloned().expect("present");
-            self.commit(&mut g, res, k, ChangeType::Deleted, (*o).clone(), Some(o));
+            self.commit(g, res, k, ChangeType::Deleted, (*o).clone(), Some(o));
         }
     }
 
@@ -427,17 +430,8 @@ impl Store {
         }
         if RESOURCES[res].is_namespace() {
             for (rid, rt) in RESOURCES.iter().enumerate() {
-                if !rt.namespaced {
-                    continue;
-                }
-                let keys: Vec<Key> = g.objects[rid]
-                    .range((name.to_string(), String::new())..)
-                    .take_while(|(k, _)| k.0 == name)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for k in keys {
-                    let o = g.objects[rid].get(&k).cloned().expect("present");
-                    self.commit(&mut g, rid, k, ChangeType::Deleted, (*o).clone(), Some(o));
+                if rt.namespaced {
+                    self.delete_content_locked(&mut g, rid, name);
                 }
             }
         }

@@ -26,9 +26,11 @@ use wasmwatch_exec::{ExecError, Origin};
 const NS: &str = "shop";
 
 async fn start() -> (ServerHandle, Client) {
-    let server = Server::start(Config::default())
-        .await
-        .expect("server starts");
+    start_with(Config::default()).await
+}
+
+async fn start_with(config: Config) -> (ServerHandle, Client) {
+    let server = Server::start(config).await.expect("server starts");
     let client = server.client().expect("client");
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
@@ -1420,16 +1422,10 @@ async fn a_full_event_queue_drops_and_counts_instead_of_waiting() {
 /// refused there says why, not RBAC.
 #[tokio::test]
 async fn nothing_is_restarted_in_a_namespace_being_deleted_and_its_refusal_is_not_rbac() {
-    let server = Server::start(Config::default().namespace_teardown_step(Duration::from_secs(30)))
-        .await
-        .expect("server starts");
-    let client = server.client().expect("client");
+    // The namespace controller takes its time: the Deployment is still there.
+    let (server, client) =
+        start_with(Config::default().namespace_teardown_step(Duration::from_secs(30))).await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
-    namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
     let exec = executor(&client).reading_namespaces(true);
     let w = workload(WorkloadKind::Deployment, "web");
     create(&client, &w).await;

@@ -46,6 +46,20 @@ async fn leader_lease(server: &ServerHandle) -> String {
         .unwrap()
 }
 
+/// Writes one annotation of the state Lease, as another writer would.
+async fn set_state_annotation(server: &ServerHandle, key: &str, value: &str) {
+    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
+    let mut lease = api.get("wasmwatch-state").await.unwrap();
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(key.into(), value.into());
+    api.replace("wasmwatch-state", &PostParams::default(), &lease)
+        .await
+        .unwrap();
+}
+
 fn annotation(server: &ServerHandle, key: &str) -> serde_json::Value {
     server
         .get("leases.coordination.k8s.io", "default", "wasmwatch-state")
@@ -1292,17 +1306,7 @@ async fn a_per_kind_log_beside_the_log_wins_even_when_it_cannot_be_read() {
         .parse()
         .unwrap();
     write_format_2(&server, "pod-b/2", &shop(120, 1), "", next).await;
-    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
-    let mut lease = api.get("wasmwatch-state").await.unwrap();
-    lease
-        .metadata
-        .annotations
-        .as_mut()
-        .unwrap()
-        .insert("wasmwatch.io/configmap-index-tail".into(), "z1:!!".into());
-    api.replace("wasmwatch-state", &PostParams::default(), &lease)
-        .await
-        .unwrap();
+    set_state_annotation(&server, "wasmwatch.io/configmap-index-tail", "z1:!!").await;
     let claimed = store(&server, term("pod-c", 3)).claim().await.unwrap();
     assert!(
         !claimed.indexes.contains_key(&ObjectKind::ConfigMap),
@@ -1459,17 +1463,7 @@ async fn the_index_trust_is_committed_with_it_and_dropped_after_another_binary_l
     let c = store(&server, term("pod-c", 3)).claim().await.unwrap();
     assert_eq!(c.trusted(cm, &shop_scope).map(|t| t.at), Some(120));
     // An older binary leads (its claim stamps its term, nothing else).
-    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "default");
-    let mut lease = api.get("wasmwatch-state").await.unwrap();
-    lease
-        .metadata
-        .annotations
-        .as_mut()
-        .unwrap()
-        .insert("wasmwatch.io/term".into(), "pod-old/4".into());
-    api.replace("wasmwatch-state", &PostParams::default(), &lease)
-        .await
-        .unwrap();
+    set_state_annotation(&server, "wasmwatch.io/term", "pod-old/4").await;
     let d = store(&server, term("pod-d", 5)).claim().await.unwrap();
     assert!(d.trust.is_none(), "written under another term");
     assert!(d.indexes.contains_key(&cm), "the index itself is read");
