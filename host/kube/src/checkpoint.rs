@@ -1015,12 +1015,12 @@ impl<A: LeaseApi> CheckpointStore<A> {
         Ok(())
     }
 
-    /// Marks the state Lease or a shard as written by this term.
     /// This term as [`Trust::term`] names it.
     fn trust_term(&self) -> String {
-        format!("{} {}", self.term, self.term.lease_uid)
+        trust_term(&self.term.to_string(), &self.term.lease_uid)
     }
 
+    /// Marks the state Lease or a shard as written by this term.
     fn stamp(&self, annotations: &mut BTreeMap<String, String>) {
         annotations.insert(TERM_ANNOTATION.into(), self.term.to_string());
         if self.term.lease_uid.is_empty() {
@@ -1359,12 +1359,14 @@ fn read_trust(annotations: &BTreeMap<String, String>) -> Option<Trust> {
         }
     };
     let stamp = |k: &str| annotations.get(k).map_or("", String::as_str);
-    let term = format!(
-        "{} {}",
-        stamp(TERM_ANNOTATION),
-        stamp(TERM_LEASE_UID_ANNOTATION)
-    );
+    let term = trust_term(stamp(TERM_ANNOTATION), stamp(TERM_LEASE_UID_ANNOTATION));
     (trust.term == term).then_some(trust)
+}
+
+/// [`Trust::term`] of the term stamped `term` (holder/transitions) on the
+/// leader Lease of UID `lease_uid`.
+fn trust_term(term: &str, lease_uid: &str) -> String {
+    format!("{term} {lease_uid}")
 }
 
 /// What the state names of the stored index (see [`find_index`]).
