@@ -71,6 +71,7 @@ fn store_err(t: &Target, e: StoreError) -> ApiError {
         StoreError::NamespaceNotFound(ns) => {
             ApiError::not_found(&RESOURCES[crate::resources::namespaces_id()], &ns)
         }
+        StoreError::NotServed => ApiError::path_not_found(),
         StoreError::NamespaceTerminating(ns) => ApiError {
             code: 403,
             reason: "Forbidden",
@@ -863,6 +864,8 @@ pub fn watch(
                 close,
             )))
         }
+        // Its CRD went since the request was routed.
+        Err(e) if e.code == 404 => Err(e),
         Err(e) => Ok(Reply::Watch(watch::error_stream(&e))),
     }
 }

@@ -1,6 +1,10 @@
 //! Discovery documents (`/api`, `/apis`, `/api/v1`, `/apis/{group}[/{version}]`)
 //! and `/version`.
 //!
+//! Every document lists only the resources served at that moment (a custom
+//! resource only while its CRD exists; see [`resources::Served`]): a group
+//! with none is absent, as on kube-apiserver.
+//!
 //! Only the classic (unaggregated) discovery format is served. kubectl asks
 //! for aggregated discovery (`apidiscovery.k8s.io/v2`) in its Accept header
 //! but falls back to this format when the response's Content-Type is plain
@@ -8,7 +12,7 @@
 
 use serde_json::{Value, json};
 
-use crate::resources::{self, ResourceType};
+use crate::resources::{self, ResourceType, Served};
 
 const VERBS: &[&str] = &[
     "create",
@@ -55,8 +59,8 @@ fn group_doc(group: &str, version: &str) -> Value {
 }
 
 /// `/apis`.
-pub fn api_group_list() -> Value {
-    let groups: Vec<Value> = resources::groups()
+pub fn api_group_list(served: &Served) -> Value {
+    let groups: Vec<Value> = resources::groups(served)
         .into_iter()
         .map(|(g, v)| group_doc(g, v))
         .collect();
@@ -64,8 +68,10 @@ pub fn api_group_list() -> Value {
 }
 
 /// `/apis/{group}`, if served.
-pub fn api_group(group: &str) -> Option<Value> {
-    let (g, v) = resources::groups().into_iter().find(|(g, _)| *g == group)?;
+pub fn api_group(group: &str, served: &Served) -> Option<Value> {
+    let (g, v) = resources::groups(served)
+        .into_iter()
+        .find(|(g, _)| *g == group)?;
     let mut doc = group_doc(g, v);
     doc["kind"] = json!("APIGroup");
     doc["apiVersion"] = json!("v1");
@@ -111,8 +117,8 @@ fn api_resource(rt: &ResourceType) -> Vec<Value> {
 }
 
 /// `/api/v1` or `/apis/{group}/{version}`, if served.
-pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
-    let list: Vec<Value> = resources::in_group_version(group, version)
+pub fn api_resource_list(group: &str, version: &str, served: &Served) -> Option<Value> {
+    let list: Vec<Value> = resources::in_group_version(group, version, served)
         .flat_map(api_resource)
         .collect();
     if list.is_empty() {
@@ -144,10 +150,10 @@ fn gv_path(group: &str, version: &str) -> String {
 /// kubectl reads these only to learn that the server supports server-side
 /// field validation (the `fieldValidation` query parameter on PATCH); with
 /// that it skips downloading full schemas for client-side validation.
-pub fn openapi_v3_index() -> Value {
+pub fn openapi_v3_index(served: &Served) -> Value {
     let mut paths = serde_json::Map::new();
     let mut gvs = vec![("", "v1")];
-    gvs.extend(resources::groups());
+    gvs.extend(resources::groups(served));
     for (g, v) in gvs {
         let p = gv_path(g, v);
         paths.insert(
@@ -160,9 +166,9 @@ pub fn openapi_v3_index() -> Value {
 
 /// `/openapi/v3/api/v1` or `/openapi/v3/apis/{group}/{version}`: a skeleton
 /// OpenAPI document whose item paths declare PATCH with `fieldValidation`.
-pub fn openapi_v3_group_version(group: &str, version: &str) -> Option<Value> {
+pub fn openapi_v3_group_version(group: &str, version: &str, served: &Served) -> Option<Value> {
     let mut paths = serde_json::Map::new();
-    for rt in resources::in_group_version(group, version) {
+    for rt in resources::in_group_version(group, version, served) {
         let prefix = format!("/{}", gv_path(group, version));
         let item = if rt.namespaced {
             format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", rt.plural)

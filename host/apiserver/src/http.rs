@@ -32,7 +32,7 @@ use crate::faults::{
     WatchClose, injected_status,
 };
 use crate::patch::PatchType;
-use crate::resources::{self, RESOURCES};
+use crate::resources::{self, RESOURCES, ResourceId};
 use crate::table;
 use crate::watch::Chunks;
 
@@ -71,6 +71,34 @@ fn error_response(e: &ApiError) -> Response<Body> {
         r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
     }
     r
+}
+
+/// kube-apiserver's answer to a path no handler claims (its delegation
+/// chain ends in Go's `http.NotFound`): a plain-text 404. Paths inside a
+/// built-in group get a `Status` instead (go-restful's 404, turned into
+/// one); paths of an API group that only custom resources make up (served
+/// or not) and of unknown groups get this.
+fn page_not_found() -> Response<Body> {
+    let mut r = full(
+        404,
+        "text/plain; charset=utf-8",
+        Bytes::from_static(b"404 page not found\n"),
+    );
+    r.headers_mut().insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+/// The 404 for an unknown path under `/apis/{group}`: a `Status` in a
+/// built-in group, else [`page_not_found`].
+fn group_path_not_found(group: &str) -> Response<Body> {
+    if group.is_empty() || RESOURCES.iter().any(|r| r.group == group && !r.custom) {
+        error_response(&ApiError::path_not_found())
+    } else {
+        page_not_found()
+    }
 }
 
 fn watch_response(chunks: Chunks) -> Response<Body> {
@@ -128,14 +156,21 @@ fn parse_query(q: Option<&str>) -> Query {
         .collect()
 }
 
-/// Map path segments after `/api/v1` or `/apis/{g}/{v}` to a target.
-/// Returns the target and whether a legacy `/watch/` prefix was used.
-fn route(group: &str, version: &str, segs: &[&str]) -> Option<(Target, bool)> {
+/// Map path segments after `/api/v1` or `/apis/{g}/{v}` to a target, among
+/// the resources `served` admits (a custom resource without its CRD is an
+/// unknown path). Returns the target and whether a legacy `/watch/` prefix
+/// was used.
+fn route(
+    group: &str,
+    version: &str,
+    segs: &[&str],
+    served: &dyn Fn(ResourceId) -> bool,
+) -> Option<(Target, bool)> {
     let (segs, legacy_watch) = match segs.first() {
         Some(&"watch") => (&segs[1..], true),
         _ => (segs, false),
     };
-    let lookup = |plural: &str| resources::lookup(group, version, plural);
+    let lookup = |plural: &str| resources::lookup(group, version, plural).filter(|&r| served(r));
     if segs.len() >= 3
         && segs[0] == "namespaces"
         && let Some(res) = lookup(segs[2]).filter(|&r| RESOURCES[r].namespaced)
@@ -219,7 +254,13 @@ async fn handle_resource(
         && !(sub == "status" && t.rt().status_subresource)
         && !(sub == "scale" && t.rt().scale_subresource)
     {
-        return Err(ApiError::path_not_found());
+        // kube-apiserver's handler of custom resources answers an unknown
+        // subresource as a missing object.
+        return Err(if t.rt().custom {
+            ApiError::not_found(t.rt(), t.name.as_deref().unwrap_or_default())
+        } else {
+            ApiError::path_not_found()
+        });
     }
     let is_watch = legacy_watch || q.get("watch").is_some_and(|v| v == "true" || v == "1");
     let method = req.method().clone();
@@ -431,23 +472,34 @@ async fn serve(sh: &Arc<Shared>, req: Request<ReqBody>, path: &str, q: Query) ->
             None => error_response(&ApiError::path_not_found()),
         }
     };
+    let served = || sh.store.served_all();
     match segs.as_slice() {
         ["version"] => get_only(Some(discovery::version())),
         ["healthz" | "readyz" | "livez"] => full(200, "text/plain", Bytes::from_static(b"ok")),
         ["api"] => get_only(Some(discovery::api_versions(&sh.addr.to_string()))),
-        ["apis"] => get_only(Some(discovery::api_group_list())),
-        ["api", "v1"] => get_only(discovery::api_resource_list("", "v1")),
-        ["apis", g] => get_only(discovery::api_group(g)),
-        ["apis", g, v] => get_only(discovery::api_resource_list(g, v)),
+        ["apis"] => get_only(Some(discovery::api_group_list(&served()))),
+        ["api", "v1"] => get_only(discovery::api_resource_list("", "v1", &served())),
+        ["apis", g] => match discovery::api_group(g, &served()) {
+            None => group_path_not_found(g),
+            doc => get_only(doc),
+        },
+        ["apis", g, v] => match discovery::api_resource_list(g, v, &served()) {
+            None => group_path_not_found(g),
+            doc => get_only(doc),
+        },
         ["openapi", "v2"] | ["swagger-2.0.0.pb-v1"] if req.method() == Method::GET => full(
             200,
             // What kube-apiserver answers; kubectl cannot parse the Accept type back.
             "application/octet-stream",
             Bytes::from(discovery::openapi_v2_protobuf()),
         ),
-        ["openapi", "v3"] => get_only(Some(discovery::openapi_v3_index())),
-        ["openapi", "v3", "api", v] => get_only(discovery::openapi_v3_group_version("", v)),
-        ["openapi", "v3", "apis", g, v] => get_only(discovery::openapi_v3_group_version(g, v)),
+        ["openapi", "v3"] => get_only(Some(discovery::openapi_v3_index(&served()))),
+        ["openapi", "v3", "api", v] => {
+            get_only(discovery::openapi_v3_group_version("", v, &served()))
+        }
+        ["openapi", "v3", "apis", g, v] => {
+            get_only(discovery::openapi_v3_group_version(g, v, &served()))
+        }
         ["api", "v1", rest @ ..] => resource_response(sh, req, "", "v1", rest, q).await,
         ["apis", g, v, rest @ ..] => {
             let (g, v) = (g.to_string(), v.to_string());
@@ -467,8 +519,9 @@ async fn resource_response(
     rest: &[&str],
     q: Query,
 ) -> Response<Body> {
-    let Some((t, legacy_watch)) = route(group, version, rest) else {
-        return error_response(&ApiError::path_not_found());
+    let served = |res: ResourceId| !RESOURCES[res].custom || sh.store.served(res);
+    let Some((t, legacy_watch)) = route(group, version, rest, &served) else {
+        return group_path_not_found(group);
     };
     let protobuf =
         crate::protobuf::prefers_protobuf(req.headers().get(ACCEPT).and_then(|v| v.to_str().ok()));
@@ -570,6 +623,8 @@ mod tests {
 
     #[test]
     fn routes() {
+        let all = |_: ResourceId| true;
+        let route = |g, v, segs: &[&str]| route(g, v, segs, &all);
         let (t, w) = route("", "v1", &["namespaces", "ns", "configmaps", "x"]).unwrap();
         assert_eq!(t.namespace.as_deref(), Some("ns"));
         assert_eq!(t.name.as_deref(), Some("x"));
@@ -590,5 +645,15 @@ mod tests {
             )
             .is_some()
         );
+    }
+
+    #[test]
+    fn unserved_resources_are_unknown_paths() {
+        let builtin = |r: ResourceId| !RESOURCES[r].custom;
+        let ro = ["namespaces", "default", "rollouts", "r"];
+        assert!(route("argoproj.io", "v1alpha1", &ro, &builtin).is_none());
+        assert!(route("argoproj.io", "v1alpha1", &["rollouts"], &builtin).is_none());
+        assert!(route("argoproj.io", "v1alpha1", &ro, &|_| true).is_some());
+        assert!(route("apps", "v1", &["deployments"], &builtin).is_some());
     }
 }

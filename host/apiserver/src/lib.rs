@@ -4,17 +4,30 @@
 //! real paths and verbs) for the resources wasmwatch touches — namespaces,
 //! configmaps, secrets, services, pods, events (core/v1), endpointslices,
 //! deployments, statefulsets, daemonsets, jobs, cronjobs, leases,
-//! events.k8s.io events, and two custom resources (no strategic merge
-//! patch): Argo Rollouts (argoproj.io/v1alpha1) and OpenKruise CloneSets
-//! (apps.kruise.io/v1alpha1) —
+//! events.k8s.io events, customresourcedefinitions (apiextensions.k8s.io/v1),
+//! and four custom resources (no strategic merge patch): Argo Rollouts
+//! (argoproj.io/v1alpha1), OpenKruise CloneSets (apps.kruise.io/v1alpha1)
+//! and the Secrets Store CSI driver's SecretProviderClasses and
+//! SecretProviderClassPodStatuses (secrets-store.csi.x-k8s.io/v1) —
 //! with kube-apiserver's resourceVersion, watch, bookmark, 410 and 409
 //! semantics, so that kubectl and kube-rs work against it unmodified.
 //!
+//! A custom resource is served only while its CustomResourceDefinition
+//! (`<plural>.<group>`) exists, as on kube-apiserver: otherwise its paths
+//! are 404 and discovery does not list it. [`Config::preinstalled_crds`]
+//! (on by default) creates the four CRDs at start; without it a test
+//! creates them (`kubectl apply -f crd.yaml`). A CRD can be created only for
+//! a custom type of the registry ([`resources`]), with its kind and scope
+//! (422 Invalid otherwise); it is established at once. Deleting a CRD
+//! deletes every object of its resource (DELETED events) and ends the
+//! watches on it.
+//!
 //! # Design
 //!
-//! * [`resources`] is a static registry of the served resource types: group,
+//! * [`resources`] is a static registry of the resource types: group,
 //!   version, plural, kind, scope, and the few behaviours that differ by kind
-//!   (generation tracking, status subresource, name rules).
+//!   (generation tracking, status subresource, name rules, custom types
+//!   served only with their CRD).
 //! * [`store`] keeps every object as a `serde_json::Value` keyed by
 //!   (resource, namespace, name), one global resourceVersion counter, a bounded
 //!   ring of past changes and a broadcast feed, all under one mutex so that a
@@ -107,6 +120,10 @@ pub struct Config {
     /// goes, then the namespace (the namespace controller's pace; see
     /// `api::terminate_namespace`).
     pub namespace_teardown_step: Duration,
+    /// Create at start the CustomResourceDefinition of every custom type
+    /// of the registry (so they are served from the start, the default);
+    /// off: no custom resource is served until its CRD is created.
+    pub preinstalled_crds: bool,
 }
 
 impl Default for Config {
@@ -119,6 +136,7 @@ impl Default for Config {
             auto_create_namespaces: false,
             request_log: 100_000,
             namespace_teardown_step: Duration::from_millis(20),
+            preinstalled_crds: true,
         }
     }
 }
@@ -158,6 +176,11 @@ impl Config {
         self.request_log = capacity;
         self
     }
+
+    pub fn preinstalled_crds(mut self, on: bool) -> Self {
+        self.preinstalled_crds = on;
+        self
+    }
 }
 
 /// State shared by every connection.
@@ -177,7 +200,8 @@ pub const INITIAL_NAMESPACES: &[&str] =
     &["default", "kube-system", "kube-public", "kube-node-lease"];
 
 impl Server {
-    /// Bind, create the initial namespaces and serve in the background.
+    /// Bind, create the initial namespaces (and the CRDs, with
+    /// [`Config::preinstalled_crds`]) and serve in the background.
     pub async fn start(config: Config) -> Result<ServerHandle, Error> {
         let listener = TcpListener::bind(config.addr)
             .await
@@ -199,6 +223,15 @@ impl Server {
             store
                 .create(ns, "", name, objects::new_namespace(name))
                 .expect("fresh store");
+        }
+        if config.preinstalled_crds {
+            let crds = resources::crds_id();
+            for rt in resources::RESOURCES.iter().filter(|r| r.custom) {
+                let (name, crd) =
+                    objects::prepare_create(&resources::RESOURCES[crds], "", objects::crd_for(rt))
+                        .expect("the registry's CRDs are valid");
+                store.create(crds, "", &name, crd).expect("fresh store");
+            }
         }
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let faults = Faults::new(store.clone(), control_tx);

@@ -26,6 +26,10 @@ struct Args {
     /// Create namespaces on first use instead of answering 404.
     #[arg(long)]
     auto_create_namespaces: bool,
+    /// Start without the CustomResourceDefinitions of the custom resources
+    /// (Rollouts, CloneSets, ...): they are served once their CRD is created.
+    #[arg(long)]
+    no_preinstalled_crds: bool,
 }
 
 #[tokio::main]
@@ -35,7 +39,8 @@ async fn main() -> anyhow::Result<()> {
         .port(args.port)
         .history(args.history)
         .bookmark_interval(Duration::from_secs(args.bookmark_interval))
-        .auto_create_namespaces(args.auto_create_namespaces);
+        .auto_create_namespaces(args.auto_create_namespaces)
+        .preinstalled_crds(!args.no_preinstalled_crds);
     let server = Server::start(config).await.context("starting the server")?;
     if let Some(path) = &args.kubeconfig {
         server.write_kubeconfig(path)?;

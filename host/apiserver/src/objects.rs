@@ -171,10 +171,107 @@ fn normalise_secret(obj: &mut Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The CustomResourceDefinition kube-apiserver would hold for a custom type
+/// of the registry, as a client would send it (no server-set fields): one
+/// served storage version with a schema that keeps every field, and the
+/// registry's names and subresources.
+pub fn crd_for(rt: &ResourceType) -> Value {
+    let mut names = json!({ "plural": rt.plural, "singular": rt.singular, "kind": rt.kind });
+    if !rt.short_names.is_empty() {
+        names["shortNames"] = json!(rt.short_names);
+    }
+    if !rt.categories.is_empty() {
+        names["categories"] = json!(rt.categories);
+    }
+    let mut version = json!({
+        "name": rt.version,
+        "served": true,
+        "storage": true,
+        "schema": { "openAPIV3Schema": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": true,
+        } },
+    });
+    if rt.status_subresource {
+        version["subresources"] = json!({ "status": {} });
+    }
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": { "name": rt.qualified() },
+        "spec": {
+            "group": rt.group,
+            "names": names,
+            "scope": rt.scope(),
+            "versions": [version],
+        },
+    })
+}
+
+/// A CRD's defaults (its `spec.names.singular` and `listKind`, the
+/// conversion strategy), on every write.
+fn crd_defaults(obj: &mut Value) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    spec.entry("conversion")
+        .or_insert(json!({ "strategy": "None" }));
+    let Some(names) = spec.get_mut("names").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let Some(kind) = names
+        .get("kind")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        return;
+    };
+    names
+        .entry("singular")
+        .or_insert(json!(kind.to_lowercase()));
+    names
+        .entry("listKind")
+        .or_insert(json!(format!("{kind}List")));
+}
+
+/// A new CRD's status: its names accepted and the definition established at
+/// once (kube-apiserver's controllers take a moment for that).
+fn crd_status(obj: &Value) -> Value {
+    let now = now_time();
+    let condition = |ty: &str, reason: &str, message: &str| {
+        json!({
+            "type": ty,
+            "status": "True",
+            "lastTransitionTime": now,
+            "reason": reason,
+            "message": message,
+        })
+    };
+    let stored: Vec<Value> = obj
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|v| v.get("storage") == Some(&json!(true)))
+        .filter_map(|v| v.get("name").cloned())
+        .collect();
+    json!({
+        "conditions": [
+            condition("NamesAccepted", "NoConflicts", "no conflicts found"),
+            condition("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+        ],
+        "acceptedNames": obj.pointer("/spec/names").cloned().unwrap_or_else(|| json!({})),
+        "storedVersions": stored,
+    })
+}
+
 /// Per-kind normalisation done on every write.
 fn normalise_kind(rt: &ResourceType, obj: &mut Value) -> Result<(), ApiError> {
     if rt.is_secret() {
         normalise_secret(obj)?;
+    }
+    if rt.is_crd() {
+        crd_defaults(obj);
     }
     if rt.group == "coordination.k8s.io" {
         for f in ["acquireTime", "renewTime"] {
@@ -223,6 +320,10 @@ fn kind_defaults_on_create(rt: &ResourceType, obj: &mut Value) {
         }
         ("", "pods") => {
             obj["status"] = json!({ "phase": "Pending" });
+        }
+        (crate::resources::CRD_GROUP, "customresourcedefinitions") => {
+            let status = crd_status(obj);
+            obj["status"] = status;
         }
         _ => {
             if rt.status_subresource {
@@ -484,6 +585,13 @@ pub fn prepare_update(
                 new.as_object_mut().expect("object").remove("status");
             }
         }
+    }
+    // A CRD's changed names are accepted at once.
+    if rt.is_crd()
+        && new.get("status").is_some_and(Value::is_object)
+        && let Some(names) = new.pointer("/spec/names").cloned()
+    {
+        new["status"]["acceptedNames"] = names;
     }
     // Deployments also count annotation changes as a new generation (their
     // strategy's PrepareForUpdate); StatefulSets and DaemonSets do not.

@@ -1,5 +1,12 @@
 //! The registry of resource types this server knows, with everything the
 //! generic storage, routing and discovery code needs to know about each.
+//!
+//! Built-in types are always served. Custom types (`custom: true`) are
+//! served, as kube-apiserver serves them, only while their
+//! CustomResourceDefinition (`customresourcedefinitions.apiextensions.k8s.io`,
+//! itself a built-in type here) named `<plural>.<group>` exists in the store;
+//! a CRD can only be created for a custom type listed here (this server has
+//! no generic custom resource storage). See [`Served`].
 
 /// Index of a resource type in [`RESOURCES`].
 pub type ResourceId = usize;
@@ -33,8 +40,9 @@ pub struct ResourceType {
     pub status_subresource: bool,
     /// The resource has a `/scale` subresource (autoscaling/v1 Scale).
     pub scale_subresource: bool,
-    /// A custom resource (served through a CRD in a real cluster): PATCH
-    /// refuses strategic merge patches with 415, as kube-apiserver does.
+    /// A custom resource: served only while its CustomResourceDefinition
+    /// (named [`ResourceType::qualified`]) exists; PATCH refuses strategic
+    /// merge patches with 415, as kube-apiserver does.
     pub custom: bool,
     pub name_rule: NameRule,
 }
@@ -64,6 +72,20 @@ impl ResourceType {
 
     pub fn is_namespace(&self) -> bool {
         self.group.is_empty() && self.plural == "namespaces"
+    }
+
+    /// `customresourcedefinitions.apiextensions.k8s.io`.
+    pub fn is_crd(&self) -> bool {
+        self.group == CRD_GROUP && self.plural == "customresourcedefinitions"
+    }
+
+    /// `Namespaced` or `Cluster`, as a CRD's `spec.scope` spells it.
+    pub fn scope(&self) -> &'static str {
+        if self.namespaced {
+            "Namespaced"
+        } else {
+            "Cluster"
+        }
     }
 
     /// A PUT of a missing name creates it (the kind's strategy's
@@ -203,9 +225,12 @@ pub static RESOURCES: &[ResourceType] = &[
         status_subresource: true,
         ..rt("batch", "v1", "jobs", "job", "Job", true)
     },
-    // Argo Rollouts' CRD (argoproj.io/v1alpha1), served like a built-in so
-    // restarts of custom resources can be tested: no strategic merge patch
-    // (kube-apiserver answers 415 for custom resources).
+    // The custom resources below are served only while their CRD exists
+    // (`Config::preinstalled_crds`, on by default, creates them at start).
+    //
+    // Argo Rollouts' Rollout (argoproj.io/v1alpha1), so restarts of custom
+    // resources can be tested: no strategic merge patch (kube-apiserver
+    // answers 415 for custom resources).
     ResourceType {
         short_names: &["ro"],
         categories: &["all"],
@@ -238,6 +263,33 @@ pub static RESOURCES: &[ResourceType] = &[
             true,
         )
     },
+    // The Secrets Store CSI driver's SecretProviderClass (which provider
+    // mounts what) and SecretProviderClassPodStatus (what the driver mounted
+    // for one pod; `status` is a plain field the driver writes, no
+    // subresource and no spec).
+    ResourceType {
+        generation: true,
+        custom: true,
+        ..rt(
+            SECRETS_STORE_GROUP,
+            "v1",
+            "secretproviderclasses",
+            "secretproviderclass",
+            "SecretProviderClass",
+            true,
+        )
+    },
+    ResourceType {
+        custom: true,
+        ..rt(
+            SECRETS_STORE_GROUP,
+            "v1",
+            "secretproviderclasspodstatuses",
+            "secretproviderclasspodstatus",
+            "SecretProviderClassPodStatus",
+            true,
+        )
+    },
     rt(
         "coordination.k8s.io",
         "v1",
@@ -250,7 +302,27 @@ pub static RESOURCES: &[ResourceType] = &[
         short_names: &["ev"],
         ..rt("events.k8s.io", "v1", "events", "event", "Event", true)
     },
+    // The definitions that make the custom resources above served.
+    ResourceType {
+        short_names: &["crd", "crds"],
+        categories: &["api-extensions"],
+        generation: true,
+        status_subresource: true,
+        ..rt(
+            CRD_GROUP,
+            "v1",
+            "customresourcedefinitions",
+            "customresourcedefinition",
+            "CustomResourceDefinition",
+            false,
+        )
+    },
 ];
+
+/// The group of CustomResourceDefinitions.
+pub const CRD_GROUP: &str = "apiextensions.k8s.io";
+
+const SECRETS_STORE_GROUP: &str = "secrets-store.csi.x-k8s.io";
 
 /// Find a resource by group, version and plural name.
 pub fn lookup(group: &str, version: &str, plural: &str) -> Option<ResourceId> {
@@ -269,10 +341,41 @@ pub fn namespaces_id() -> ResourceId {
     lookup_core("namespaces").expect("namespaces is registered")
 }
 
+/// The index of the `customresourcedefinitions` resource.
+pub fn crds_id() -> ResourceId {
+    lookup(CRD_GROUP, "v1", "customresourcedefinitions").expect("CRDs are registered")
+}
+
+/// The custom type a CRD named `name` (`<plural>.<group>`) makes served.
+pub fn custom_for_crd(name: &str) -> Option<ResourceId> {
+    RESOURCES
+        .iter()
+        .position(|r| r.custom && r.qualified() == name)
+}
+
+/// The custom types, `plural.group/version`, for messages.
+pub fn custom_list() -> String {
+    RESOURCES
+        .iter()
+        .filter(|r| r.custom)
+        .map(|r| format!("{}/{}", r.qualified(), r.version))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Which resource types are served right now, indexed by [`ResourceId`]:
+/// built-in types always, custom types while their CRD exists
+/// ([`crate::store::Store::served`]).
+pub type Served = [bool];
+
 /// API groups served under `/apis`, in discovery order, with their versions.
-pub fn groups() -> Vec<(&'static str, &'static str)> {
+pub fn groups(served: &Served) -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&'static str, &'static str)> = Vec::new();
-    for r in RESOURCES.iter().filter(|r| !r.group.is_empty()) {
+    for (_, r) in RESOURCES
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| served[*i] && !r.group.is_empty())
+    {
         if !out.contains(&(r.group, r.version)) {
             out.push((r.group, r.version));
         }
@@ -280,12 +383,15 @@ pub fn groups() -> Vec<(&'static str, &'static str)> {
     out
 }
 
-/// Resources of one group/version.
+/// Served resources of one group/version.
 pub fn in_group_version<'a>(
     group: &'a str,
     version: &'a str,
+    served: &'a Served,
 ) -> impl Iterator<Item = &'static ResourceType> + 'a {
     RESOURCES
         .iter()
-        .filter(move |r| r.group == group && r.version == version)
+        .enumerate()
+        .filter(move |(i, r)| served[*i] && r.group == group && r.version == version)
+        .map(|(_, r)| r)
 }

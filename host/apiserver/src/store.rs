@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 use crate::error::ApiError;
-use crate::resources::{RESOURCES, ResourceId, namespaces_id};
+use crate::resources::{RESOURCES, ResourceId, crds_id, custom_for_crd, namespaces_id};
 
 /// Key of an object inside one resource: (namespace, name); cluster-scoped
 /// objects use an empty namespace. Ordered like kube-apiserver's etcd keys.
@@ -131,6 +131,9 @@ pub enum StoreError {
     NamespaceNotFound(String),
     #[error("namespace {0} is terminating")]
     NamespaceTerminating(String),
+    /// A custom resource whose CRD does not exist (any more).
+    #[error("resource not served")]
+    NotServed,
 }
 
 struct Inner {
@@ -223,6 +226,25 @@ impl Store {
     /// The current (latest committed) resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.lock().rv
+    }
+
+    fn served_locked(g: &Inner, res: ResourceId) -> bool {
+        let rt = &RESOURCES[res];
+        !rt.custom || g.objects[crds_id()].contains_key(&(String::new(), rt.qualified()))
+    }
+
+    /// Whether a resource is served: built-in ones always, custom ones
+    /// while their CustomResourceDefinition exists.
+    pub fn served(&self, res: ResourceId) -> bool {
+        Self::served_locked(&self.lock(), res)
+    }
+
+    /// [`Store::served`] of every resource, indexed by id, at one moment.
+    pub fn served_all(&self) -> Vec<bool> {
+        let g = self.lock();
+        (0..RESOURCES.len())
+            .map(|res| Self::served_locked(&g, res))
+            .collect()
     }
 
     /// Drop all kept history and expire every version up to the current one:
@@ -333,6 +355,9 @@ impl Store {
         obj: Value,
     ) -> Result<Arc<Value>, StoreError> {
         let mut g = self.lock();
+        if !Self::served_locked(&g, res) {
+            return Err(StoreError::NotServed);
+        }
         self.check_namespace(&mut g, res, ns)?;
         let key = (ns.to_string(), name.to_string());
         if g.objects[res].contains_key(&key) {
@@ -366,6 +391,10 @@ impl Store {
                 .and_then(Value::as_array)
                 .is_none_or(|f| f.is_empty());
         let kind = if finalized {
+            // A CRD whose last finalizer went: its custom resources go first.
+            if res == crds_id() {
+                self.delete_dependents_locked(&mut g, res, name);
+            }
             ChangeType::Deleted
         } else {
             ChangeType::Modified
@@ -410,8 +439,37 @@ impl Store {
         }
     }
 
+    /// Every object of `res`, in all namespaces, deleted (each with its
+    /// DELETED change and resourceVersion).
+    fn delete_all_locked(&self, g: &mut Inner, res: ResourceId) {
+        let keys: Vec<Key> = g.objects[res].keys().cloned().collect();
+        for k in keys {
+            let o = g.objects[res].get(&k).cloned().expect("present");
+            self.commit(g, res, k, ChangeType::Deleted, (*o).clone(), Some(o));
+        }
+    }
+
+    /// What goes with an object about to be deleted, in the same critical
+    /// section: everything in a namespace; every object of a CRD's custom
+    /// resource (kube-apiserver's finalizer `customresourcecleanup` does
+    /// that before the CRD goes, after which the resource is not served).
+    fn delete_dependents_locked(&self, g: &mut Inner, res: ResourceId, name: &str) {
+        if RESOURCES[res].is_namespace() {
+            for (rid, rt) in RESOURCES.iter().enumerate() {
+                if rt.namespaced {
+                    self.delete_content_locked(g, rid, name);
+                }
+            }
+        } else if res == crds_id()
+            && let Some(custom) = custom_for_crd(name)
+        {
+            self.delete_all_locked(g, custom);
+        }
+    }
+
     /// Delete an object (optionally only at `expect_rv`). Deleting a namespace
-    /// deletes everything in it.
+    /// deletes everything in it; deleting a CRD every object of its custom
+    /// resource.
     pub fn delete(
         &self,
         res: ResourceId,
@@ -428,13 +486,7 @@ impl Store {
         if expect_rv.is_some_and(|rv| rv != rv_of(&cur)) {
             return Err(StoreError::Changed);
         }
-        if RESOURCES[res].is_namespace() {
-            for (rid, rt) in RESOURCES.iter().enumerate() {
-                if rt.namespaced {
-                    self.delete_content_locked(&mut g, rid, name);
-                }
-            }
-        }
+        self.delete_dependents_locked(&mut g, res, name);
         Ok(self.commit(
             &mut g,
             res,
@@ -557,8 +609,12 @@ impl Store {
     /// Start a watch: from the current state (`from = None`: the caller sends
     /// synthetic ADDED events for `initial`) or from a resourceVersion (the
     /// caller replays `replay`). Either way `rx` delivers every later change.
+    /// A custom resource without its CRD is 404 (not served).
     pub fn watch(&self, res: ResourceId, from: Option<u64>) -> Result<WatchStart, ApiError> {
         let g = self.lock();
+        if !Self::served_locked(&g, res) {
+            return Err(ApiError::path_not_found());
+        }
         let rx = self.tx.subscribe();
         match from {
             None => Ok(WatchStart {

@@ -12,7 +12,7 @@ use k8s_openapi::api::{apps, batch, coordination, core, discovery, events};
 use serde_json::Value;
 
 use crate::error::{ApiError, Cause};
-use crate::resources::ResourceType;
+use crate::resources::{RESOURCES, ResourceType};
 
 fn decodes_as<T: serde::de::DeserializeOwned>(obj: &Value) -> Result<(), String> {
     serde_path_to_error::deserialize::<_, T>(obj)
@@ -193,8 +193,140 @@ fn workload(rt: &ResourceType, obj: &Value, causes: &mut Vec<Cause>) {
     );
 }
 
+fn unsupported(field: &str, value: &str, why: &str) -> Cause {
+    Cause {
+        reason: "FieldValueNotSupported",
+        message: format!("Unsupported value: {value:?}: {why}"),
+        field: field.into(),
+    }
+}
+
+/// A CustomResourceDefinition: kube-apiserver's checks of the fields this
+/// server reads (group, names, scope, versions, the name
+/// `<plural>.<group>`), then that it defines a custom type of the registry
+/// (this server can serve no other) with the registry's kind and scope.
+fn crd(obj: &Value, causes: &mut Vec<Cause>) {
+    let before = causes.len();
+    let s = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or_default();
+    let (name, group, plural, kind, scope) = (
+        s("/metadata/name"),
+        s("/spec/group"),
+        s("/spec/names/plural"),
+        s("/spec/names/kind"),
+        s("/spec/scope"),
+    );
+    if group.is_empty() {
+        causes.push(required("spec.group"));
+    } else if !group.contains('.') {
+        causes.push(invalid_json(
+            "spec.group",
+            obj.pointer("/spec/group"),
+            "should be a domain with at least one dot",
+        ));
+    }
+    if plural.is_empty() {
+        causes.push(required("spec.names.plural"));
+    }
+    if kind.is_empty() {
+        causes.push(required("spec.names.kind"));
+    }
+    match scope {
+        "" => causes.push(required("spec.scope")),
+        "Cluster" | "Namespaced" => {}
+        other => causes.push(unsupported(
+            "spec.scope",
+            other,
+            "supported values: \"Cluster\", \"Namespaced\"",
+        )),
+    }
+    let versions: Vec<&Value> = obj
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .collect();
+    let storage = versions
+        .iter()
+        .filter(|v| v.get("storage") == Some(&Value::Bool(true)))
+        .count();
+    if storage != 1 {
+        causes.push(invalid_json(
+            "spec.versions",
+            obj.pointer("/spec/versions"),
+            "must have exactly one version marked as storage version",
+        ));
+    }
+    for (i, v) in versions.iter().enumerate() {
+        if empty(v.get("name")) {
+            causes.push(required(&format!("spec.versions[{i}].name")));
+        }
+        if empty(v.pointer("/schema/openAPIV3Schema")) {
+            causes.push(Cause {
+                reason: "FieldValueRequired",
+                message: "Required value: schemas are required".into(),
+                field: format!("spec.versions[{i}].schema.openAPIV3Schema"),
+            });
+        }
+    }
+    if !plural.is_empty() && !group.is_empty() && name != format!("{plural}.{group}") {
+        causes.push(Cause {
+            reason: "FieldValueInvalid",
+            message: format!("Invalid value: {name:?}: must be spec.names.plural+\".\"+spec.group"),
+            field: "metadata.name".into(),
+        });
+    }
+    if causes.len() > before {
+        return;
+    }
+    let known = crate::resources::custom_list();
+    let served = |want: &str| {
+        versions.iter().any(|v| {
+            v.get("name").and_then(Value::as_str) == Some(want)
+                && v.get("served") != Some(&Value::Bool(false))
+        })
+    };
+    let Some(rt) = RESOURCES
+        .iter()
+        .find(|r| r.custom && r.group == group && r.plural == plural && served(r.version))
+    else {
+        let listed: Vec<&str> = versions
+            .iter()
+            .filter(|v| v.get("served") != Some(&Value::Bool(false)))
+            .filter_map(|v| v.get("name").and_then(Value::as_str))
+            .collect();
+        causes.push(unsupported(
+            "spec",
+            &format!("{plural}.{group}/{}", listed.join(",")),
+            &format!("the test API server can serve only the custom resources {known}"),
+        ));
+        return;
+    };
+    let gvr = format!("{}/{}", rt.qualified(), rt.version);
+    if kind != rt.kind {
+        causes.push(unsupported(
+            "spec.names.kind",
+            kind,
+            &format!("the test API server serves {gvr} as kind {:?}", rt.kind),
+        ));
+    }
+    if scope != rt.scope() {
+        causes.push(unsupported(
+            "spec.scope",
+            scope,
+            &format!(
+                "the test API server serves {gvr} with scope {:?}",
+                rt.scope()
+            ),
+        ));
+    }
+}
+
 /// The fields each built-in kind requires (kube-apiserver's 422s).
 pub fn validate_kind(rt: &ResourceType, obj: &Value, causes: &mut Vec<Cause>) {
+    if rt.is_crd() {
+        crd(obj, causes);
+        return;
+    }
     match (rt.group, rt.plural) {
         ("apps", _) => workload(rt, obj, causes),
         ("batch", "jobs") => {

@@ -7,7 +7,9 @@
 //! chunk goes to the socket as soon as it is ready (hyper flushes when the
 //! body has nothing more to give). A watch that falls behind the broadcast
 //! buffer is closed, as kube-apiserver closes slow watchers; the client
-//! re-watches from its last resourceVersion.
+//! re-watches from its last resourceVersion. A watch on a custom resource
+//! ends (cleanly) when its CRD is deleted, after the DELETED events of the
+//! objects that went with it.
 
 use std::collections::VecDeque;
 use std::io;
@@ -22,7 +24,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::error::ApiError;
 use crate::faults::WatchClose;
-use crate::resources::{RESOURCES, ResourceId};
+use crate::resources::{RESOURCES, ResourceId, crds_id};
 use crate::selector::Selectors;
 use crate::store::{Change, ChangeType, WatchGuard, WatchStart, bookmark_object, event_line};
 use crate::table::{self, Include, TableRequest};
@@ -153,6 +155,9 @@ fn left_selector(prev: &Value, rv: u64) -> Value {
 /// A running watch.
 struct WatchState {
     filter: Filter,
+    /// For a custom resource: the name of its CRD, whose deletion ends the
+    /// watch (the resource is no longer served).
+    crd: Option<String>,
     bookmarks: bool,
     rx: broadcast::Receiver<std::sync::Arc<Change>>,
     last_rv: u64,
@@ -221,7 +226,9 @@ pub fn stream(
     let mut ticker =
         tokio::time::interval_at(Instant::now() + bookmark_interval, bookmark_interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let rt = &RESOURCES[filter.resource];
     let state = WatchState {
+        crd: rt.custom.then(|| rt.qualified()),
         filter,
         bookmarks: req.bookmarks,
         rx,
@@ -243,6 +250,15 @@ pub fn stream(
 impl WatchState {
     fn take(&mut self) -> Option<Result<Bytes, io::Error>> {
         (!self.buf.is_empty()).then(|| Ok(self.buf.split().freeze()))
+    }
+
+    /// The change deletes the CRD of this watch's resource.
+    fn unserves(&self, c: &Change) -> bool {
+        self.crd.as_deref().is_some_and(|n| {
+            c.kind == ChangeType::Deleted
+                && c.resource == crds_id()
+                && c.object.pointer("/metadata/name").and_then(Value::as_str) == Some(n)
+        })
     }
 
     /// The next chunk, or None when the watch is over.
@@ -278,6 +294,10 @@ impl WatchState {
                     loop {
                         match next {
                             Ok(c) => {
+                                if self.unserves(&c) {
+                                    self.done = true;
+                                    return self.take();
+                                }
                                 if c.rv > self.last_rv {
                                     self.last_rv = c.rv;
                                     self.filter.append(&c, &mut self.buf);
