@@ -183,9 +183,12 @@ pub enum RestartStrategy {
     #[default]
     Annotations,
     /// Reloader's default: an environment variable
-    /// `STAKATER_<NAME>_<CONFIGMAP|SECRET>` holding the content digest, in
-    /// the first container that uses the object (else the first one); no
-    /// annotation.
+    /// `STAKATER_<NAME>_<CONFIGMAP|SECRET>` in the first container that
+    /// uses the object (else the first one); no annotation. It holds
+    /// Reloader's SHA-1 of a ConfigMap's content (when the restart is for
+    /// the host's digest of it), so a switch back to Reloader restarts
+    /// nothing; the keyed digest of a Secret's (an unkeyed SHA-1 of secret
+    /// values is not written where Deployments' readers see it).
     EnvVars,
     /// Argo Rollouts' `spec.restartAt` (WIT 0.3.0's `restart-at`): the
     /// Rollout restarts its pods without a new revision, and the content

@@ -110,6 +110,40 @@ pub fn data_digest(data: &BTreeMap<String, DataValue>, key: Option<&DigestKey>) 
     hex::encode(bytes)
 }
 
+/// Stakater Reloader's hash of a ConfigMap's or Secret's data (its
+/// `util.GetSHAfromConfigmap` and `GetSHAfromSecret`, v1.4.21): one
+/// string per key, `k=v` (a ConfigMap's `binaryData` value in standard
+/// base64, a Secret's value as its raw bytes), the strings sorted
+/// bytewise, joined with `;`, SHA-1, lowercase hex. Reloader writes it in
+/// its `STAKATER_<NAME>_<KIND>` variables and in `last-reloaded-from`; a
+/// restart takes a workload recording it as already at this content, so a
+/// migration from Reloader restarts nothing by itself. Unkeyed: computed to
+/// compare, and written only where Reloader wrote it already (see
+/// `RestartStrategy::EnvVars`).
+pub fn reloader_hash(kind: crate::ObjectKind, data: &BTreeMap<String, DataValue>) -> String {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let mut entries: Vec<Vec<u8>> = data
+        .iter()
+        .map(|(k, v)| {
+            let mut e = Vec::with_capacity(k.len() + 1 + v.as_bytes().len());
+            e.extend_from_slice(k.as_bytes());
+            e.push(b'=');
+            match (kind, v) {
+                (crate::ObjectKind::ConfigMap, DataValue::Binary(b)) => e.extend_from_slice(
+                    base64::engine::general_purpose::STANDARD
+                        .encode(b)
+                        .as_bytes(),
+                ),
+                _ => e.extend_from_slice(v.as_bytes()),
+            }
+            e
+        })
+        .collect();
+    entries.sort();
+    hex::encode(sha1::Sha1::digest(entries.join(&b';')))
+}
+
 /// The first 8 bytes of one value's digest (the index's per-key hashes).
 pub fn short_hash(bytes: &[u8], key: Option<&DigestKey>) -> u64 {
     let d = match key {
@@ -126,6 +160,45 @@ pub fn short_hash(bytes: &[u8], key: Option<&DigestKey>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The vectors of plugins/reloader-spec.md §2.1, computed with
+    /// Reloader's Go code.
+    #[test]
+    fn reloader_hash_is_reloaders() {
+        use crate::ObjectKind::{ConfigMap, Secret};
+        let text = |pairs: &[(&str, &str)]| -> BTreeMap<String, DataValue> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), DataValue::Text(v.to_string())))
+                .collect()
+        };
+        assert_eq!(
+            reloader_hash(ConfigMap, &text(&[("a", "1"), ("b", "2")])),
+            "f83e99e324ba68ccc373a58ef1eb42f8ab88646a"
+        );
+        let mut mixed = text(&[("k", "v")]);
+        mixed.insert("bin".into(), DataValue::Binary(vec![0, 1]));
+        assert_eq!(
+            reloader_hash(ConfigMap, &mixed),
+            "bf283deb9c93083903f3eb14a70bcaeb55717778"
+        );
+        assert_eq!(
+            reloader_hash(ConfigMap, &BTreeMap::new()),
+            "da39a3ee5e6b4b0d3255bfef95601890afd80709"
+        );
+        // A Secret's values are their bytes: the same text hashes the same.
+        assert_eq!(
+            reloader_hash(Secret, &text(&[("a", "1"), ("b", "2")])),
+            "f83e99e324ba68ccc373a58ef1eb42f8ab88646a"
+        );
+        // Sorted as whole strings, not by key: "a.b=1" sorts before "a=2".
+        let keys = text(&[("a", "2"), ("a.b", "1")]);
+        let by_string = {
+            use sha1::Digest as _;
+            hex::encode(sha1::Sha1::digest(b"a.b=1;a=2"))
+        };
+        assert_eq!(reloader_hash(ConfigMap, &keys), by_string);
+    }
 
     fn data(v: &str) -> BTreeMap<String, DataValue> {
         BTreeMap::from([("pin".to_string(), DataValue::Text(v.to_string()))])

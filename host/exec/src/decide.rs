@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
 use wasmwatch_core::action::EventType;
+use wasmwatch_core::digest::reloader_hash;
 use wasmwatch_core::turns::{Call, Offered, Turns};
 use wasmwatch_core::{Action, ChangeEvent, ObjectKind};
 
@@ -169,6 +170,13 @@ impl<T: Send + 'static> Decide<T> {
                 .unkeyed_digest
                 .as_ref()
                 .map(|plain| (event.digest.clone(), plain.clone())),
+            reloader_hash: result
+                .as_ref()
+                .is_ok_and(|actions| actions.iter().any(|a| matches!(a, Action::Restart { .. })))
+                .then(|| {
+                    let o = &event.object;
+                    (event.digest.clone(), reloader_hash(o.kind, &o.data))
+                }),
         };
         match result {
             Ok(actions) => pipeline.submit(Submission {

@@ -80,7 +80,9 @@ impl Executors {
             chosen = *strategy;
             let unkeyed =
                 crate::workload::unkeyed_content_hash(content_hash, origin.unkeyed_digest.as_ref());
-            contents.push((content_hash.as_str(), unkeyed));
+            let reloader =
+                crate::workload::reloader_hash_for(content_hash, origin.reloader_hash.as_ref());
+            contents.push((content_hash.as_str(), unkeyed, reloader));
             origins.push(origin);
             if !reasons.contains(&reason.as_str()) {
                 reasons.push(reason);
@@ -89,8 +91,14 @@ impl Executors {
         let Some(workload) = workload else {
             return Ok(Executed::default());
         };
-        let hashes: Vec<(&str, Option<&str>)> =
-            contents.iter().map(|(h, u)| (*h, u.as_deref())).collect();
+        let hashes: Vec<crate::workload::Content<'_>> = contents
+            .iter()
+            .map(|(hash, unkeyed, reloader)| crate::workload::Content {
+                hash,
+                unkeyed: unkeyed.as_deref(),
+                reloader: *reloader,
+            })
+            .collect();
         let reason = reasons.join("; ");
         let strategy = chosen
             .or_else(|| {
@@ -102,7 +110,7 @@ impl Executors {
             .unwrap_or_default();
         let written = match self
             .kube
-            .restart_with(workload, &hashes, &reason, strategy)
+            .restart_contents(workload, &hashes, &reason, strategy)
             .await
         {
             Ok(written) => written,
@@ -410,6 +418,7 @@ mod tests {
             resource_version: "7".into(),
             plugin: "rollout-restart".into(),
             unkeyed_digest: None,
+            reloader_hash: None,
         }
     }
 

@@ -36,6 +36,12 @@ pub struct Origin {
     /// hash holding the keyed one accepts a pod template that records the
     /// plain one (written by versions before keys).
     pub unkeyed_digest: Option<(String, String)>,
+    /// (digest, Reloader's hash) of the object's content
+    /// ([`wasmwatch_core::digest::reloader_hash`]), when the decision holds a
+    /// restart. A restart for a content hash holding the digest accepts a
+    /// workload that records Reloader's hash (its `STAKATER_*` variable, or
+    /// `reloader.stakater.com/last-reloaded-from`) as at this content.
+    pub reloader_hash: Option<(String, String)>,
 }
 
 /// Why an action failed.

@@ -440,7 +440,7 @@ impl<T> Default for Slot<T> {
 }
 
 enum Command<T> {
-    Submit(Submission<T>),
+    Submit(Box<Submission<T>>),
     Finished(TargetKey),
 }
 
@@ -451,7 +451,7 @@ pub struct Submitter<T> {
 
 impl<T> Submitter<T> {
     pub fn submit(&self, submission: Submission<T>) {
-        let _ = self.tx.send(Command::Submit(submission));
+        let _ = self.tx.send(Command::Submit(Box::new(submission)));
     }
 }
 
@@ -589,7 +589,7 @@ impl<T: Send + 'static> Pipeline<T> {
     }
 
     pub fn submit(&self, submission: Submission<T>) {
-        let _ = self.tx.send(Command::Submit(submission));
+        let _ = self.tx.send(Command::Submit(Box::new(submission)));
     }
 
     /// A handle that submits from elsewhere (a retrying plugin call); it
@@ -640,7 +640,7 @@ async fn run<T: Send + 'static>(
             }
         };
         match command {
-            Some(Command::Submit(s)) => state.submit(s),
+            Some(Command::Submit(s)) => state.submit(*s),
             Some(Command::Finished(key)) => state.finished(key),
             None => state.start_due(),
         }

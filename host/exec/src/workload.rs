@@ -29,6 +29,12 @@
 //! redelivered change; a content that changes back (A → B → A) restarts
 //! each time, since the annotation then holds B.
 //!
+//! Reloader's records count as ours (issue 34 §3): a workload whose
+//! `STAKATER_<NAME>_<KIND>` variable, or whose
+//! [`LAST_RELOADED_FROM_ANNOTATION`] naming the object, holds Reloader's
+//! hash of the content ([`Content::reloader`]) is already at it, so a
+//! cluster moving from Reloader restarts nothing on any delivery path.
+//!
 //! The patch carries the resourceVersion the executor read, so a workload
 //! changed in between is not patched on stale knowledge: the API server
 //! answers 409, and the executor reads and compares again at once (up to
@@ -321,6 +327,27 @@ impl KubeExecutor {
         reason: &str,
         strategy: RestartStrategy,
     ) -> Result<Vec<bool>, ExecError> {
+        let contents: Vec<Content<'_>> = contents
+            .iter()
+            .map(|&(hash, unkeyed)| Content {
+                hash,
+                unkeyed,
+                reloader: None,
+            })
+            .collect();
+        self.restart_contents(workload, &contents, reason, strategy)
+            .await
+    }
+
+    /// [`KubeExecutor::restart_with`], each content with what else records
+    /// it ([`Content`]).
+    pub async fn restart_contents(
+        &self,
+        workload: &WorkloadRef,
+        contents: &[Content<'_>],
+        reason: &str,
+        strategy: RestartStrategy,
+    ) -> Result<Vec<bool>, ExecError> {
         let mut rereads = 0;
         loop {
             match self
@@ -339,7 +366,7 @@ impl KubeExecutor {
     async fn restart_once(
         &self,
         workload: &WorkloadRef,
-        contents: &[(&str, Option<&str>)],
+        contents: &[Content<'_>],
         reason: &str,
         strategy: RestartStrategy,
     ) -> Result<Vec<bool>, ExecError> {
@@ -349,7 +376,7 @@ impl KubeExecutor {
                 "{what}: the workload needs a namespace and a name"
             )));
         }
-        if contents.is_empty() || contents.iter().any(|(h, _)| h.is_empty()) {
+        if contents.is_empty() || contents.iter().any(|c| c.hash.is_empty()) {
             return Err(ExecError::Permanent(format!(
                 "{what}: the content hash is empty"
             )));
@@ -406,7 +433,8 @@ impl KubeExecutor {
         let mut annotations = serde_json::Map::new();
         let mut previous = Vec::new();
         let mut written = vec![false; contents.len()];
-        for ((content_hash, unkeyed), written) in contents.iter().zip(&mut written) {
+        for (content, written) in contents.iter().zip(&mut written) {
+            let (content_hash, unkeyed) = (&content.hash, &content.unkeyed);
             let key = hash_annotation_key(content_hash);
             let recorded = recorded_annotations
                 .and_then(|a| a.get(&key))
@@ -414,16 +442,24 @@ impl KubeExecutor {
             let on_workload = recorded_on_workload
                 .and_then(|a| a.get(&key))
                 .map(String::as_str);
-            let variable = env_var_for(pod_spec, content_hash);
+            let mut variable = env_var_for(pod_spec, content_hash);
             let in_env = variable.as_ref().is_some_and(|v| {
                 v.current.as_deref().is_some_and(|cur| {
                     Some(cur) == digest_of(content_hash)
                         || (unkeyed.is_some() && Some(cur) == unkeyed.and_then(digest_of))
+                        || Some(cur) == content.reloader
                 })
+            });
+            let by_reloader = content.reloader.is_some_and(|hash| {
+                let record = recorded_annotations
+                    .and_then(|a| a.get(LAST_RELOADED_FROM_ANNOTATION))
+                    .and_then(Value::as_str);
+                reloaded_from(record, content_hash, &workload.namespace, hash)
             });
             if records_content(recorded, content_hash, *unkeyed)
                 || records_content(on_workload, content_hash, *unkeyed)
                 || in_env
+                || by_reloader
             {
                 debug!(
                     kind = ?workload.kind,
@@ -436,6 +472,13 @@ impl KubeExecutor {
                 continue;
             }
             *written = true;
+            if let (Some(v), Some(hash)) = (&mut variable, content.reloader)
+                && content_hash.starts_with("configmap/")
+            {
+                // Reloader's own value, so that a switch back to Reloader
+                // restarts nothing either (see `RestartStrategy::EnvVars`).
+                v.value = hash.to_string();
+            }
             match (strategy, variable) {
                 (RestartStrategy::EnvVars, Some(v)) => {
                     previous.push(v.current.clone().unwrap_or_default());
@@ -1395,6 +1438,70 @@ fn job_copy(
 }
 
 /// The digest part of a content hash (`configmap/orders:<digest>`).
+/// One content a restart is for, with the forms other writers record the
+/// same content in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Content<'a> {
+    /// The action's content hash (`configmap/<name>:<digest>`).
+    pub hash: &'a str,
+    /// The same content as versions before keyed Secret digests wrote it
+    /// ([`unkeyed_content_hash`]).
+    pub unkeyed: Option<&'a str>,
+    /// Reloader's hash of the content ([`reloader_hash_for`]): a workload
+    /// whose `STAKATER_<NAME>_<KIND>` variable, or whose
+    /// [`LAST_RELOADED_FROM_ANNOTATION`] naming the object, holds it is at
+    /// this content.
+    pub reloader: Option<&'a str>,
+}
+
+/// Reloader's annotations-strategy record on a pod template: JSON
+/// `{"type":"CONFIGMAP"|"SECRET","name","namespace","hash",...}` of the
+/// last object it restarted the workload for.
+pub const LAST_RELOADED_FROM_ANNOTATION: &str = "reloader.stakater.com/last-reloaded-from";
+
+/// Reloader's hash of the content `content_hash` is for, from the
+/// decision's origin (digest, Reloader's hash): only when the content hash
+/// holds that digest (a plugin's own content hash is another content).
+pub fn reloader_hash_for<'a>(
+    content_hash: &str,
+    reloader_hash: Option<&'a (String, String)>,
+) -> Option<&'a str> {
+    let (digest, hash) = reloader_hash?;
+    (!digest.is_empty() && digest_of(content_hash) == Some(digest.as_str()))
+        .then_some(hash.as_str())
+}
+
+/// Whether `record`, a template's [`LAST_RELOADED_FROM_ANNOTATION`], names
+/// the object of `content_hash` (in `namespace`) with Reloader's `hash` of
+/// its content. `wasmwatch run --dry-run` asks the same of its cached
+/// workloads.
+pub fn reloaded_from(
+    record: Option<&str>,
+    content_hash: &str,
+    namespace: &str,
+    hash: &str,
+) -> bool {
+    let Some((kind, name)) = content_hash
+        .rsplit_once(':')
+        .and_then(|(object, _)| object.split_once('/'))
+    else {
+        return false;
+    };
+    let kind = match kind {
+        "configmap" => "CONFIGMAP",
+        "secret" => "SECRET",
+        _ => return false,
+    };
+    let Some(source) = record.and_then(|raw| serde_json::from_str::<Value>(raw).ok()) else {
+        return false;
+    };
+    let field = |f: &str| source.get(f).and_then(Value::as_str);
+    field("type") == Some(kind)
+        && field("name") == Some(name)
+        && field("hash") == Some(hash)
+        && field("namespace").is_none_or(|ns| ns.is_empty() || ns == namespace)
+}
+
 fn digest_of(content_hash: &str) -> Option<&str> {
     content_hash.rsplit_once(':').map(|(_, d)| d)
 }

@@ -78,6 +78,7 @@ async fn config_map(client: &Client, name: &str) -> Origin {
         resource_version: cm.metadata.resource_version.unwrap(),
         plugin: "http-refresh".into(),
         unkeyed_digest: None,
+        reloader_hash: None,
     }
 }
 

@@ -102,6 +102,7 @@ fn origin(name: &str) -> Origin {
         resource_version: "1".into(),
         plugin: "http-refresh".into(),
         unkeyed_digest: None,
+        reloader_hash: None,
     }
 }
 

@@ -19,7 +19,7 @@ use wasmwatch_core::ObjectKind;
 use wasmwatch_core::action::{EventType, RestartStrategy, WorkloadKind, WorkloadRef};
 use wasmwatch_exec::recorder::{DEFAULT_CAPACITY, DEFAULT_CONCURRENCY, EventRecorder};
 use wasmwatch_exec::workload::{
-    KubeExecutor, RESTARTED_AT_ANNOTATION, RestartOutcome, hash_annotation_key,
+    Content, KubeExecutor, RESTARTED_AT_ANNOTATION, RestartOutcome, hash_annotation_key,
 };
 use wasmwatch_exec::{ExecError, Origin};
 
@@ -254,6 +254,118 @@ async fn one_restart_for_several_contents_is_one_patch() {
         template_annotation(&last, &hash_annotation_key(&b2)).as_deref(),
         Some(b2.as_str())
     );
+}
+
+/// Reloader's records of a content (issue 34 §3): `last-reloaded-from`
+/// counts only when it names this object, in this namespace, with
+/// Reloader's hash of this content; the `STAKATER_*` variable when it holds
+/// that hash. With env-vars, a ConfigMap's variable gets Reloader's hash
+/// (a switch back to Reloader restarts nothing), a Secret's keeps the
+/// keyed digest (an unkeyed SHA-1 of secret values is not written on a pod
+/// template; a switch back to Reloader restarts it once).
+#[tokio::test]
+async fn reloaders_records_of_the_content_count_only_for_that_object_and_hash() {
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    let sha = "a9252138a1296257fa1f4ceb32cc6af0e2dfe373";
+    let hash = format!("configmap/orders:{}", "1".repeat(64));
+    let content = |reloader| Content {
+        hash: &hash,
+        unkeyed: None,
+        reloader,
+    };
+    let record = |name: &str, ns: &str, hash: &str| {
+        json!(format!(
+            r#"{{"type":"CONFIGMAP","name":"{name}","namespace":"{ns}","hash":"{hash}","containerRefs":["app"],"observedAt":1733155200}}"#
+        ))
+    };
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    for (name, recorded, at_content) in [
+        ("same", record("orders", NS, sha), true),
+        ("other-object", record("billing", NS, sha), false),
+        ("other-namespace", record("orders", "default", sha), false),
+        ("other-hash", record("orders", NS, &"f".repeat(40)), false),
+        ("not-json", json!("{oops"), false),
+    ] {
+        let d: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
+                "metadata": {"labels": {"app": name},
+                    "annotations": {"reloader.stakater.com/last-reloaded-from": recorded}},
+                "spec": {"containers": [{"name": "app", "image": "example/app:1"}]}}}
+        }))
+        .unwrap();
+        deployments
+            .create(&PostParams::default(), &d)
+            .await
+            .unwrap();
+        let w = workload(WorkloadKind::Deployment, name);
+        let written = exec
+            .restart_contents(&w, &[content(Some(sha))], "r", RestartStrategy::Annotations)
+            .await
+            .unwrap();
+        assert_eq!(written, [!at_content], "{name}");
+        assert_eq!(
+            generation(&stored(&server, &w)),
+            1 + i64::from(!at_content),
+            "{name}"
+        );
+    }
+    // Without Reloader's hash (a plugin's own content hash), a record of
+    // it proves nothing.
+    let w = workload(WorkloadKind::Deployment, "same");
+    assert_eq!(
+        exec.restart_contents(&w, &[content(None)], "r", RestartStrategy::Annotations)
+            .await
+            .unwrap(),
+        [true]
+    );
+
+    // env-vars: Reloader's value for a ConfigMap, the digest for a Secret.
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "env"},
+        "spec": {"selector": {"matchLabels": {"app": "env"}}, "template": {
+            "metadata": {"labels": {"app": "env"}},
+            "spec": {"containers": [{"name": "app", "image": "example/app:1",
+                "envFrom": [{"configMapRef": {"name": "orders"}}, {"secretRef": {"name": "creds"}}]}]}}}
+    }))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    let w = workload(WorkloadKind::Deployment, "env");
+    let secret = format!("secret/creds:{}", "2".repeat(64));
+    let contents = [
+        content(Some(sha)),
+        Content {
+            hash: &secret,
+            unkeyed: None,
+            reloader: Some("0123456789abcdef0123456789abcdef01234567"),
+        },
+    ];
+    assert_eq!(
+        exec.restart_contents(&w, &contents, "r", RestartStrategy::EnvVars)
+            .await
+            .unwrap(),
+        [true, true]
+    );
+    let after = stored(&server, &w);
+    assert_eq!(
+        after.pointer("/spec/template/spec/containers/0/env"),
+        Some(&json!([
+            {"name": "STAKATER_ORDERS_CONFIGMAP", "value": sha},
+            {"name": "STAKATER_CREDS_SECRET", "value": "2".repeat(64)},
+        ]))
+    );
+    // Both read as at their content again, whichever form they hold.
+    assert_eq!(
+        exec.restart_contents(&w, &contents, "r", RestartStrategy::EnvVars)
+            .await
+            .unwrap(),
+        [false, false]
+    );
+    assert_eq!(generation(&stored(&server, &w)), 2);
 }
 
 /// Reloader's default strategy: a `STAKATER_<NAME>_<KIND>` variable in the
@@ -1003,6 +1115,7 @@ fn origin(cm: &ConfigMap) -> Origin {
         resource_version: cm.metadata.resource_version.clone().unwrap(),
         plugin: "http-refresh".into(),
         unkeyed_digest: None,
+        reloader_hash: None,
     }
 }
 
@@ -1128,6 +1241,7 @@ async fn an_event_in_a_missing_namespace_is_permanent() {
         resource_version: String::new(),
         plugin: "p".into(),
         unkeyed_digest: None,
+        reloader_hash: None,
     };
     let err = exec
         .event(&origin, EventType::Normal, "Seen", "m")

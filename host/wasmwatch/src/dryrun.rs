@@ -20,9 +20,13 @@ use std::sync::Arc;
 use anyhow::Context;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use wasmwatch_core::digest::reloader_hash;
 use wasmwatch_core::{Action, Lookups, Manifest, ObjectKind};
 use wasmwatch_exec::http::refresh_targets;
-use wasmwatch_exec::workload::{hash_annotation_key, records_content, unkeyed_content_hash};
+use wasmwatch_exec::workload::{
+    LAST_RELOADED_FROM_ANNOTATION, hash_annotation_key, records_content, reloaded_from,
+    reloader_hash_for, unkeyed_content_hash,
+};
 use wasmwatch_kube::lookups::KubeLookups;
 use wasmwatch_kube::watchloop::{Output, WatchLoop, WatchTarget};
 use wasmwatch_runtime::{Decision, Plugin, Runtime};
@@ -190,6 +194,14 @@ async fn show(
         .unkeyed_digest
         .as_ref()
         .map(|plain| (event.digest.clone(), plain.clone()));
+    let reloader = (
+        event.digest.clone(),
+        reloader_hash(event.object.kind, &event.object.data),
+    );
+    let records = Records {
+        unkeyed: unkeyed.as_ref(),
+        reloader: &reloader,
+    };
     for plugin in plugins.iter().filter(|p| p.filter().matches(&event)) {
         let line = match plugin.handle(&event).await {
             Ok(decision) => json!({
@@ -197,7 +209,7 @@ async fn show(
                 "kind": event.object.kind.as_str(),
                 "change": event.change,
                 "resourceVersion": resource_version,
-                "decision": with_execution(&decision, lookups, unkeyed.as_ref()),
+                "decision": with_execution(&decision, lookups, &records),
             }),
             Err(e) => json!({
                 "object": object,
@@ -209,19 +221,22 @@ async fn show(
     }
 }
 
+/// What else records the event's content on a workload: (digest, plain
+/// digest) when the digest is keyed, and (digest, Reloader's hash).
+struct Records<'a> {
+    unkeyed: Option<&'a (String, String)>,
+    reloader: &'a (String, String),
+}
+
 /// The decision as JSON, each action with what `run` would execute for it.
-fn with_execution(
-    decision: &Decision,
-    lookups: &KubeLookups,
-    unkeyed: Option<&(String, String)>,
-) -> Value {
+fn with_execution(decision: &Decision, lookups: &KubeLookups, records: &Records<'_>) -> Value {
     let mut value = serde_json::to_value(decision).expect("a decision serialises");
     if let Some(actions) = value.get_mut("actions").and_then(Value::as_array_mut) {
         for (checked, entry) in decision.actions.iter().zip(actions) {
             let allowed = checked.verdict.is_allowed();
             entry["execute"] = json!(allowed);
             if allowed {
-                execution(&checked.action, lookups, unkeyed, entry);
+                execution(&checked.action, lookups, records, entry);
             }
         }
     }
@@ -230,12 +245,7 @@ fn with_execution(
 
 /// What the executors would do with an allowed action, from the caches
 /// as they are now (at execution time they may have moved on).
-fn execution(
-    action: &Action,
-    lookups: &KubeLookups,
-    unkeyed: Option<&(String, String)>,
-    entry: &mut Value,
-) {
+fn execution(action: &Action, lookups: &KubeLookups, records: &Records<'_>, entry: &mut Value) {
     match action {
         Action::RefreshService {
             namespace,
@@ -275,9 +285,20 @@ fn execution(
                     .template_annotations
                     .get(&hash_annotation_key(content_hash))
                     .map(String::as_str);
-                let unkeyed = unkeyed_content_hash(content_hash, unkeyed);
-                entry["patch"] =
-                    json!(!records_content(recorded, content_hash, unkeyed.as_deref()));
+                let unkeyed = unkeyed_content_hash(content_hash, records.unkeyed);
+                // Reloader's env-vars record is not cached; its
+                // annotations record is.
+                let by_reloader = reloader_hash_for(content_hash, Some(records.reloader))
+                    .is_some_and(|hash| {
+                        let record = info
+                            .template_annotations
+                            .get(LAST_RELOADED_FROM_ANNOTATION)
+                            .map(String::as_str);
+                        reloaded_from(record, content_hash, &workload.namespace, hash)
+                    });
+                entry["patch"] = json!(
+                    !records_content(recorded, content_hash, unkeyed.as_deref()) && !by_reloader
+                );
             }
             None => {
                 entry["patch"] = json!(false);

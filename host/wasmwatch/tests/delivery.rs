@@ -1392,3 +1392,195 @@ plugins:
         "one Reloaded occurrence per restart"
     );
 }
+
+// ------------------------------------------------------- from Reloader
+
+/// Reloader's hash of `application.yaml: "value: <v>"` (its
+/// `GetSHAfromConfigmap`: SHA-1 of the sorted `k=v` joined by `;`),
+/// checked against one value computed outside Rust.
+fn reloader_sha(v: &str) -> String {
+    let cm = config_map("x", false, json!({}), v);
+    let snapshot =
+        wasmwatch_core::ObjectSnapshot::from_json(&serde_json::to_value(&cm).unwrap()).unwrap();
+    let hash = wasmwatch_core::digest::reloader_hash(snapshot.kind, &snapshot.data);
+    if v == "1" {
+        // python3: hashlib.sha1(b'application.yaml=value: 1').hexdigest()
+        assert_eq!(hash, "a9252138a1296257fa1f4ceb32cc6af0e2dfe373");
+    }
+    hash
+}
+
+/// Reloader's annotations-strategy record, as its `json.Marshal` writes it.
+fn last_reloaded_from(name: &str, hash: &str) -> String {
+    format!(
+        r#"{{"type":"CONFIGMAP","name":"{name}","namespace":"{NS}","hash":"{hash}","containerRefs":["app"],"observedAt":1733155200}}"#
+    )
+}
+
+/// Issue 34 §3: a cluster moving from Reloader restarts nothing by itself,
+/// on any path that delivers its objects again. Its workloads record the
+/// current content in Reloader's forms: the `STAKATER_<NAME>_CONFIGMAP`
+/// variable (env-vars, Reloader's default) or `last-reloaded-from`
+/// (annotations). The leader cannot read the stored checkpoints, so it
+/// delivers every ConfigMap again, and a ConfigMap created while running
+/// is delivered as created (`reloadOnCreate`): nothing restarts. The first
+/// real change restarts each workload once and records our hash; with
+/// `env-vars` the variable then holds Reloader's hash of the new content,
+/// so a switch back to Reloader restarts nothing either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workloads_reloader_restarted_for_the_current_content_restart_on_no_path() {
+    let _load = LOAD.read().await;
+    let manifest = format!(
+        "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+watch: {{kinds: [ConfigMap], namespaces: [shop]}}
+ha: {{enabled: true, namespace: default}}
+plugins:
+{}    config: {{reloadOnCreate: true}}
+",
+        RESTART_PLUGIN
+            .replace("KINDS", "[ConfigMap]")
+            .replace("MODULE", "rollout-restart")
+    );
+    let e = env(&manifest).await;
+    let c = &e.client;
+    create(&e.cms, config_map("orders-config", false, json!({}), "1")).await;
+    let auto = json!({"reloader.stakater.com/auto": "true"});
+    let uses = |cm: &str, env: Value| {
+        json!({"containers": [container(json!({
+            "envFrom": [{"configMapRef": {"name": cm}}], "env": env}))]})
+    };
+    let var = |name: &str, v: &str| json!([{"name": name, "value": reloader_sha(v)}]);
+    // Restarted by Reloader's env-vars strategy for the current content.
+    workload(
+        c,
+        NS,
+        "Deployment",
+        "by-env",
+        auto.clone(),
+        json!({}),
+        uses(
+            "orders-config",
+            var("STAKATER_ORDERS_CONFIG_CONFIGMAP", "1"),
+        ),
+    )
+    .await;
+    // By its annotations strategy.
+    workload(
+        c,
+        NS,
+        "Deployment",
+        "by-annotation",
+        auto.clone(),
+        json!({"reloader.stakater.com/last-reloaded-from":
+            last_reloaded_from("orders-config", &reloader_sha("1"))}),
+        uses("orders-config", json!([])),
+    )
+    .await;
+    // Kept on env-vars with us.
+    workload(
+        c,
+        NS,
+        "Deployment",
+        "stays-env",
+        json!({"reloader.stakater.com/auto": "true", "wasmwatch.io/reload-strategy": "env-vars"}),
+        json!({}),
+        uses(
+            "orders-config",
+            var("STAKATER_ORDERS_CONFIG_CONFIGMAP", "1"),
+        ),
+    )
+    .await;
+    // Restarted by Reloader for a ConfigMap that is created again later.
+    workload(
+        c,
+        NS,
+        "Deployment",
+        "created",
+        auto.clone(),
+        json!({}),
+        uses("late-config", var("STAKATER_LATE_CONFIG_CONFIGMAP", "7")),
+    )
+    .await;
+    let names = ["by-env", "by-annotation", "stays-env", "created"];
+
+    // The checkpoints cannot be read: every ConfigMap is delivered again.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(c.clone(), "default");
+    let state = serde_json::from_value(json!({
+        "metadata": {"name": "wasmwatch-state", "annotations": {
+            "wasmwatch.io/configmap-resource-version": "shop=garbage",
+        }}
+    }))
+    .unwrap();
+    leases.create(&PostParams::default(), &state).await.unwrap();
+    let replica = e.replica("replica-a", LOOKUP_WATCHES + 2).await;
+    eventually(Duration::from_secs(10), "replica-a leads", || {
+        replica.leading()
+    })
+    .await;
+    let v1 = e.cms.get("orders-config").await.unwrap();
+    let hash_v1 = format!("configmap/orders-config:{}", digest(&v1));
+    let mut seen = Vec::new();
+    wait_reports(
+        &replica,
+        &mut seen,
+        Duration::from_secs(10),
+        "the three restarts for the current content",
+        |r| {
+            r.iter()
+                .filter(|r| r["action"]["contentHash"] == hash_v1.as_str())
+                .count()
+                >= 3
+        },
+    )
+    .await;
+    // Created while running, with reloadOnCreate.
+    let late = config_map("late-config", false, json!({}), "7");
+    create(&e.cms, late.clone()).await;
+    let hash_late = format!("configmap/late-config:{}", digest(&late));
+    wait_reports(
+        &replica,
+        &mut seen,
+        Duration::from_secs(10),
+        "the restart for the created ConfigMap",
+        |r| {
+            r.iter()
+                .any(|r| r["action"]["contentHash"] == hash_late.as_str())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for name in names {
+        let (g, annotations) = rollout_state::<Deployment>(c, name).await;
+        assert_eq!(g, 1, "{name} restarted: {annotations}; {seen:#?}");
+    }
+    assert!(seen.iter().all(|r| r["outcome"] == "done"), "{seen:#?}");
+
+    // The first real change restarts each once, and records it our way.
+    let v2 = set(&e.cms, "orders-config", "2").await;
+    let hash_v2 = format!("configmap/orders-config:{}", digest(&v2));
+    let key = format!("{HASH_PREFIX}configmap.orders-config");
+    for name in ["by-env", "by-annotation"] {
+        let annotations = wait_generation::<Deployment>(c, name, 2).await;
+        assert_eq!(annotations[&key], hash_v2, "{name}");
+    }
+    let annotations = wait_generation::<Deployment>(c, "stays-env", 2).await;
+    assert!(annotations.get(&key).is_none(), "{annotations}");
+    let api: Api<Deployment> = Api::namespaced(c.clone(), NS);
+    let stays = serde_json::to_value(api.get("stays-env").await.unwrap()).unwrap();
+    assert_eq!(
+        stays.pointer("/spec/template/spec/containers/0/env/0"),
+        Some(&json!({"name": "STAKATER_ORDERS_CONFIG_CONFIGMAP", "value": reloader_sha("2")})),
+        "Reloader's hash of the new content, as Reloader would write it"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (name, g) in [
+        ("by-env", 2),
+        ("by-annotation", 2),
+        ("stays-env", 2),
+        ("created", 1),
+    ] {
+        assert_eq!(rollout_state::<Deployment>(c, name).await.0, g, "{name}");
+    }
+}
