@@ -9,11 +9,15 @@
 //! thread) and only take the read lock.
 //!
 //! Custom resource kinds ([`CustomKind`]: Argo Rollouts by default) are
-//! watched only when the API server's discovery lists them: each stream
-//! first asks `/apis/<group>/<version>`; a kind not served is skipped with
-//! one info log (and counts as listed for [`KubeLookups::ready`]). A CRD
-//! installed later is seen after wasmwatch restarts. Their objects are read
-//! as `metadata` and `spec.template` only.
+//! watched while the API server's discovery lists them: a follower per kind
+//! asks `/apis/<group>/<version>` at start and every
+//! [`DISCOVERY_INTERVAL`] after (at once when one of the kind's watches is
+//! answered 404). A kind not served at start counts as listed for
+//! [`KubeLookups::ready`]; one served later (its CRD installed) is watched
+//! from then on; one no longer served (its CRD deleted) has its watches
+//! stopped and its objects dropped from the cache, with one info log each
+//! way and no warning per retry. Their objects are read as `metadata` and
+//! `spec.template` only.
 //!
 //! The pod template is at `spec.template` (Deployment, StatefulSet,
 //! DaemonSet, Job, Rollout) or `spec.jobTemplate.spec.template` (CronJob).
@@ -45,6 +49,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
 use std::pin::pin;
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
@@ -57,7 +62,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 use wasmwatch_core::ObjectKind;
@@ -116,12 +121,33 @@ impl KubeLookups {
     }
 
     /// [`KubeLookups::start_with`], watching these custom resource kinds
-    /// (each only if discovery lists it) instead of Argo Rollouts alone.
+    /// (each while discovery lists it, read again every
+    /// [`DISCOVERY_INTERVAL`]) instead of Argo Rollouts alone.
     pub fn start_with_custom(
         client: Client,
         namespaces: Option<Vec<String>>,
         field_selector: Option<String>,
         custom: Vec<CustomKind>,
+    ) -> Arc<KubeLookups> {
+        KubeLookups::start_following(
+            client,
+            namespaces,
+            field_selector,
+            custom,
+            DISCOVERY_INTERVAL,
+        )
+    }
+
+    /// [`KubeLookups::start_with_custom`], reading each custom kind's
+    /// discovery again every `discovery_every` (and at once when one of its
+    /// watches is answered 404): a kind served later is watched from then
+    /// on, one no longer served is dropped from the cache.
+    pub fn start_following(
+        client: Client,
+        namespaces: Option<Vec<String>>,
+        field_selector: Option<String>,
+        custom: Vec<CustomKind>,
+        discovery_every: Duration,
     ) -> Arc<KubeLookups> {
         let scopes: Vec<Option<String>> = match namespaces {
             None => vec![None],
@@ -142,15 +168,15 @@ impl KubeLookups {
         let (pending_tx, pending) = watch::channel(scopes.len() * (7 + custom.len()));
         let pending_tx = Arc::new(pending_tx);
         let mut tasks = Vec::new();
-        let ctx_of = |scope| StreamCtx {
-            client: &client,
-            scope,
-            fields: field_selector.as_deref(),
-            cache: &cache,
-            pending: &pending_tx,
-        };
         for scope in &scopes {
-            let ctx = ctx_of(scope);
+            let ctx = StreamCtx {
+                client: &client,
+                scope,
+                fields: field_selector.as_deref(),
+                cache: &cache,
+                listed: &pending_tx,
+                gone: None,
+            };
             tasks.push(ctx.spawn::<Deployment>(()));
             tasks.push(ctx.spawn::<StatefulSet>(()));
             tasks.push(ctx.spawn::<DaemonSet>(()));
@@ -160,28 +186,18 @@ impl KubeLookups {
             tasks.push(ctx.spawn::<EndpointSlice>(()));
         }
         for dt in custom {
-            let streams: Vec<_> = scopes
-                .iter()
-                .map(|scope| ctx_of(scope).stream::<TemplatedObject>(dt.clone()))
-                .collect();
-            let client = client.clone();
-            let pending = pending_tx.clone();
             let span = tracing::info_span!("lookups-discovery", kind = %dt.kind);
-            tasks.push(tokio::spawn(
-                async move {
-                    if served(&client, &dt.kind).await {
-                        futures_util::future::join_all(streams).await;
-                    } else {
-                        tracing::info!(
-                            "the API server does not serve {}; its workloads are not looked up",
-                            dt.kind
-                        );
-                        let n = streams.len();
-                        pending.send_modify(|p| *p = p.saturating_sub(n));
-                    }
-                }
-                .instrument(span),
-            ));
+            let follower = Follower {
+                client: client.clone(),
+                dt,
+                scopes: scopes.clone(),
+                fields: field_selector.clone(),
+                cache: cache.clone(),
+                pending: pending_tx.clone(),
+                every: discovery_every,
+                gone: Arc::new(Notify::new()),
+            };
+            tasks.push(tokio::spawn(follower.run().instrument(span)));
         }
         Arc::new(KubeLookups {
             cache,
@@ -257,7 +273,10 @@ struct StreamCtx<'a> {
     scope: &'a Option<String>,
     fields: Option<&'a str>,
     cache: &'a Arc<RwLock<Cache>>,
-    pending: &'a Arc<watch::Sender<usize>>,
+    /// Counts down once when the stream's first list is applied.
+    listed: &'a Arc<watch::Sender<usize>>,
+    /// Told when the stream is answered 404 (its kind may be gone).
+    gone: Option<&'a Arc<Notify>>,
 }
 
 impl StreamCtx<'_> {
@@ -280,50 +299,211 @@ impl StreamCtx<'_> {
         run_stream(
             api,
             config,
-            self.scope.clone(),
+            StreamState::new(self.scope.clone()),
             self.cache.clone(),
-            self.pending.clone(),
+            self.listed.clone(),
+            self.gone.cloned(),
             dt,
         )
         .instrument(span)
     }
 }
 
-/// Whether discovery lists `kind`'s resource; retried with backoff (up to
-/// a minute apart) while discovery fails otherwise than with 404.
-async fn served(client: &Client, kind: &CustomKind) -> bool {
-    let group_version = format!("{}/{}", kind.group, kind.version);
-    let mut delay = std::time::Duration::from_millis(500);
-    loop {
-        match client.list_api_group_resources(&group_version).await {
-            Ok(list) => return list.resources.iter().any(|r| r.name == kind.plural),
-            Err(kube::Error::Api(status)) if status.code == 404 => return false,
-            Err(error) => {
-                tracing::warn!(%error, "discovery of {group_version} failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(60));
+/// How often the discovery of a custom kind is read again while running: a
+/// CRD installed later is watched, and one removed is dropped, within this
+/// long (or at once, for a removal its watches are answered 404 for).
+pub const DISCOVERY_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The first pause before discovery is read again after a failure; it
+/// doubles up to a minute.
+const DISCOVERY_RETRY: Duration = Duration::from_millis(500);
+
+/// A custom kind's watches (one per scope), started while discovery lists
+/// the kind and stopped, with the kind's objects dropped from the cache,
+/// when it no longer does.
+struct Follower {
+    client: Client,
+    dt: CustomType,
+    scopes: Vec<Option<String>>,
+    fields: Option<String>,
+    cache: Arc<RwLock<Cache>>,
+    /// The lookups' count of first lists not applied yet; this kind holds
+    /// one per scope of it until its streams listed, or it is known not
+    /// served.
+    pending: Arc<watch::Sender<usize>>,
+    every: Duration,
+    gone: Arc<Notify>,
+}
+
+/// A custom kind's running streams.
+struct Watching {
+    task: JoinHandle<()>,
+    /// Its streams whose first list has not been applied yet.
+    unlisted: watch::Receiver<usize>,
+}
+
+impl Follower {
+    async fn run(self) {
+        let mut owed = self.scopes.len();
+        let mut watching: Option<Watching> = None;
+        let mut first = true;
+        let mut retry = DISCOVERY_RETRY;
+        loop {
+            match served(&self.client, &self.dt.kind).await {
+                Err(error) => {
+                    tracing::warn!(%error, "discovery of {} failed; retrying", self.dt.kind);
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(Duration::from_secs(60));
+                    continue;
+                }
+                Ok(true) if watching.is_none() => {
+                    if !first {
+                        tracing::info!(
+                            "the API server now serves {}; its workloads are looked up",
+                            self.dt.kind
+                        );
+                    }
+                    watching = Some(self.start());
+                }
+                Ok(true) => {}
+                Ok(false) => {
+                    if let Some(w) = watching.take() {
+                        drop(w);
+                        let dropped = self
+                            .cache
+                            .write()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .drop_kind(self.dt.rank);
+                        tracing::info!(
+                            dropped,
+                            "the API server no longer serves {}; its workloads are no longer looked up",
+                            self.dt.kind
+                        );
+                    } else if first {
+                        tracing::info!(
+                            "the API server does not serve {}; its workloads are looked up once it does",
+                            self.dt.kind
+                        );
+                    }
+                    self.release(&mut owed);
+                }
             }
+            retry = DISCOVERY_RETRY;
+            first = false;
+            let next = tokio::time::Instant::now() + self.every;
+            loop {
+                let listed = async {
+                    match watching.as_mut() {
+                        Some(w) if owed > 0 => {
+                            // Err: the streams are gone (aborted).
+                            let _ = w.unlisted.wait_for(|n| *n == 0).await;
+                        }
+                        _ => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = tokio::time::sleep_until(next) => break,
+                    () = self.gone.notified() => break,
+                    () = listed => self.release(&mut owed),
+                }
+            }
+        }
+    }
+
+    /// Starts the kind's streams, one per scope.
+    fn start(&self) -> Watching {
+        let (listed, unlisted) = watch::channel(self.scopes.len());
+        let listed = Arc::new(listed);
+        let streams: Vec<_> = self
+            .scopes
+            .iter()
+            .map(|scope| {
+                StreamCtx {
+                    client: &self.client,
+                    scope,
+                    fields: self.fields.as_deref(),
+                    cache: &self.cache,
+                    listed: &listed,
+                    gone: Some(&self.gone),
+                }
+                .stream::<TemplatedObject>(self.dt.clone())
+            })
+            .collect();
+        let task = tokio::spawn(
+            async move {
+                futures_util::future::join_all(streams).await;
+            }
+            .in_current_span(),
+        );
+        Watching { task, unlisted }
+    }
+
+    /// Gives back what this kind holds of the lookups' pending count.
+    fn release(&self, owed: &mut usize) {
+        let n = std::mem::take(owed);
+        if n > 0 {
+            self.pending.send_modify(|p| *p = p.saturating_sub(n));
         }
     }
 }
 
+impl Drop for Watching {
+    fn drop(&mut self) {
+        // The follower is aborted with the lookups; its streams go with it.
+        self.task.abort();
+    }
+}
+
+/// Whether discovery lists `kind`'s resource (a 404 for its group/version
+/// is `false`).
+async fn served(client: &Client, kind: &CustomKind) -> Result<bool, kube::Error> {
+    let group_version = format!("{}/{}", kind.group, kind.version);
+    match client.list_api_group_resources(&group_version).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == kind.plural)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// Whether a watch failed because its resource is not served (404).
+fn not_found(error: &watcher::Error) -> bool {
+    let api = match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => match e {
+            kube::Error::Api(status) => status.code,
+            _ => return false,
+        },
+        watcher::Error::WatchError(status) => status.code,
+        _ => return false,
+    };
+    api == 404
+}
+
 /// Applies one watch stream to the cache, forever (errors are logged and
-/// retried with the watcher's default backoff).
+/// retried with the watcher's default backoff; a 404 is told to `gone`, if
+/// any, instead of logged).
 async fn run_stream<K: Cached>(
     api: Api<K>,
     config: watcher::Config,
-    scope: Option<String>,
+    mut state: StreamState,
     cache: Arc<RwLock<Cache>>,
-    pending: Arc<watch::Sender<usize>>,
+    listed: Arc<watch::Sender<usize>>,
+    gone: Option<Arc<Notify>>,
     dt: K::DynamicType,
 ) {
     let mut stream = pin!(watcher(api, config).default_backoff());
-    let mut state = StreamState::new(scope);
     while let Some(item) = stream.next().await {
         let event = match item {
             Ok(event) => event,
             Err(error) => {
-                tracing::warn!(%error, "lookups watch failed; retrying with backoff");
+                match &gone {
+                    Some(gone) if not_found(&error) => {
+                        tracing::debug!(%error, "lookups watch answered 404");
+                        gone.notify_one();
+                    }
+                    _ => tracing::warn!(%error, "lookups watch failed; retrying with backoff"),
+                }
                 continue;
             }
         };
@@ -332,7 +512,7 @@ async fn run_stream<K: Cached>(
             state.handle(event, &mut cache, &dt)
         };
         if first_list_done {
-            pending.send_modify(|n| *n = n.saturating_sub(1));
+            listed.send_modify(|n| *n = n.saturating_sub(1));
         }
     }
 }
@@ -845,6 +1025,22 @@ impl Cache {
             n.named.insert((kind, r, Box::from(name.as_str())));
         }
         n.workloads_mut(r).insert(Box::from(name.as_str()), entry);
+    }
+
+    /// Forgets every workload of rank `r` (a kind no longer served); how
+    /// many there were.
+    fn drop_kind(&mut self, r: u8) -> usize {
+        let mut dropped = 0;
+        self.namespaces.retain(|_, n| {
+            if let Some(map) = n.workloads.get_mut(r as usize) {
+                for (name, old) in std::mem::take(map) {
+                    n.unindex(r, &name, &old);
+                    dropped += 1;
+                }
+            }
+            !n.is_empty()
+        });
+        dropped
     }
 
     fn delete_workload(&mut self, r: u8, ns: &str, name: &str) {

@@ -632,6 +632,115 @@ async fn custom_kinds_the_api_server_does_not_serve_are_skipped() {
     drop(server);
 }
 
+/// Argo Rollouts' CRD as `kubectl apply` would send it.
+fn rollout_crd() -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "rollouts.argoproj.io"},
+        "spec": {
+            "group": "argoproj.io",
+            "names": {"plural": "rollouts", "singular": "rollout", "kind": "Rollout",
+                "listKind": "RolloutList", "shortNames": ["ro"]},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1alpha1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    }))
+    .unwrap()
+}
+
+fn crds(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition");
+    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
+}
+
+/// Discovery is followed while running: Argo Rollouts' CRD installed after
+/// the lookups started is watched within the discovery interval, and its
+/// Rollouts are looked up; the CRD deleted, its Rollouts are dropped and
+/// nothing asks for the kind again but discovery (no watch retried on 404
+/// for ever); installed again, it is followed again.
+#[tokio::test]
+async fn a_custom_kind_installed_or_removed_while_running_is_followed() {
+    let server = Server::start(Config::default().preinstalled_crds(false))
+        .await
+        .unwrap();
+    let client = server.client().unwrap();
+    create::<Deployment>(
+        &client,
+        "default",
+        workload("w", json!({}), json!({}), env_pod()),
+    )
+    .await;
+    let lookups = KubeLookups::start_following(
+        client.clone(),
+        None,
+        None,
+        vec![CustomKind::rollout()],
+        Duration::from_millis(300),
+    );
+    ready(&lookups).await;
+    server.wait_for_watches(7).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.open_watches(), 7, "Rollouts are not served yet");
+
+    let rollout = || -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+            "metadata": {"name": "canary"},
+            "spec": {"template": {"spec": env_pod()}}
+        }))
+        .unwrap()
+    };
+    for round in 0..2 {
+        crds(&client)
+            .create(&PostParams::default(), &rollout_crd())
+            .await
+            .unwrap();
+        rollouts(&client, "default")
+            .create(&PostParams::default(), &rollout())
+            .await
+            .unwrap();
+        eventually(&format!("round {round}: the Rollout is looked up"), || {
+            referencing(&lookups, CM, "default", "env-cm")
+                == [(DEP, "w".into()), (rollout_kind(), "canary".into())]
+        })
+        .await;
+
+        crds(&client)
+            .delete("rollouts.argoproj.io", &DeleteParams::default())
+            .await
+            .unwrap();
+        eventually(&format!("round {round}: the Rollout is dropped"), || {
+            referencing(&lookups, CM, "default", "env-cm") == [(DEP, "w".into())]
+        })
+        .await;
+        // Settled: nothing but discovery asks about Rollouts any more.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        server.clear_requests();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let asked: Vec<_> = server
+            .requests()
+            .into_iter()
+            .filter(|r| r.group == "argoproj.io")
+            .collect();
+        assert!(asked.is_empty(), "round {round}: {asked:?}");
+        let discovery = server
+            .non_resource_requests()
+            .into_iter()
+            .filter(|r| r.path == "/apis/argoproj.io/v1alpha1")
+            .count();
+        assert!(
+            (2..=12).contains(&discovery),
+            "round {round}: discovery read {discovery} times in 2 s at 300 ms"
+        );
+        assert_eq!(server.open_watches(), 7);
+    }
+    drop(server);
+}
+
 // ---- services ------------------------------------------------------------
 
 fn service(name: &str, labels: Value, annotations: Value) -> Value {

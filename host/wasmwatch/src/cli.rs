@@ -103,6 +103,15 @@ enum Command {
     },
 }
 
+/// `--discovery-interval`: a duration from 1s to 1h.
+fn discovery_interval(s: &str) -> Result<HumanDuration, String> {
+    let d: HumanDuration = s.parse()?;
+    if d.0 < std::time::Duration::from_secs(1) || d.0 > std::time::Duration::from_secs(3600) {
+        return Err(format!("{d} is out of range (1s to 1h)"));
+    }
+    Ok(d)
+}
+
 /// `--checkpoint-interval`: a duration from 1ms to 1h (0 would make the
 /// save timer panic).
 fn checkpoint_interval(s: &str) -> Result<HumanDuration, String> {
@@ -154,6 +163,11 @@ struct RunArgs {
     /// it. Repeatable.
     #[arg(long = "plugin-dir", value_name = "IMAGE_DIR=LOCAL_DIR")]
     plugin_dirs: Vec<crate::plugin_dir::PluginDirMap>,
+    /// How often the API discovery of custom workload kinds (Argo
+    /// Rollouts) is read again: a CRD installed while running is used, and
+    /// one deleted is dropped, within this long (1s to 1h).
+    #[arg(long, env = "WASMWATCH_DISCOVERY_INTERVAL", default_value = "30s", value_parser = discovery_interval)]
+    discovery_interval: HumanDuration,
     /// How to reach registries for `oci://` modules.
     #[command(flatten)]
     registry: crate::oci::RegistryArgs,
@@ -521,6 +535,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                 checkpoint_interval: run.checkpoint_interval.0,
                 force_ha: false,
                 plugin_dirs: run.plugin_dirs,
+                discovery_interval: run.discovery_interval.0,
             };
             on_worker(&rt, crate::run::run(options, shutdown_signal()))?;
             Ok(ExitCode::SUCCESS)

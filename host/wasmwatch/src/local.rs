@@ -248,6 +248,7 @@ pub async fn run(
         checkpoint_interval: Duration::from_secs(1),
         force_ha: true,
         plugin_dirs: Vec::new(),
+        discovery_interval: wasmwatch_kube::lookups::DISCOVERY_INTERVAL,
     };
     let mut replicas = Vec::new();
     for identity in ["wasmwatch-0", "wasmwatch-1"] {

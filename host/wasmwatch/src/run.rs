@@ -33,7 +33,7 @@ use wasmwatch_core::{Action, Lookups, Manifest, ObjectKind};
 use wasmwatch_exec::executors::{Executors, describe_action};
 use wasmwatch_exec::pipeline::{Outcome, PauseOf, Policy, Report};
 use wasmwatch_kube::elector::{Elector, ElectorConfig, Leadership};
-use wasmwatch_kube::lookups::KubeLookups;
+use wasmwatch_kube::lookups::{CustomKind, KubeLookups};
 use wasmwatch_kube::namespaces::NamespaceWatch;
 use wasmwatch_runtime::{Runtime, RuntimeConfig};
 
@@ -66,6 +66,9 @@ pub struct RunOptions {
     /// `--plugin-dir`: modules read from a local folder instead of the
     /// image's.
     pub plugin_dirs: Vec<crate::plugin_dir::PluginDirMap>,
+    /// How often the discovery of custom workload kinds (Argo Rollouts) is
+    /// read again: a CRD installed or removed while running is followed.
+    pub discovery_interval: Duration,
 }
 
 /// How action reports are printed.
@@ -117,10 +120,12 @@ pub async fn run(
             .await
             .context("cannot configure the Kubernetes client")?,
     };
-    let lookups = KubeLookups::start_with(
+    let lookups = KubeLookups::start_following(
         client.clone(),
         watched_namespaces(&manifest),
         manifest.watch.field_selector(),
+        vec![CustomKind::rollout()],
+        options.discovery_interval,
     );
     let in_scope = NamespaceWatch::start(
         client.clone(),

@@ -399,13 +399,22 @@ struct Logged {
 }
 
 async fn replica_logging(e: &TestEnv, watches: usize) -> Logged {
+    replica_logging_with(e, watches, &[]).await
+}
+
+/// [`replica_logging`] with extra environment variables.
+async fn replica_logging_with(e: &TestEnv, watches: usize, env: &[(&str, &str)]) -> Logged {
     let before = e.server.open_watches();
     let (k, m) = (e.kubeconfig.clone(), e.manifest.clone());
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let stderr = Arc::new(Mutex::new(Vec::new()));
     let lines = stderr.clone();
     let replica = tokio::task::spawn_blocking(move || {
         let mut cmd = run_command(&k, &m, "r", "200ms", "default");
-        cmd.env("NO_COLOR", "1").stderr(Stdio::piped());
+        cmd.env("NO_COLOR", "1").envs(env).stderr(Stdio::piped());
         let (mut child, ready, out) = spawn_ready(&mut cmd, Duration::from_secs(60));
         let err = child.stderr.take().unwrap();
         std::thread::spawn(move || {
@@ -540,4 +549,138 @@ async fn a_0_3_0_plugin_restarts_a_granted_kind_and_a_0_2_0_component_a_deployme
         "{reports:#?}"
     );
     drop(l);
+}
+
+/// Argo Rollouts' CRD as its install manifest has it (trimmed to what
+/// kube-apiserver requires).
+const ROLLOUT_CRD: &str = "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: rollouts.argoproj.io
+spec:
+  group: argoproj.io
+  names: {kind: Rollout, listKind: RolloutList, plural: rollouts, singular: rollout, shortNames: [ro]}
+  scope: Namespaced
+  versions:
+    - name: v1alpha1
+      served: true
+      storage: true
+      subresources: {status: {}}
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+";
+
+fn kubectl(e: &TestEnv, args: &[&str], stdin: Option<&str>) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&e.kubeconfig)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl is installed (tests/prepare)");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 34 §2: discovery is followed while running. Argo Rollouts' CRD
+/// installed (by kubectl) after `wasmwatch run` started: its Rollouts are
+/// looked up within the discovery interval (1 s here, 30 s by default) and
+/// a change restarts one. The CRD deleted: the Rollouts are dropped with
+/// one log line, nothing asks for the kind again but discovery (no watch
+/// retried on 404 for ever), and changes go on being handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crd_installed_while_running_is_used_and_one_deleted_is_dropped() {
+    let e = test_env_with(
+        wasmwatch_apiserver::Config::default().preinstalled_crds(false),
+        &rollout_restart_manifest("{}"),
+        NS,
+    )
+    .await;
+    let c = &e.client;
+    config_map(c, "cfg", &[("v", "1")]).await;
+    workload(
+        c,
+        NS,
+        "Deployment",
+        "web",
+        json!({"reloader.stakater.com/auto": "true"}),
+        json!({}),
+        json!({"containers": env_from("cfg")}),
+    )
+    .await;
+    // The lookups' seven built-in kinds and the ConfigMaps.
+    let r = replica_logging_with(
+        &e,
+        8,
+        &[
+            ("WASMWATCH_DISCOVERY_INTERVAL", "1s"),
+            ("RUST_LOG", "warn,wasmwatch_kube::lookups=info"),
+        ],
+    )
+    .await;
+    let before = e.server.open_watches();
+
+    kubectl(&e, &["apply", "-f", "-"], Some(ROLLOUT_CRD));
+    apply(
+        c,
+        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+            "metadata": {"name": "canary", "namespace": NS,
+                "annotations": {"reloader.stakater.com/auto": "true"}},
+            "spec": {"selector": {"matchLabels": {"app": "canary"}},
+                "template": pod_spec("canary", env_from("cfg"))}}),
+    )
+    .await;
+    tokio::time::timeout(WITHIN, e.server.wait_for_watches(before + 1))
+        .await
+        .expect("the Rollouts are watched once the CRD is installed");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    set(c, "cfg", &[("v", "2")]).await;
+    let h2 = content_hash("cfg", &[("v", "2")]);
+    wait_recorded(c, ROLLOUT, "canary", TEMPLATE, &h2).await;
+    wait_recorded(c, DEPLOYMENT, "web", TEMPLATE, &h2).await;
+
+    kubectl(&e, &["delete", "crd", "rollouts.argoproj.io"], None);
+    eventually(WITHIN, "the Rollouts' watch ends", || async {
+        e.server.open_watches() == before
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    e.server.clear_requests();
+    set(c, "cfg", &[("v", "3")]).await;
+    let h3 = content_hash("cfg", &[("v", "3")]);
+    wait_recorded(c, DEPLOYMENT, "web", TEMPLATE, &h3).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let asked: Vec<_> = e
+        .server
+        .requests()
+        .into_iter()
+        .filter(|q| q.group == "argoproj.io")
+        .collect();
+    assert!(asked.is_empty(), "{asked:?}");
+    assert_eq!(e.server.open_watches(), before);
+    let logs = r.stderr.lock().unwrap().clone();
+    let about: Vec<&String> = logs
+        .iter()
+        .filter(|l| l.contains("rollouts.argoproj.io"))
+        .collect();
+    assert_eq!(about.len(), 3, "{logs:#?}");
+    assert!(about[0].contains("does not serve"), "{about:?}");
+    assert!(about[1].contains("now serves"), "{about:?}");
+    assert!(about[2].contains("no longer serves"), "{about:?}");
+    drop(r);
 }

@@ -118,11 +118,20 @@ pub struct TestEnv {
 }
 
 pub async fn test_env(manifest: &str, ns: &str) -> TestEnv {
-    let server = wasmwatch_apiserver::Server::start(
-        wasmwatch_apiserver::Config::default().bookmark_interval(Duration::from_secs(1)),
-    )
-    .await
-    .unwrap();
+    test_env_with(wasmwatch_apiserver::Config::default(), manifest, ns).await
+}
+
+/// [`test_env`] with a server started from `config` (a bookmark every
+/// second).
+pub async fn test_env_with(
+    config: wasmwatch_apiserver::Config,
+    manifest: &str,
+    ns: &str,
+) -> TestEnv {
+    let server =
+        wasmwatch_apiserver::Server::start(config.bookmark_interval(Duration::from_secs(1)))
+            .await
+            .unwrap();
     let client = server.client().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
