@@ -12,6 +12,7 @@
 //!   actions finished or dead-lettered.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod decide;
 pub mod executors;
 pub mod http;

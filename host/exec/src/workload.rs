@@ -1290,7 +1290,7 @@ fn classify_error(what: &str, doing: &str, e: &kube::Error) -> ExecError {
 }
 
 /// The JSON pointer of a kind's pod template.
-fn template_pointer(group: &str, kind: &str) -> &'static str {
+pub(crate) fn template_pointer(group: &str, kind: &str) -> &'static str {
     if group == "batch" && kind == "CronJob" {
         "/spec/jobTemplate/spec/template"
     } else {

@@ -103,6 +103,65 @@ enum Command {
     },
 }
 
+/// `run`'s admission webhook (see `wasmwatch::webhook`): off unless
+/// `--webhook-addr` is given.
+#[derive(Debug, clap::Args)]
+struct WebhookArgs {
+    /// Serve the mutating admission webhook (HTTPS, `POST /mutate`) here,
+    /// e.g. 0.0.0.0:8443: an update that drops a restart's records (a
+    /// GitOps apply) gets them back. Needs --webhook-cert-dir or
+    /// --webhook-generate-cert.
+    #[arg(long)]
+    webhook_addr: Option<std::net::SocketAddr>,
+    /// A folder with `tls.crt` and `tls.key` (a mounted cert-manager
+    /// Secret), read again when they change.
+    #[arg(long, conflicts_with = "webhook_generate_cert")]
+    webhook_cert_dir: Option<PathBuf>,
+    /// Generate a CA and a certificate, keep them in Secret
+    /// --webhook-secret of the Leases' namespace, and write the CA into
+    /// MutatingWebhookConfiguration --webhook-configuration's caBundle.
+    #[arg(long)]
+    webhook_generate_cert: bool,
+    #[arg(long, default_value = "wasmwatch-webhook-tls")]
+    webhook_secret: String,
+    #[arg(long, default_value = "wasmwatch")]
+    webhook_configuration: String,
+    /// A name (or IP address) the generated certificate is for; repeatable
+    /// (default: wasmwatch-webhook.<namespace>.svc).
+    #[arg(long = "webhook-dns-name")]
+    webhook_dns_names: Vec<String>,
+}
+
+impl WebhookArgs {
+    fn options(self, namespace: &str) -> anyhow::Result<Option<crate::webhook::WebhookOptions>> {
+        let Some(addr) = self.webhook_addr else {
+            anyhow::ensure!(
+                self.webhook_cert_dir.is_none() && !self.webhook_generate_cert,
+                "--webhook-cert-dir and --webhook-generate-cert need --webhook-addr"
+            );
+            return Ok(None);
+        };
+        let tls = match (self.webhook_cert_dir, self.webhook_generate_cert) {
+            (Some(dir), false) => crate::webhook::WebhookTls::Dir(dir),
+            (None, true) => crate::webhook::WebhookTls::Generate {
+                namespace: namespace.to_string(),
+                secret: self.webhook_secret,
+                configuration: self.webhook_configuration,
+                names: if self.webhook_dns_names.is_empty() {
+                    vec![format!("wasmwatch-webhook.{namespace}.svc")]
+                } else {
+                    self.webhook_dns_names
+                },
+            },
+            _ => anyhow::bail!(
+                "--webhook-addr needs a certificate: --webhook-cert-dir DIR (tls.crt, tls.key) \
+                 or --webhook-generate-cert"
+            ),
+        };
+        Ok(Some(crate::webhook::WebhookOptions { addr, tls }))
+    }
+}
+
 /// `--discovery-interval`: a duration from 1s to 1h.
 fn discovery_interval(s: &str) -> Result<HumanDuration, String> {
     let d: HumanDuration = s.parse()?;
@@ -168,6 +227,9 @@ struct RunArgs {
     /// one deleted is dropped, within this long (1s to 1h).
     #[arg(long, env = "WASMWATCH_DISCOVERY_INTERVAL", default_value = "30s", value_parser = discovery_interval)]
     discovery_interval: HumanDuration,
+    /// The optional mutating admission webhook.
+    #[command(flatten)]
+    webhook: WebhookArgs,
     /// How to reach registries for `oci://` modules.
     #[command(flatten)]
     registry: crate::oci::RegistryArgs,
@@ -518,6 +580,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                 ))?;
                 return Ok(ExitCode::SUCCESS);
             }
+            let webhook = run.webhook.options(&run.namespace)?;
             let options = crate::run::RunOptions {
                 manifest: run.manifest,
                 cache_dir: args.cache_dir,
@@ -536,6 +599,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
                 force_ha: false,
                 plugin_dirs: run.plugin_dirs,
                 discovery_interval: run.discovery_interval.0,
+                webhook,
             };
             on_worker(&rt, crate::run::run(options, shutdown_signal()))?;
             Ok(ExitCode::SUCCESS)

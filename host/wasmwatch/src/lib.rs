@@ -19,3 +19,4 @@ pub mod plugin_test;
 pub mod run;
 pub mod scaffold;
 pub mod validate;
+pub mod webhook;

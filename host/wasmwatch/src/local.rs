@@ -249,6 +249,7 @@ pub async fn run(
         force_ha: true,
         plugin_dirs: Vec::new(),
         discovery_interval: wasmwatch_kube::lookups::DISCOVERY_INTERVAL,
+        webhook: None,
     };
     let mut replicas = Vec::new();
     for identity in ["wasmwatch-0", "wasmwatch-1"] {

@@ -69,6 +69,8 @@ pub struct RunOptions {
     /// How often the discovery of custom workload kinds (Argo Rollouts) is
     /// read again: a CRD installed or removed while running is followed.
     pub discovery_interval: Duration,
+    /// The mutating admission webhook, when asked for (`--webhook-addr`).
+    pub webhook: Option<crate::webhook::WebhookOptions>,
 }
 
 /// How action reports are printed.
@@ -156,6 +158,10 @@ pub async fn run(
     let (elector_parts, _leadership_tx, leadership) =
         elect(&client, &options, &ha, &lease_namespace)?;
 
+    let _webhook = match &options.webhook {
+        Some(webhook) => Some(crate::webhook::start(webhook, &client).await?),
+        None => None,
+    };
     let listener = crate::admin::bind(options.admin_addr)
         .await
         .with_context(|| format!("cannot listen on {}", options.admin_addr))?;
