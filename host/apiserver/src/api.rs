@@ -3,6 +3,8 @@
 //! "guaranteed update" loop: read the current object, compute the new one
 //! outside the lock, commit only if the object is still at the version that
 //! was read, else retry (or answer 409 when the client gave a version).
+//! Mutating admission webhooks ([`crate::admission`]) are called between
+//! computing the object and validating it, with no lock held.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use crate::Shared;
+use crate::admission;
 use crate::error::{ApiError, Cause};
 use crate::objects;
 use crate::patch::{self, PatchType};
@@ -74,7 +77,7 @@ fn store_err(t: &Target, e: StoreError) -> ApiError {
         StoreError::NotServed => ApiError::path_not_found(),
         StoreError::NamespaceTerminating(ns) => ApiError {
             code: 403,
-            reason: "Forbidden",
+            reason: "Forbidden".into(),
             message: format!(
                 "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
                 t.rt().qualified(),
@@ -870,16 +873,39 @@ pub fn watch(
     }
 }
 
-pub fn create(sh: &Shared, t: &Target, q: &Query, body: Value) -> Result<Reply, ApiError> {
+pub async fn create(sh: &Shared, t: &Target, q: &Query, body: Value) -> Result<Reply, ApiError> {
     let rt = t.rt();
     if rt.namespaced && t.namespace.is_none() {
         return Err(ApiError::method_not_allowed());
     }
-    let (name, obj) = objects::prepare_create(rt, t.ns(), body)?;
+    let client_named = body
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    let (name, mut obj) = objects::prepare_create_unvalidated(rt, t.ns(), body)?;
     let t = Target {
         name: Some(name.clone()),
         ..t.clone()
     };
+    if admission::configured(sh) {
+        // kube's NamespaceLifecycle admits before the webhooks are called.
+        namespace_admits_creation(sh, &t)?;
+        let attr = admission::Attributes {
+            operation: admission::Operation::Create,
+            rt,
+            subresource: None,
+            namespace: t.ns(),
+            name: if client_named { &name } else { "" },
+            dry_run: dry_run(q),
+            options_kind: "CreateOptions",
+            field_manager: q.get("fieldManager").map(String::as_str),
+        };
+        let view = create_view(&obj, client_named);
+        if let Some(mutated) = admission::admit(sh, &attr, &view, None).await? {
+            obj = objects::after_create_admission(rt, t.ns(), &obj, mutated)?;
+        }
+    }
+    objects::validate(rt, &name, &obj, Vec::new())?;
     if dry_run(q) {
         if sh.store.get(t.resource, t.ns(), &name).is_some() {
             return Err(ApiError::already_exists(rt, &name));
@@ -893,25 +919,125 @@ pub fn create(sh: &Shared, t: &Target, q: &Query, body: Value) -> Result<Reply, 
     Ok(Reply::Stored(201, stored))
 }
 
-/// The shared update loop behind PUT and PATCH.
-fn update_with(
+/// A create in a namespace that does not exist (404) or is being deleted
+/// (403) is refused before admission webhooks are called, as kube's
+/// NamespaceLifecycle plugin refuses it.
+fn namespace_admits_creation(sh: &Shared, t: &Target) -> Result<(), ApiError> {
+    if !t.rt().namespaced {
+        return Ok(());
+    }
+    match sh.store.get(crate::resources::namespaces_id(), "", t.ns()) {
+        None if !sh.config.auto_create_namespaces => Err(store_err(
+            t,
+            StoreError::NamespaceNotFound(t.ns().to_string()),
+        )),
+        Some(ns) if ns.pointer("/metadata/deletionTimestamp").is_some() => Err(store_err(
+            t,
+            StoreError::NamespaceTerminating(t.ns().to_string()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The object a webhook sees on CREATE: as kube-apiserver admits it before
+/// storage sets uid, creationTimestamp and generation (and the name, for a
+/// `generateName`).
+fn create_view(obj: &Value, client_named: bool) -> Value {
+    let mut view = obj.clone();
+    if let Some(meta) = view.get_mut("metadata").and_then(Value::as_object_mut) {
+        for k in ["uid", "creationTimestamp", "generation"] {
+            meta.remove(k);
+        }
+        if !client_named {
+            meta.remove("name");
+        }
+    }
+    view
+}
+
+/// The object a webhook sees on UPDATE: the prepared one, with the
+/// generation it had (kube bumps it after admission).
+fn update_view(new: &Value, cur: &Value) -> Value {
+    let mut view = new.clone();
+    if let Some(meta) = view.get_mut("metadata").and_then(Value::as_object_mut) {
+        match cur.pointer("/metadata/generation") {
+            Some(g) => meta.insert("generation".into(), g.clone()),
+            None => meta.remove("generation"),
+        };
+    }
+    view
+}
+
+/// How a write through [`update_with`] is presented to admission webhooks.
+#[derive(Clone, Copy)]
+struct Admission {
+    /// `UpdateOptions` (PUT) or `PatchOptions` (PATCH).
+    options_kind: &'static str,
+    /// Through `/scale`: webhooks see (and patch) an autoscaling/v1 Scale.
+    scale: bool,
+}
+
+/// The shared update loop behind PUT and PATCH: compute the object, let
+/// the admission webhooks see it (no lock held), validate, then commit only
+/// if the object is still at the version read, else compute again.
+async fn update_with(
     sh: &Shared,
     t: &Target,
     q: &Query,
     mut compute: impl FnMut(&Value) -> Result<Value, ApiError>,
     client_rv: bool,
+    adm: Admission,
 ) -> Result<Reply, ApiError> {
     let rt = t.rt();
     loop {
         let cur = current_for_write(sh, t)?;
         let cur_rv = rv_of(&cur);
         let desired = compute(&cur)?;
-        let mut new = if t.is_status() {
-            objects::prepare_status_update(rt, &cur, &desired)?
-        } else {
-            objects::prepare_update(rt, t.ns(), t.name(), &cur, desired)?
+        let prepare = |desired: Value| -> Result<Value, ApiError> {
+            let mut new = if t.is_status() {
+                objects::prepare_status_update(rt, &cur, &desired)?
+            } else {
+                objects::prepare_update_unvalidated(rt, t.ns(), t.name(), &cur, desired)?
+            };
+            new["metadata"]["resourceVersion"] = json!(cur_rv.to_string());
+            Ok(new)
         };
-        new["metadata"]["resourceVersion"] = json!(cur_rv.to_string());
+        let mut new = prepare(desired)?;
+        if admission::configured(sh) {
+            let subresource = if adm.scale {
+                Some("scale")
+            } else {
+                t.subresource.as_deref()
+            };
+            let attr = admission::Attributes {
+                operation: admission::Operation::Update,
+                rt,
+                subresource,
+                namespace: if rt.is_namespace() { t.name() } else { t.ns() },
+                name: t.name(),
+                dry_run: dry_run(q),
+                options_kind: adm.options_kind,
+                field_manager: q.get("fieldManager").map(String::as_str),
+            };
+            let (view, old) = if adm.scale {
+                (scale_of(&new), scale_of(&cur))
+            } else {
+                (update_view(&new, &cur), (*cur).clone())
+            };
+            if let Some(mutated) = admission::admit(sh, &attr, &view, Some(&old)).await? {
+                let desired = if adm.scale {
+                    let mut d = new.clone();
+                    d["spec"]["replicas"] = json!(scale_replicas(&mutated, t.name())?);
+                    d
+                } else {
+                    mutated
+                };
+                new = prepare(desired)?;
+            }
+        }
+        if !t.is_status() {
+            objects::validate_update_result(rt, t.name(), &cur, &new)?;
+        }
         if new == *cur || dry_run(q) {
             return Ok(Reply::Json(200, new));
         }
@@ -923,7 +1049,7 @@ fn update_with(
     }
 }
 
-pub fn replace(sh: &Shared, t: &Target, q: &Query, body: Value) -> Result<Reply, ApiError> {
+pub async fn replace(sh: &Shared, t: &Target, q: &Query, body: Value) -> Result<Reply, ApiError> {
     let rt = t.rt();
     if sh
         .faults
@@ -956,7 +1082,7 @@ pub fn replace(sh: &Shared, t: &Target, q: &Query, body: Value) -> Result<Reply,
             } else if body.is_object() {
                 body["metadata"] = json!({ "name": t.name() });
             }
-            match create(sh, t, q, body) {
+            match create(sh, t, q, body).await {
                 Err(e) if e.code == 409 => continue,
                 r => return r,
             }
@@ -984,10 +1110,15 @@ pub fn replace(sh: &Shared, t: &Target, q: &Query, body: Value) -> Result<Reply,
             Ok(body.clone())
         },
         wanted.is_some(),
+        Admission {
+            options_kind: "UpdateOptions",
+            scale: false,
+        },
     )
+    .await
 }
 
-pub fn patch(
+pub async fn patch(
     sh: &Shared,
     t: &Target,
     q: &Query,
@@ -1012,7 +1143,12 @@ pub fn patch(
             }
         },
         false,
+        Admission {
+            options_kind: "PatchOptions",
+            scale: false,
+        },
     )
+    .await
 }
 
 /// A label selector as the string form `Scale.status.selector` carries.
@@ -1071,6 +1207,27 @@ fn scale_of(obj: &Value) -> Value {
     })
 }
 
+/// A Scale's `spec.replicas` (absent: 0); negative is 422 as kube answers.
+fn scale_replicas(scale: &Value, name: &str) -> Result<i64, ApiError> {
+    let replicas = scale
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    if replicas < 0 {
+        return Err(ApiError::invalid_kind(
+            "autoscaling",
+            "Scale",
+            name,
+            vec![Cause {
+                reason: "FieldValueInvalid",
+                message: format!("Invalid value: {replicas}: must be greater than or equal to 0"),
+                field: "spec.replicas".into(),
+            }],
+        ));
+    }
+    Ok(replicas)
+}
+
 /// GET of `/scale`.
 pub fn scale_get(sh: &Shared, t: &Target) -> Result<Reply, ApiError> {
     match sh.store.get(t.resource, t.ns(), t.name()) {
@@ -1081,7 +1238,7 @@ pub fn scale_get(sh: &Shared, t: &Target) -> Result<Reply, ApiError> {
 
 /// PUT (`patch` None) or PATCH of `/scale`: only `spec.replicas` reaches the
 /// workload; a resourceVersion in the Scale is a precondition.
-pub fn scale_update(
+pub async fn scale_update(
     sh: &Shared,
     t: &Target,
     q: &Query,
@@ -1126,30 +1283,22 @@ pub fn scale_update(
             {
                 return Err(ApiError::conflict(rt, t.name()));
             }
-            let replicas = desired
-                .pointer("/spec/replicas")
-                .and_then(Value::as_i64)
-                .unwrap_or(0);
-            if replicas < 0 {
-                return Err(ApiError::invalid_kind(
-                    "autoscaling",
-                    "Scale",
-                    t.name(),
-                    vec![Cause {
-                        reason: "FieldValueInvalid",
-                        message: format!(
-                            "Invalid value: {replicas}: must be greater than or equal to 0"
-                        ),
-                        field: "spec.replicas".into(),
-                    }],
-                ));
-            }
+            let replicas = scale_replicas(&desired, t.name())?;
             let mut new = (*cur).clone();
             new["spec"]["replicas"] = json!(replicas);
             Ok(new)
         },
         client_rv,
-    )?;
+        Admission {
+            options_kind: if patch.is_some() {
+                "PatchOptions"
+            } else {
+                "UpdateOptions"
+            },
+            scale: true,
+        },
+    )
+    .await?;
     Ok(match reply {
         Reply::Stored(code, o) => Reply::Json(code, scale_of(&o)),
         Reply::Json(code, o) => Reply::Json(code, scale_of(&o)),

@@ -83,6 +83,38 @@ pub struct NonResourceRequest {
     pub user_agent: Option<String>,
 }
 
+/// One call of a mutating admission webhook ([`crate::admission`]), for
+/// tests that count or inspect them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WebhookCall {
+    /// The MutatingWebhookConfiguration's name.
+    pub configuration: String,
+    /// The webhook's name (`webhooks[].name`).
+    pub webhook: String,
+    /// `CREATE` or `UPDATE`.
+    pub operation: String,
+    /// The API group of the object written; empty for the core group.
+    pub group: String,
+    /// The resource's plural (`deployments`).
+    pub resource: String,
+    /// `status` or `scale` for a write through a subresource.
+    pub subresource: Option<String>,
+    /// The request's namespace; empty for cluster-scoped kinds.
+    pub namespace: String,
+    /// The object's name; empty for a create with `generateName`.
+    pub name: String,
+    /// The request was a dry run.
+    pub dry_run: bool,
+    /// `allowed` (no patch), `patched`, `denied`, `failed` (the request
+    /// failed: the call under `failurePolicy: Fail`, or a patch that does
+    /// not apply) or `ignored` (the call failed under `failurePolicy:
+    /// Ignore`; the request went on).
+    pub outcome: String,
+    /// Why, for `denied`, `failed` and `ignored`: the message the request
+    /// failed (or would have failed) with.
+    pub error: Option<String>,
+}
+
 /// What a request is, before it is answered.
 #[derive(Debug, Clone)]
 pub(crate) enum Attributes {
@@ -230,6 +262,7 @@ pub(crate) struct RequestLog {
 struct Entries {
     resource: VecDeque<Request>,
     non_resource: VecDeque<NonResourceRequest>,
+    webhooks: VecDeque<WebhookCall>,
     dropped: u64,
 }
 
@@ -280,6 +313,24 @@ impl RequestLog {
         }
     }
 
+    /// Record one webhook call (kept like requests, the newest
+    /// [`crate::Config::request_log`] of them).
+    pub(crate) fn record_webhook(&self, call: WebhookCall) {
+        if !self.enabled() {
+            return;
+        }
+        let mut e = self.lock();
+        if e.webhooks.len() >= self.capacity {
+            e.webhooks.pop_front();
+            e.dropped += 1;
+        }
+        e.webhooks.push_back(call);
+    }
+
+    pub(crate) fn webhook_calls(&self) -> Vec<WebhookCall> {
+        self.lock().webhooks.iter().cloned().collect()
+    }
+
     pub(crate) fn requests(&self) -> Vec<Request> {
         self.lock().resource.iter().cloned().collect()
     }
@@ -296,6 +347,7 @@ impl RequestLog {
         let mut e = self.lock();
         e.resource.clear();
         e.non_resource.clear();
+        e.webhooks.clear();
         e.dropped = 0;
     }
 }

@@ -1,6 +1,8 @@
 //! Errors: API errors rendered as `meta/v1 Status` objects the way
 //! kube-apiserver renders them, and the library's own start-up errors.
 
+use std::borrow::Cow;
+
 use serde_json::{Value, json};
 
 use crate::resources::ResourceType;
@@ -35,7 +37,8 @@ pub struct Cause {
 #[error("{code} {reason}: {message}")]
 pub struct ApiError {
     pub code: u16,
-    pub reason: &'static str,
+    /// kube's `StatusReason`; a webhook's denial may carry any reason (or none).
+    pub reason: Cow<'static, str>,
     pub message: String,
     pub details: Option<Value>,
     /// Seconds for a `Retry-After` header (429).
@@ -54,7 +57,7 @@ impl ApiError {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             code,
-            reason,
+            reason: Cow::Borrowed(reason),
             message: message.into(),
             details: None,
             retry_after: None,
@@ -334,6 +337,10 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
+        // A webhook's denial may have no reason; kube omits it then.
+        if self.reason.is_empty() {
+            s.as_object_mut().expect("object").remove("reason");
+        }
         if let Some(d) = &self.details {
             s["details"] = d.clone();
         }

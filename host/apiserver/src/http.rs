@@ -269,14 +269,14 @@ async fn handle_resource(
             Method::GET if !is_watch => api::scale_get(sh, &t),
             Method::PUT => {
                 let (ct, body) = read_body(req).await?;
-                api::scale_update(sh, &t, &q, api::parse_body(&ct, &body)?, None)
+                api::scale_update(sh, &t, &q, api::parse_body(&ct, &body)?, None).await
             }
             Method::PATCH => {
                 let (ct, body) = read_body(req).await?;
                 let ty = PatchType::from_content_type(&ct)
                     .ok_or_else(|| ApiError::unsupported_patch_type(&ct))?;
                 let body = api::parse_body("application/json", &body)?;
-                api::scale_update(sh, &t, &q, body, Some(ty))
+                api::scale_update(sh, &t, &q, body, Some(ty)).await
             }
             _ => Err(ApiError::method_not_allowed()),
         };
@@ -292,11 +292,11 @@ async fn handle_resource(
         (Method::GET, true) => api::get(sh, &t, table()?),
         (Method::POST, false) => {
             let (ct, body) = read_body(req).await?;
-            api::create(sh, &t, &q, api::parse_body(&ct, &body)?)
+            api::create(sh, &t, &q, api::parse_body(&ct, &body)?).await
         }
         (Method::PUT, true) => {
             let (ct, body) = read_body(req).await?;
-            api::replace(sh, &t, &q, api::parse_body(&ct, &body)?)
+            api::replace(sh, &t, &q, api::parse_body(&ct, &body)?).await
         }
         (Method::PATCH, true) => {
             let (ct, body) = read_body(req).await?;
@@ -305,7 +305,7 @@ async fn handle_resource(
             if ty == PatchType::Strategic && t.rt().custom {
                 return Err(ApiError::strategic_patch_of_custom_resource());
             }
-            api::patch(sh, &t, &q, ty, api::parse_body("application/json", &body)?)
+            api::patch(sh, &t, &q, ty, api::parse_body("application/json", &body)?).await
         }
         (Method::DELETE, true) => {
             let (ct, body) = read_body(req).await?;

@@ -5,6 +5,7 @@
 //! configmaps, secrets, services, pods, events (core/v1), endpointslices,
 //! deployments, statefulsets, daemonsets, jobs, cronjobs, leases,
 //! events.k8s.io events, customresourcedefinitions (apiextensions.k8s.io/v1),
+//! mutatingwebhookconfigurations (admissionregistration.k8s.io/v1),
 //! and four custom resources (no strategic merge patch): Argo Rollouts
 //! (argoproj.io/v1alpha1), OpenKruise CloneSets (apps.kruise.io/v1alpha1)
 //! and the Secrets Store CSI driver's SecretProviderClasses and
@@ -22,6 +23,15 @@
 //! deletes every object of its resource (DELETED events) and ends the
 //! watches on it.
 //!
+//! Mutating admission webhooks are called as kube-apiserver calls them
+//! ([`admission`]): every create and update (POST, PUT, every PATCH, and
+//! `/status` and `/scale` when a rule names them) goes, after the server's
+//! defaults and before validation and storage, to each matching webhook of
+//! every MutatingWebhookConfiguration (by name, then list order) over HTTPS
+//! (`clientConfig.url`, trusted through `caBundle`); a JSON Patch answer is
+//! applied, a denial or a failed call (under `failurePolicy: Fail`) fails
+//! the write with kube's status and message.
+//!
 //! # Design
 //!
 //! * [`resources`] is a static registry of the resource types: group,
@@ -38,14 +48,18 @@
 //!   (uid, creationTimestamp, generation, status rules, Secret `stringData`,
 //!   defaults) and validates it (422 Invalid).
 //! * [`api`] implements the verbs with kube-apiserver's optimistic update
-//!   loop; [`patch`] the three patch formats; [`selector`] label and field
+//!   loop (mutating admission webhooks, [`admission`], are called between
+//!   computing an object and committing it, with no lock held, so a webhook
+//!   may call back into the server); [`patch`] the three patch formats;
+//!   [`selector`] label and field
 //!   selectors; [`watch`] the streaming watch responses; [`discovery`] the
 //!   discovery documents; [`table`] the `Table` answers kubectl asks for
 //!   to print columns (kube-apiserver's printers).
 //! * [`http`] is the hyper server: routing, the accept loop and `/_faults`.
 //! * [`audit`] records every request answered as Kubernetes authorization
 //!   sees it (verb, group, resource, namespace, name), for tests that check
-//!   a client's RBAC needs ([`ServerHandle::requests`]).
+//!   a client's RBAC needs ([`ServerHandle::requests`]), and every
+//!   admission webhook call ([`ServerHandle::webhook_calls`]).
 //! * [`faults`] holds the switches tests flip: close watches, fail requests
 //!   with 500/429, add latency, compact history, refuse connections, force a
 //!   409 on a named object, answer the Nth request matching a filter with a
@@ -63,13 +77,23 @@
 //! server.write_kubeconfig(&kubeconfig)?;     // for kubectl --kubeconfig
 //! server.wait_for_watches(1).await;         // the code under test is watching
 //! server.faults().close_watches();
+//! for call in server.webhook_calls() {       // admission webhooks called
+//!     println!("{} {} {}/{}: {}", call.webhook, call.operation, call.namespace, call.name, call.outcome);
+//! }
 //! # Ok(()) }
 //! ```
+//!
+//! A test exercises a mutating admission webhook by creating a
+//! `MutatingWebhookConfiguration` whose `clientConfig.url` is an HTTPS
+//! server of its own (`https://127.0.0.1:PORT/...`, `caBundle` the base64
+//! PEM of the CA that signed its certificate); `tests/webhooks.rs` has one
+//! (hyper, tokio-rustls, an rcgen CA).
 //!
 //! The same faults are reachable out of process as `POST /_faults/...`
 //! (see the crate README); `wasmwatch-apiserver --port P --kubeconfig F
 //! --history N` runs the server as a binary until Ctrl-C.
 
+pub mod admission;
 pub mod api;
 pub mod audit;
 pub mod discovery;
@@ -95,7 +119,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch as tokio_watch};
 
-pub use audit::{NonResourceRequest, Request};
+pub use audit::{NonResourceRequest, Request, WebhookCall};
 pub use error::{ApiError, Error};
 pub use faults::{Failure, FaultAnswer, Faults, RequestFault};
 
@@ -321,13 +345,21 @@ impl ServerHandle {
         self.requests.non_resource_requests()
     }
 
+    /// The mutating admission webhook calls made since the start or the
+    /// last [`Self::clear_requests`], oldest first: which webhook, for what
+    /// write, and how it ended (`allowed`, `patched`, `denied`, `failed`,
+    /// `ignored`). See [`admission`].
+    pub fn webhook_calls(&self) -> Vec<WebhookCall> {
+        self.requests.webhook_calls()
+    }
+
     /// How many requests the log dropped (beyond [`Config::request_log`])
     /// since the start or the last [`Self::clear_requests`].
     pub fn requests_dropped(&self) -> u64 {
         self.requests.dropped()
     }
 
-    /// Empty the request log.
+    /// Empty the request log (and the webhook calls).
     pub fn clear_requests(&self) {
         self.requests.clear();
     }
@@ -353,8 +385,8 @@ impl ServerHandle {
 
     /// Changes one stored object in process, the way an update through the
     /// API does (the same checks, a new resourceVersion, one watch event),
-    /// but without HTTP: for benchmarks that need a writer faster than the
-    /// client they measure. Returns the new resourceVersion, or why not
+    /// but without HTTP and without admission webhooks: for benchmarks that
+    /// need a writer faster than the client they measure. Returns the new resourceVersion, or why not
     /// (unknown resource, no such object, a refused object).
     pub fn modify(
         &self,

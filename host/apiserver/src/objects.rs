@@ -273,6 +273,9 @@ fn normalise_kind(rt: &ResourceType, obj: &mut Value) -> Result<(), ApiError> {
     if rt.is_crd() {
         crd_defaults(obj);
     }
+    if rt.is_mutating_webhook_configuration() {
+        crate::admission::configuration_defaults(obj);
+    }
     if rt.group == "coordination.k8s.io" {
         for f in ["acquireTime", "renewTime"] {
             if let Some(v) = obj.get_mut("spec").and_then(|s| s.get_mut(f)) {
@@ -456,6 +459,18 @@ fn apps_spec_defaults(rt: &ResourceType, obj: &mut Value) {
 pub fn prepare_create(
     rt: &ResourceType,
     ns: &str,
+    obj: Value,
+) -> Result<(String, Value), ApiError> {
+    let (name, obj) = prepare_create_unvalidated(rt, ns, obj)?;
+    validate(rt, &name, &obj, Vec::new())?;
+    Ok((name, obj))
+}
+
+/// [`prepare_create`] but for the validation: the object mutating
+/// admission webhooks see, then [`validate`].
+pub fn prepare_create_unvalidated(
+    rt: &ResourceType,
+    ns: &str,
     mut obj: Value,
 ) -> Result<(String, Value), ApiError> {
     check_type(rt, &mut obj)?;
@@ -514,12 +529,67 @@ pub fn prepare_create(
     kind_defaults_on_create(rt, &mut obj);
     apps_spec_defaults(rt, &mut obj);
     batch_spec_defaults(rt, &mut obj);
-    validate(rt, &name, &obj, Vec::new())?;
     Ok((name, obj))
+}
+
+/// A new object as mutating admission webhooks left it (`mutated`), made
+/// ready for [`validate`] again: what the server sets itself is taken from
+/// `before` (the [`prepare_create_unvalidated`] object: name, uid,
+/// creationTimestamp, generation), and the kind's defaults and create-time
+/// rules are applied again, as kube-apiserver applies them after admission.
+pub fn after_create_admission(
+    rt: &ResourceType,
+    ns: &str,
+    before: &Value,
+    mut obj: Value,
+) -> Result<Value, ApiError> {
+    check_type(rt, &mut obj)?;
+    validation::typecheck(rt, &obj)?;
+    check_namespace(rt, &mut obj, ns)?;
+    let meta = meta_mut(&mut obj);
+    for k in ["name", "uid", "creationTimestamp", "generation"] {
+        match before.pointer(&format!("/metadata/{k}")) {
+            Some(v) => {
+                meta.insert(k.into(), v.clone());
+            }
+            None => {
+                meta.remove(k);
+            }
+        }
+    }
+    for k in [
+        "resourceVersion",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "selfLink",
+    ] {
+        meta.remove(k);
+    }
+    normalise_kind(rt, &mut obj)?;
+    kind_defaults_on_create(rt, &mut obj);
+    apps_spec_defaults(rt, &mut obj);
+    batch_spec_defaults(rt, &mut obj);
+    Ok(obj)
 }
 
 /// Prepare a replacement of `old` by `new` through the main resource.
 pub fn prepare_update(
+    rt: &ResourceType,
+    ns: &str,
+    name: &str,
+    old: &Value,
+    new: Value,
+) -> Result<Value, ApiError> {
+    let new = prepare_update_unvalidated(rt, ns, name, old, new)?;
+    validate_update_result(rt, name, old, &new)?;
+    Ok(new)
+}
+
+/// [`prepare_update`] but for the validation (the object mutating
+/// admission webhooks see, then [`validate_update_result`]). Running it
+/// again on its own result (after a webhook's patch) gives the same
+/// server-set fields: they are all taken from `old`.
+pub fn prepare_update_unvalidated(
     rt: &ResourceType,
     ns: &str,
     name: &str,
@@ -601,17 +671,32 @@ pub fn prepare_update(
             new.pointer("/metadata/annotations"),
             old.pointer("/metadata/annotations"),
         );
-    if rt.generation && (!same(new.get("spec"), old.get("spec")) || annotations_changed) {
+    // A webhook configuration's generation follows its webhooks.
+    let webhooks_changed =
+        rt.is_mutating_webhook_configuration() && !same(new.get("webhooks"), old.get("webhooks"));
+    if rt.generation
+        && (!same(new.get("spec"), old.get("spec")) || annotations_changed || webhooks_changed)
+    {
         let g = old
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(0);
         new["metadata"]["generation"] = json!(g + 1);
     }
-    let mut causes = Vec::new();
-    validation::validate_update(rt, old, &new, &mut causes);
-    validate(rt, name, &new, causes)?;
     Ok(new)
+}
+
+/// The checks of an update through the main resource (422 Invalid): what
+/// may not change, then [`validate`].
+pub fn validate_update_result(
+    rt: &ResourceType,
+    name: &str,
+    old: &Value,
+    new: &Value,
+) -> Result<(), ApiError> {
+    let mut causes = Vec::new();
+    validation::validate_update(rt, old, new, &mut causes);
+    validate(rt, name, new, causes)
 }
 
 /// Prepare an update through the `/status` subresource: only status changes.

@@ -154,7 +154,7 @@ pub fn prefers_protobuf(accept: Option<&str>) -> bool {
 fn unsupported(message: String) -> ApiError {
     ApiError {
         code: 415,
-        reason: "UnsupportedMediaType",
+        reason: "UnsupportedMediaType".into(),
         message,
         details: None,
         retry_after: None,

@@ -79,6 +79,11 @@ impl ResourceType {
         self.group == CRD_GROUP && self.plural == "customresourcedefinitions"
     }
 
+    /// `mutatingwebhookconfigurations.admissionregistration.k8s.io`.
+    pub fn is_mutating_webhook_configuration(&self) -> bool {
+        self.group == ADMISSION_GROUP && self.plural == "mutatingwebhookconfigurations"
+    }
+
     /// `Namespaced` or `Cluster`, as a CRD's `spec.scope` spells it.
     pub fn scope(&self) -> &'static str {
         if self.namespaced {
@@ -317,7 +322,24 @@ pub static RESOURCES: &[ResourceType] = &[
             false,
         )
     },
+    // Mutating admission webhooks: every create and update of another kind
+    // calls the matching webhooks of these ([`crate::admission`]).
+    ResourceType {
+        categories: &["api-extensions"],
+        generation: true,
+        ..rt(
+            ADMISSION_GROUP,
+            "v1",
+            "mutatingwebhookconfigurations",
+            "mutatingwebhookconfiguration",
+            "MutatingWebhookConfiguration",
+            false,
+        )
+    },
 ];
+
+/// The group of admission webhook configurations.
+pub const ADMISSION_GROUP: &str = "admissionregistration.k8s.io";
 
 /// The group of CustomResourceDefinitions.
 pub const CRD_GROUP: &str = "apiextensions.k8s.io";
@@ -344,6 +366,12 @@ pub fn namespaces_id() -> ResourceId {
 /// The index of the `customresourcedefinitions` resource.
 pub fn crds_id() -> ResourceId {
     lookup(CRD_GROUP, "v1", "customresourcedefinitions").expect("CRDs are registered")
+}
+
+/// The index of the `mutatingwebhookconfigurations` resource.
+pub fn mutating_webhooks_id() -> ResourceId {
+    lookup(ADMISSION_GROUP, "v1", "mutatingwebhookconfigurations")
+        .expect("mutating webhook configurations are registered")
 }
 
 /// The custom type a CRD named `name` (`<plural>.<group>`) makes served.

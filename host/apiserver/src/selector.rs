@@ -414,16 +414,104 @@ impl LabelSelector {
         Ok(LabelSelector { reqs })
     }
 
+    /// A `metav1.LabelSelector` object (`matchLabels`, `matchExpressions`
+    /// with In, NotIn, Exists, DoesNotExist), as kube's
+    /// `LabelSelectorAsSelector` reads it: absent, null or `{}` selects
+    /// everything. Errors are kube's reasons, without a field path.
+    pub fn from_object(sel: Option<&Value>) -> Result<Self, String> {
+        let mut reqs = Vec::new();
+        let Some(sel) = sel.filter(|s| !s.is_null()) else {
+            return Ok(LabelSelector { reqs });
+        };
+        let key_ok = |key: &str| {
+            let errs = qualified_name_errors(key);
+            if errs.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("key: Invalid value: {key:?}: {}", errs.join("; ")))
+            }
+        };
+        if let Some(m) = sel.get("matchLabels").and_then(Value::as_object) {
+            for (k, v) in m {
+                key_ok(k)?;
+                let v = v.as_str().unwrap_or_default().to_owned();
+                reqs.push(new_requirement(k, Tok::Equals, vec![v])?);
+            }
+        }
+        for e in sel
+            .get("matchExpressions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let key = e.get("key").and_then(Value::as_str).unwrap_or_default();
+            key_ok(key)?;
+            let mut values: Vec<String> = e
+                .get("values")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|v| v.as_str().unwrap_or_default().to_owned())
+                .collect();
+            let op = e
+                .get("operator")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let (tok, needs_values) = match op {
+                "In" => (Tok::In, true),
+                "NotIn" => (Tok::NotIn, true),
+                "Exists" | "DoesNotExist" => (Tok::End, false),
+                _ => return Err(format!("{op:?} is not a valid label selector operator")),
+            };
+            match (needs_values, values.is_empty()) {
+                (true, true) => {
+                    return Err(
+                        "values: Invalid value: []string{}: for 'in', 'notin' operators, values set can't be empty"
+                            .into(),
+                    );
+                }
+                (false, false) => {
+                    return Err(format!(
+                        "values: Invalid value: {values:?}: values set must be empty for exists and does not exist"
+                    ));
+                }
+                _ => {}
+            }
+            if needs_values {
+                values.sort();
+                values.dedup();
+                reqs.push(new_requirement(key, tok, values)?);
+            } else {
+                let op = if op == "Exists" {
+                    Op::Exists
+                } else {
+                    Op::NotExists
+                };
+                reqs.push(Requirement {
+                    key: key.to_owned(),
+                    op,
+                });
+            }
+        }
+        Ok(LabelSelector { reqs })
+    }
+
     pub fn is_empty(&self) -> bool {
         self.reqs.is_empty()
     }
 
     /// Whether an object's `metadata.labels` satisfy every requirement.
     pub fn matches(&self, obj: &Value) -> bool {
+        self.matches_labels(obj.pointer("/metadata/labels"))
+    }
+
+    /// Whether a label map (`metadata.labels`; absent: no labels) satisfies
+    /// every requirement.
+    pub fn matches_labels(&self, labels: Option<&Value>) -> bool {
         if self.reqs.is_empty() {
             return true;
         }
-        let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
+        let labels = labels.and_then(Value::as_object);
         let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
         let number = |k: &str| get(k).and_then(|v| v.parse::<i64>().ok());
         self.reqs.iter().all(|r| match &r.op {
@@ -572,8 +660,41 @@ mod tests {
     /// The 400 message for a selector kube-apiserver refuses.
     fn err(s: &str) -> String {
         let e = LabelSelector::parse(s).expect_err(s);
-        assert_eq!((e.code, e.reason), (400, "BadRequest"), "{s}");
+        assert_eq!((e.code, e.reason.as_ref()), (400, "BadRequest"), "{s}");
         e.message
+    }
+
+    #[test]
+    fn label_selector_objects() {
+        let sel = |v: Value| LabelSelector::from_object(Some(&v));
+        let s = sel(json!({
+            "matchLabels": {"app": "web"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "NotIn", "values": ["db"]},
+                {"key": "team", "operator": "Exists"},
+                {"key": "legacy", "operator": "DoesNotExist"},
+            ],
+        }))
+        .unwrap();
+        assert!(s.matches(&obj(json!({"app": "web", "team": "a"}))));
+        assert!(!s.matches(&obj(json!({"app": "web", "team": "a", "tier": "db"}))));
+        assert!(!s.matches(&obj(json!({"app": "web", "team": "a", "legacy": ""}))));
+        assert!(!s.matches(&obj(json!({"app": "web"}))));
+        assert!(LabelSelector::from_object(None).unwrap().is_empty());
+        assert!(sel(json!({})).unwrap().matches(&obj(json!({}))));
+        assert!(
+            sel(json!({"matchExpressions": [{"key": "a", "operator": "In", "values": []}]}))
+                .is_err()
+        );
+        assert!(
+            sel(json!({"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}))
+                .is_err()
+        );
+        assert!(
+            sel(json!({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}))
+                .is_err()
+        );
+        assert!(sel(json!({"matchLabels": {"bad key": "x"}})).is_err());
     }
 
     #[test]

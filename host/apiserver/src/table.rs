@@ -139,6 +139,7 @@ enum Printer {
     StatefulSet,
     DaemonSet,
     Lease,
+    MutatingWebhookConfiguration,
     /// The generic registry's default: Name and Created At.
     Default,
 }
@@ -156,6 +157,9 @@ fn printer(rt: &ResourceType) -> Printer {
         ("apps", "statefulsets") => Printer::StatefulSet,
         ("apps", "daemonsets") => Printer::DaemonSet,
         ("coordination.k8s.io", "leases") => Printer::Lease,
+        (crate::resources::ADMISSION_GROUP, "mutatingwebhookconfigurations") => {
+            Printer::MutatingWebhookConfiguration
+        }
         _ => Printer::Default,
     }
 }
@@ -431,6 +435,18 @@ fn columns(p: Printer) -> &'static [Column] {
                     "Holder",
                     "string",
                     "holderIdentity contains the identity of the holder of a current lease. If Coordinated Leader Election is used, the holder identity must be equal to the elected LeaseCandidate.metadata.name field.",
+                ),
+                AGE,
+            ];
+            C
+        }
+        Printer::MutatingWebhookConfiguration => {
+            const C: &[Column] = &[
+                NAME,
+                col(
+                    "Webhooks",
+                    "integer",
+                    "Webhooks indicates the number of webhooks in the configuration.",
                 ),
                 AGE,
             ];
@@ -791,6 +807,9 @@ fn cells(p: Printer, o: &Value, now: jiff::Timestamp) -> (Vec<Value>, Option<Val
             ]
         }
         Printer::Lease => vec![name(o), json!(s(o, "/spec/holderIdentity")), age(o, now)],
+        Printer::MutatingWebhookConfiguration => {
+            vec![name(o), json!(arr(o, "/webhooks").len()), age(o, now)]
+        }
         Printer::Default => {
             let created = time(o, "/metadata/creationTimestamp")
                 .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())

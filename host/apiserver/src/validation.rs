@@ -8,7 +8,7 @@
 //! missing fields and ignore unknown ones as kube does; a wrong JSON type
 //! anywhere is refused with its path.
 
-use k8s_openapi::api::{apps, batch, coordination, core, discovery, events};
+use k8s_openapi::api::{admissionregistration, apps, batch, coordination, core, discovery, events};
 use serde_json::Value;
 
 use crate::error::{ApiError, Cause};
@@ -44,6 +44,9 @@ pub fn typecheck(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
         ("batch", "cronjobs") => decodes_as::<batch::v1::CronJob>(obj),
         ("coordination.k8s.io", "leases") => decodes_as::<coordination::v1::Lease>(obj),
         ("events.k8s.io", "events") => decodes_as::<events::v1::Event>(obj),
+        (crate::resources::ADMISSION_GROUP, "mutatingwebhookconfigurations") => {
+            decodes_as::<admissionregistration::v1::MutatingWebhookConfiguration>(obj)
+        }
         _ => Ok(()),
     };
     checked.map_err(|why| {
@@ -325,6 +328,10 @@ fn crd(obj: &Value, causes: &mut Vec<Cause>) {
 pub fn validate_kind(rt: &ResourceType, obj: &Value, causes: &mut Vec<Cause>) {
     if rt.is_crd() {
         crd(obj, causes);
+        return;
+    }
+    if rt.is_mutating_webhook_configuration() {
+        crate::admission::validate_configuration(obj, causes);
         return;
     }
     match (rt.group, rt.plural) {
