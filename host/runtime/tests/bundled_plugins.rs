@@ -1460,3 +1460,49 @@ fn rollout_restart_custom_annotation_names_are_checked(module: &str) {
         "{annotations: {configmapReload: acme.io/reload, secretReload: acme.io/reload, secretAuto: reloader.stakater.com/auto}}",
     );
 }
+
+/// Reloader's `--ignored-workload-types` as the Rust rollout-restart's
+/// `ignoredWorkloadTypes` (WIT 0.3.0, which sees CronJobs and Jobs): those
+/// kinds never restart, named or auto; an unknown type is a config error
+/// naming the accepted ones.
+#[test]
+fn rollout_restart_ignored_workload_types_skip_jobs_and_cronjobs() {
+    let auto = [("reloader.stakater.com/auto", "true")];
+    let named = [("configmap.reloader.stakater.com/reload", "orders")];
+    let refs = [(CM, "orders")];
+    let workloads = || {
+        vec![
+            deploy("api", &auto, &refs),
+            workload(WorkloadKind::from_gvk("batch", "v1", "CronJob"), "nightly", &auto, &[], &refs),
+            workload(WorkloadKind::from_gvk("batch", "v1", "Job"), "once", &named, &[], &[]),
+        ]
+    };
+    let plugin = |config: &str| {
+        load(
+            StaticLookups {
+                workloads: workloads(),
+                ..Default::default()
+            },
+            &format!(
+                "name: restart\n    module: {{module:rollout-restart}}\n    sha256: {{sha256:rollout-restart}}\n    config: {config}\n    capabilities: {{restart: {{namespaces: [shop], kinds: [Deployment, batch/v1/CronJob, batch/v1/Job]}}}}"
+            ),
+        )
+    };
+    let mut all = restarted(&plugin("{}"), &modified(&ORDERS));
+    all.sort();
+    assert_eq!(all, ["api", "nightly", "once"]);
+    assert_eq!(
+        restarted(&plugin("{ignoredWorkloadTypes: [jobs, CronJobs]}"), &modified(&ORDERS)),
+        ["api"]
+    );
+    let mut some = restarted(&plugin("{ignoredWorkloadTypes: [jobs]}"), &modified(&ORDERS));
+    some.sort();
+    assert_eq!(some, ["api", "nightly"]);
+    let error = rollout_config_error("rollout-restart", "{ignoredWorkloadTypes: [deployments]}");
+    assert!(
+        error.contains(
+            "ignoredWorkloadTypes: \"deployments\" is not a workload type Reloader ignores (jobs, cronjobs)"
+        ),
+        "{error}"
+    );
+}

@@ -66,7 +66,10 @@
 //!
 //! Config (JSON), all optional, defaults as Reloader's flags:
 //! `{"reloadOnCreate": false, "reloadOnDelete": false, "autoReloadAll": false,
-//! "keyAware": false}`. Modifications and resyncs always count.
+//! "keyAware": false, "ignoredWorkloadTypes": []}`. Modifications and
+//! resyncs always count. `ignoredWorkloadTypes` is Reloader's
+//! `--ignored-workload-types` (`jobs`, `cronjobs`): those kinds never
+//! restart, named or not.
 //!
 //! `annotations` renames Reloader's annotations as its flags do
 //! (`--auto-annotation`, `--configmap-auto-annotation`,
@@ -123,6 +126,32 @@ struct Config {
     alert: Option<AlertConfig>,
     #[serde(default)]
     annotations: Option<AnnotationNames>,
+    /// Reloader's `--ignored-workload-types`: `jobs`, `cronjobs` (any
+    /// case); workloads of those kinds never restart.
+    #[serde(default)]
+    ignored_workload_types: Vec<String>,
+}
+
+/// The `ignoredWorkloadTypes` values Reloader accepts, with the kind each
+/// names (batch/v1).
+const WORKLOAD_TYPES: [(&str, &str); 2] = [("jobs", "Job"), ("cronjobs", "CronJob")];
+
+/// The batch/v1 kinds `ignoredWorkloadTypes` names, checked.
+fn ignored_kinds(types: &[String]) -> Result<Vec<&'static str>, String> {
+    types
+        .iter()
+        .map(|t| {
+            WORKLOAD_TYPES
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(t.trim()))
+                .map(|(_, kind)| *kind)
+                .ok_or_else(|| {
+                    format!(
+                        "ignoredWorkloadTypes: {t:?} is not a workload type Reloader ignores (jobs, cronjobs)"
+                    )
+                })
+        })
+        .collect()
 }
 
 /// Reloader's custom annotation flags: each replaces Reloader's key.
@@ -207,6 +236,8 @@ struct Settings {
     config: Config,
     mode: Mode,
     names: Names,
+    /// batch/v1 kinds never restarted (`ignoredWorkloadTypes`).
+    ignored: Vec<&'static str>,
 }
 
 /// The annotation keys read in Reloader's place: its defaults, or those of
@@ -454,10 +485,13 @@ fn settings(json: &str) -> Result<Settings, String> {
     let config: Config = parse_config(PLUGIN, json)?;
     let mode = mode(&config).map_err(|e| format!("{PLUGIN} config: {e}"))?;
     let names = names(config.annotations.as_ref()).map_err(|e| format!("{PLUGIN} config: {e}"))?;
+    let ignored =
+        ignored_kinds(&config.ignored_workload_types).map_err(|e| format!("{PLUGIN} config: {e}"))?;
     Ok(Settings {
         config,
         mode,
         names,
+        ignored,
     })
 }
 
@@ -705,6 +739,7 @@ impl Guest for RolloutRestart {
             config,
             mode,
             names,
+            ignored,
         } = settings(&host::config())?;
         let what = match event.change {
             ChangeType::Added if !config.reload_on_create => return Ok(vec![]),
@@ -728,6 +763,15 @@ impl Guest for RolloutRestart {
             host::workloads_referencing(event.kind, &event.namespace, &event.name)
                 .into_iter()
                 .filter_map(|w| {
+                    if w.workload.group == "batch"
+                        && ignored.contains(&w.workload.kind.as_str())
+                    {
+                        log(
+                            LogLevel::Debug,
+                            &format!("not restarting {}: ignoredWorkloadTypes", w.describe()),
+                        );
+                        return None;
+                    }
                     let why = decide(&config, &names, &event, &w)?;
                     if config.key_aware && !w.uses_any_of(&event.changed_keys) {
                         log(
