@@ -311,10 +311,15 @@ impl KubeExecutor {
     /// (in the order of `contents`) whether the restart recorded it
     /// (`true`) or the workload already did (`false`): the workload was
     /// restarted when any is true, and the Events about it name only those
-    /// objects. A content counts as recorded when any strategy's record
-    /// holds it (the template annotation, the variable, or a Rollout's
-    /// `restartAt` record on its metadata), so switching strategies
-    /// restarts nothing by itself. See the module docs for the kinds.
+    /// objects. The newest record of the object decides whether it is at
+    /// the content: our annotation (on the template, or a Rollout's
+    /// `restartAt` record on its metadata) when there is one, else the
+    /// variable (ours or Reloader's), else Reloader's `last-reloaded-from`;
+    /// a restart writes its strategy's record and keeps the other one of
+    /// the object, if there is one, in step. So switching strategies, or
+    /// from Reloader, restarts nothing by itself, and a record only an
+    /// older writer kept never hides a change. See the module docs for the
+    /// kinds.
     ///
     /// A write answered 409 (the workload changed since it was read: on a
     /// real cluster mostly its controller's status write after a rollout)
@@ -456,11 +461,23 @@ impl KubeExecutor {
                     .and_then(Value::as_str);
                 reloaded_from(record, content_hash, &workload.namespace, hash)
             });
-            if records_content(recorded, content_hash, *unkeyed)
-                || records_content(on_workload, content_hash, *unkeyed)
-                || in_env
-                || by_reloader
-            {
+            // The newest record decides: ours on the annotations when there
+            // is one (a restart keeps a variable of the object in step
+            // with it, below), else the variable (ours or Reloader's), else
+            // Reloader's `last-reloaded-from`. A record that only an older
+            // writer kept (Reloader's variable after we restarted for
+            // another content) must not hide a change back to its content.
+            let annotated = recorded.is_some() || on_workload.is_some();
+            let has_variable = variable.as_ref().is_some_and(|v| v.current.is_some());
+            let at_content = if annotated {
+                records_content(recorded, content_hash, *unkeyed)
+                    || records_content(on_workload, content_hash, *unkeyed)
+            } else if has_variable {
+                in_env
+            } else {
+                by_reloader
+            };
+            if at_content {
                 debug!(
                     kind = ?workload.kind,
                     namespace = %workload.namespace,
@@ -482,13 +499,24 @@ impl KubeExecutor {
             match (strategy, variable) {
                 (RestartStrategy::EnvVars, Some(v)) => {
                     previous.push(v.current.clone().unwrap_or_default());
+                    if recorded.is_some() {
+                        // Our annotation of the object, kept in step.
+                        annotations.insert(key, json!(content_hash));
+                    }
                     env.push((v.container, v.name, v.value));
                 }
                 // Hashes not of a ConfigMap or Secret have no variable;
                 // restart-at records every content on the Rollout.
-                _ => {
+                (strategy, variable) => {
                     previous.push(recorded.or(on_workload).unwrap_or("").to_string());
                     annotations.insert(key, json!(content_hash));
+                    if strategy == RestartStrategy::Annotations
+                        && let Some(v) = variable.filter(|v| v.current.is_some())
+                    {
+                        // The object's variable (Reloader's, or ours from
+                        // env-vars), kept in step.
+                        env.push((v.container, v.name, v.value));
+                    }
                 }
             }
         }
@@ -538,6 +566,9 @@ impl KubeExecutor {
                 .map(|()| written);
         }
         if !env.is_empty() {
+            if strategy == RestartStrategy::Annotations {
+                annotations.insert(RESTARTED_AT_ANNOTATION.to_string(), json!(now));
+            }
             return self
                 .patch_env(
                     workload,

@@ -606,8 +606,8 @@ async fn a_restarts_own_strategy_replaces_its_plugins() {
     );
     assert_eq!(
         after["spec"]["containers"][0]["env"][0]["value"],
-        json!(one),
-        "the variable is left as it was"
+        json!(two),
+        "the variable kept in step with the annotation (the newest record)"
     );
 }
 

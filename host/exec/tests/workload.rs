@@ -368,6 +368,87 @@ async fn reloaders_records_of_the_content_count_only_for_that_object_and_hash() 
     assert_eq!(generation(&stored(&server, &w)), 2);
 }
 
+/// The newest record decides (review of issue 34 §3): Reloader's variable
+/// left at content A after we restarted for B (our annotation) must not
+/// hide a change back to A; that restart keeps the variable in step, and
+/// then both records agree.
+#[tokio::test]
+async fn a_record_only_an_older_writer_kept_does_not_hide_a_change_back() {
+    let (server, client) = start().await;
+    let exec = executor(&client);
+    let sha_a = "a9252138a1296257fa1f4ceb32cc6af0e2dfe373";
+    let a = format!("configmap/flags:{}", "a".repeat(64));
+    let b = format!("configmap/flags:{}", "b".repeat(64));
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {
+            "metadata": {"labels": {"app": "web"}, "annotations": {
+                "config-hash.wasmwatch.io/configmap.flags": b}},
+            "spec": {"containers": [{"name": "app", "image": "example/app:1",
+                "env": [{"name": "STAKATER_FLAGS_CONFIGMAP", "value": sha_a}],
+                "envFrom": [{"configMapRef": {"name": "flags"}}]}]}}}
+    }))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    let w = workload(WorkloadKind::Deployment, "web");
+    let back_to_a = [Content {
+        hash: &a,
+        unkeyed: None,
+        reloader: Some(sha_a),
+    }];
+    assert_eq!(
+        exec.restart_contents(&w, &back_to_a, "r", RestartStrategy::Annotations)
+            .await
+            .unwrap(),
+        [true],
+        "our record says B: the change back to A restarts"
+    );
+    let after = stored(&server, &w);
+    assert_eq!(generation(&after), 2);
+    assert_eq!(
+        template_annotation(&after, "config-hash.wasmwatch.io/configmap.flags").as_deref(),
+        Some(a.as_str())
+    );
+    assert!(template_annotation(&after, RESTARTED_AT_ANNOTATION).is_some());
+    assert_eq!(
+        after.pointer("/spec/template/spec/containers/0/env"),
+        Some(&json!([{"name": "STAKATER_FLAGS_CONFIGMAP", "value": sha_a}])),
+        "the variable kept in step (Reloader's hash of A)"
+    );
+    // Now a change to B: both records move; B again is at content.
+    let to_b = [Content {
+        hash: &b,
+        unkeyed: None,
+        reloader: Some("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"),
+    }];
+    for strategy in [RestartStrategy::EnvVars, RestartStrategy::Annotations] {
+        let written = exec
+            .restart_contents(&w, &to_b, "r", strategy)
+            .await
+            .unwrap();
+        assert_eq!(
+            written,
+            [strategy == RestartStrategy::EnvVars],
+            "{strategy:?}"
+        );
+    }
+    let last = stored(&server, &w);
+    assert_eq!(generation(&last), 3);
+    assert_eq!(
+        template_annotation(&last, "config-hash.wasmwatch.io/configmap.flags").as_deref(),
+        Some(b.as_str()),
+        "env-vars kept our annotation in step"
+    );
+    assert_eq!(
+        last.pointer("/spec/template/spec/containers/0/env/0/value"),
+        Some(&json!("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"))
+    );
+}
+
 /// Reloader's default strategy: a `STAKATER_<NAME>_<KIND>` variable in the
 /// container that uses the object, no annotation; once per content; a
 /// workload's `wasmwatch.io/reload-strategy` annotation wins over the
@@ -468,8 +549,8 @@ async fn the_env_vars_strategy_sets_reloaders_variable_in_the_using_container() 
     );
     assert_eq!(
         env(&last, 1)[1]["value"],
-        json!("1".repeat(64)),
-        "the variable is left as it was"
+        json!("2".repeat(64)),
+        "the variable is kept in step with the annotation (the newest record)"
     );
 }
 

@@ -288,14 +288,17 @@ fn execution(action: &Action, lookups: &KubeLookups, records: &Records<'_>, entr
                 let unkeyed = unkeyed_content_hash(content_hash, records.unkeyed);
                 // Reloader's env-vars record is not cached; its
                 // annotations record is.
-                let by_reloader = reloader_hash_for(content_hash, Some(records.reloader))
-                    .is_some_and(|hash| {
-                        let record = info
-                            .template_annotations
-                            .get(LAST_RELOADED_FROM_ANNOTATION)
-                            .map(String::as_str);
-                        reloaded_from(record, content_hash, &workload.namespace, hash)
-                    });
+                // Only without a record of ours (the newest decides).
+                let by_reloader = recorded.is_none()
+                    && reloader_hash_for(content_hash, Some(records.reloader)).is_some_and(
+                        |hash| {
+                            let record = info
+                                .template_annotations
+                                .get(LAST_RELOADED_FROM_ANNOTATION)
+                                .map(String::as_str);
+                            reloaded_from(record, content_hash, &workload.namespace, hash)
+                        },
+                    );
                 entry["patch"] = json!(
                     !records_content(recorded, content_hash, unkeyed.as_deref()) && !by_reloader
                 );
