@@ -367,7 +367,11 @@ impl Follower {
                 }
                 Ok(true) => {}
                 Ok(false) => {
-                    if let Some(w) = watching.take() {
+                    if let Some(mut w) = watching.take() {
+                        // Stopped before its objects go: an event it was
+                        // applying must not put one back.
+                        w.task.abort();
+                        let _ = (&mut w.task).await;
                         drop(w);
                         let dropped = self
                             .cache

@@ -1473,8 +1473,20 @@ fn rollout_restart_ignored_workload_types_skip_jobs_and_cronjobs() {
     let workloads = || {
         vec![
             deploy("api", &auto, &refs),
-            workload(WorkloadKind::from_gvk("batch", "v1", "CronJob"), "nightly", &auto, &[], &refs),
-            workload(WorkloadKind::from_gvk("batch", "v1", "Job"), "once", &named, &[], &[]),
+            workload(
+                WorkloadKind::from_gvk("batch", "v1", "CronJob"),
+                "nightly",
+                &auto,
+                &[],
+                &refs,
+            ),
+            workload(
+                WorkloadKind::from_gvk("batch", "v1", "Job"),
+                "once",
+                &named,
+                &[],
+                &[],
+            ),
         ]
     };
     let plugin = |config: &str| {
@@ -1492,10 +1504,16 @@ fn rollout_restart_ignored_workload_types_skip_jobs_and_cronjobs() {
     all.sort();
     assert_eq!(all, ["api", "nightly", "once"]);
     assert_eq!(
-        restarted(&plugin("{ignoredWorkloadTypes: [jobs, CronJobs]}"), &modified(&ORDERS)),
+        restarted(
+            &plugin("{ignoredWorkloadTypes: [jobs, CronJobs]}"),
+            &modified(&ORDERS)
+        ),
         ["api"]
     );
-    let mut some = restarted(&plugin("{ignoredWorkloadTypes: [jobs]}"), &modified(&ORDERS));
+    let mut some = restarted(
+        &plugin("{ignoredWorkloadTypes: [jobs]}"),
+        &modified(&ORDERS),
+    );
     some.sort();
     assert_eq!(some, ["api", "nightly"]);
     let error = rollout_config_error("rollout-restart", "{ignoredWorkloadTypes: [deployments]}");

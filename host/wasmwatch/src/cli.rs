@@ -118,17 +118,24 @@ struct WebhookArgs {
     #[arg(long, conflicts_with = "webhook_generate_cert")]
     webhook_cert_dir: Option<PathBuf>,
     /// Generate a CA and a certificate, keep them in Secret
-    /// --webhook-secret of the Leases' namespace, and write the CA into
-    /// MutatingWebhookConfiguration --webhook-configuration's caBundle.
+    /// --webhook-secret of --namespace (POD_NAMESPACE), and write the CA
+    /// into MutatingWebhookConfiguration --webhook-configuration's
+    /// caBundle. Delete the Secret to have a new pair made (replicas pick
+    /// it up within a minute).
     #[arg(long)]
     webhook_generate_cert: bool,
-    #[arg(long, default_value = "wasmwatch-webhook-tls")]
+    #[arg(
+        long,
+        default_value = "wasmwatch-webhook-tls",
+        requires = "webhook_generate_cert"
+    )]
     webhook_secret: String,
-    #[arg(long, default_value = "wasmwatch")]
+    #[arg(long, default_value = "wasmwatch", requires = "webhook_generate_cert")]
     webhook_configuration: String,
     /// A name (or IP address) the generated certificate is for; repeatable
-    /// (default: wasmwatch-webhook.<namespace>.svc).
-    #[arg(long = "webhook-dns-name")]
+    /// (default: wasmwatch-webhook.<namespace>.svc). A pair already in the
+    /// Secret is used as it is.
+    #[arg(long = "webhook-dns-name", requires = "webhook_generate_cert")]
     webhook_dns_names: Vec<String>,
 }
 

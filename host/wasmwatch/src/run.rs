@@ -158,6 +158,7 @@ pub async fn run(
     let (elector_parts, _leadership_tx, leadership) =
         elect(&client, &options, &ha, &lease_namespace)?;
 
+    // Its tasks stop when this is dropped, with `run`.
     let _webhook = match &options.webhook {
         Some(webhook) => Some(crate::webhook::start(webhook, &client).await?),
         None => None,

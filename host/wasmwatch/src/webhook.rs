@@ -27,7 +27,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
@@ -80,15 +80,40 @@ pub struct WebhookOptions {
     pub tls: WebhookTls,
 }
 
-/// Starts the webhook: binds, gets the certificate, serves until the task
-/// is dropped. Returns the address bound.
-pub async fn start(
-    options: &WebhookOptions,
-    client: &kube::Client,
-) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+/// The webhook's tasks (serving, and keeping the certificate and the
+/// caBundle current); they stop when this is dropped.
+#[derive(Debug)]
+pub struct Webhook {
+    pub addr: SocketAddr,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Connections served at once; more wait to be accepted.
+const MAX_CONNECTIONS: usize = 256;
+/// How long a client may take for its TLS handshake, its request head, and
+/// its request body each.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a certificate folder is looked at for a renewed pair.
+const CERT_DIR_POLL: Duration = Duration::from_secs(10);
+
+/// Starts the webhook: gets the certificate, binds, serves.
+pub async fn start(options: &WebhookOptions, client: &kube::Client) -> anyhow::Result<Webhook> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let resolver: Arc<dyn ResolvesServerCert> = match &options.tls {
-        WebhookTls::Dir(dir) => Arc::new(DirCert::load(dir.clone(), provider.clone())?),
+    let (served, keeper): (Arc<Served>, BoxFuture) = match &options.tls {
+        WebhookTls::Dir(dir) => {
+            let key = load_pair(dir, &provider)?;
+            let served = Arc::new(Served::new(key));
+            let keeper = Box::pin(watch_dir(dir.clone(), provider.clone(), served.clone()));
+            (served, keeper)
+        }
         WebhookTls::Generate {
             namespace,
             secret,
@@ -96,40 +121,66 @@ pub async fn start(
             names,
         } => {
             let pair = generated(client, namespace, secret, names).await?;
-            let key = pair.certified(&provider)?;
-            tokio::spawn(keep_ca_bundle(
+            let served = Arc::new(Served::new(pair.certified(&provider)?));
+            let keeper = Box::pin(keep_generated(
                 client.clone(),
+                options.tls.clone(),
                 configuration.clone(),
-                pair.ca.clone(),
+                provider.clone(),
+                served.clone(),
+                pair,
             ));
-            Arc::new(Fixed(Arc::new(key)))
+            (served, keeper)
         }
     };
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .context("TLS versions for the webhook")?
         .with_no_client_auth()
-        .with_cert_resolver(resolver);
+        .with_cert_resolver(served);
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind(options.addr)
         .await
         .with_context(|| format!("cannot listen on {} for the webhook", options.addr))?;
     let addr = listener.local_addr()?;
     tracing::info!("admission webhook listening on https://{addr}/mutate");
-    Ok((addr, tokio::spawn(serve(listener, acceptor))))
+    Ok(Webhook {
+        addr,
+        tasks: vec![
+            tokio::spawn(serve(listener, acceptor)),
+            tokio::spawn(keeper),
+        ],
+    })
 }
 
+type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let Ok((stream, peer)) = listener.accept().await else {
-            continue;
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors, mostly: do not spin.
+                tracing::warn!(%error, "webhook: accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let stream = match acceptor.accept(stream).await {
-                Ok(s) => s,
-                Err(error) => {
-                    tracing::debug!(%peer, %error, "webhook TLS handshake failed");
+            let _slot = slot;
+            let stream = match tokio::time::timeout(CLIENT_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(error)) => {
+                    tracing::warn!(%peer, %error, "webhook TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "webhook TLS handshake timed out");
                     return;
                 }
             };
@@ -138,6 +189,8 @@ async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor) {
                     |req| async move { Ok::<_, Infallible>(handle(req).await) },
                 );
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(CLIENT_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
@@ -164,9 +217,18 @@ async fn handle(req: Request<Incoming>) -> Response<Full<Bytes>> {
     if req.method() != Method::POST || req.uri().path() != "/mutate" {
         return reply(StatusCode::NOT_FOUND, b"{}".to_vec());
     }
-    let body = match Limited::new(req.into_body(), MAX_REVIEW).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return bad_request(format!("cannot read the AdmissionReview: {e}")),
+    let read = tokio::time::timeout(
+        CLIENT_TIMEOUT,
+        Limited::new(req.into_body(), MAX_REVIEW).collect(),
+    );
+    let body = match read.await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) => return bad_request(format!("cannot read the AdmissionReview: {e}")),
+        Err(_) => {
+            return bad_request(format!(
+                "the AdmissionReview did not arrive within {CLIENT_TIMEOUT:?}"
+            ));
+        }
     };
     let review: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
@@ -223,45 +285,65 @@ pub fn review_answer(review: &Value) -> Result<Value, String> {
     }))
 }
 
-/// One certificate, always.
+/// The certificate served now; swapped by the task that keeps it current
+/// ([`watch_dir`], [`keep_generated`]), so a handshake only clones an Arc.
 #[derive(Debug)]
-struct Fixed(Arc<CertifiedKey>);
+struct Served(std::sync::RwLock<Arc<CertifiedKey>>);
 
-impl ResolvesServerCert for Fixed {
+impl Served {
+    fn new(key: CertifiedKey) -> Self {
+        Served(std::sync::RwLock::new(Arc::new(key)))
+    }
+
+    fn set(&self, key: CertifiedKey) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(key);
+    }
+}
+
+impl ResolvesServerCert for Served {
     fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.0.clone())
+        Some(self.0.read().unwrap_or_else(|e| e.into_inner()).clone())
     }
 }
 
-/// `tls.crt` and `tls.key` of a folder, read again when either file's
-/// modification time changes (a renewed cert-manager Secret); a pair that
-/// does not load keeps the one before.
-#[derive(Debug)]
-struct DirCert {
-    dir: PathBuf,
-    provider: Arc<rustls::crypto::CryptoProvider>,
-    loaded: Mutex<(Option<SystemTime>, Option<SystemTime>, Arc<CertifiedKey>)>,
-}
-
-impl DirCert {
-    fn load(dir: PathBuf, provider: Arc<rustls::crypto::CryptoProvider>) -> anyhow::Result<Self> {
-        let key = load_pair(&dir, &provider)?;
-        let (c, k) = mtimes(&dir);
-        Ok(DirCert {
-            dir,
-            provider,
-            loaded: Mutex::new((c, k, Arc::new(key))),
-        })
-    }
-}
-
-fn mtimes(dir: &std::path::Path) -> (Option<SystemTime>, Option<SystemTime>) {
-    let m = |f: &str| {
-        std::fs::metadata(dir.join(f))
+async fn mtimes(dir: &std::path::Path) -> (Option<SystemTime>, Option<SystemTime>) {
+    let m = |f: &'static str| async move {
+        tokio::fs::metadata(dir.join(f))
+            .await
             .and_then(|m| m.modified())
             .ok()
     };
-    (m("tls.crt"), m("tls.key"))
+    (m("tls.crt").await, m("tls.key").await)
+}
+
+/// Reads `tls.crt` and `tls.key` of `dir` again whenever either changes (a
+/// renewed cert-manager Secret); a pair that does not load is tried again
+/// at the next look, the one before served meanwhile.
+async fn watch_dir(
+    dir: PathBuf,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    served: Arc<Served>,
+) {
+    let mut loaded = mtimes(&dir).await;
+    loop {
+        tokio::time::sleep(CERT_DIR_POLL).await;
+        let now = mtimes(&dir).await;
+        if now == loaded {
+            continue;
+        }
+        let (d, p) = (dir.clone(), provider.clone());
+        match tokio::task::spawn_blocking(move || load_pair(&d, &p)).await {
+            Ok(Ok(key)) => {
+                served.set(key);
+                loaded = now;
+                tracing::info!(dir = %dir.display(), "webhook certificate read again");
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "webhook certificate changed but does not load; serving the one before")
+            }
+            Err(error) => tracing::warn!(%error, "reading the webhook certificate failed"),
+        }
+    }
 }
 
 fn load_pair(
@@ -279,29 +361,8 @@ fn load_pair(
         .with_context(|| format!("the key in {} does not fit its certificate", dir.display()))
 }
 
-impl ResolvesServerCert for DirCert {
-    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-        let now = mtimes(&self.dir);
-        if (loaded.0, loaded.1) != now {
-            match load_pair(&self.dir, &self.provider) {
-                Ok(key) => {
-                    tracing::info!(dir = %self.dir.display(), "webhook certificate read again");
-                    *loaded = (now.0, now.1, Arc::new(key));
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "webhook certificate changed but does not load; keeping the one before");
-                    loaded.0 = now.0;
-                    loaded.1 = now.1;
-                }
-            }
-        }
-        Some(loaded.2.clone())
-    }
-}
-
 /// A generated CA and serving certificate, as PEM.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Generated {
     ca: String,
     cert: String,
@@ -428,63 +489,118 @@ fn from_secret(secret: &Secret, what: &str) -> anyhow::Result<Generated> {
     })
 }
 
-/// Keeps `ca` as the caBundle of every webhook of MutatingWebhookConfiguration
-/// `name`: now, then every [`CA_BUNDLE_CHECK`].
-async fn keep_ca_bundle(client: kube::Client, name: String, ca: String) {
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client);
-    let bundle = ByteString(ca.into_bytes());
+/// Keeps the generated pair current: every [`CA_BUNDLE_CHECK`] the Secret
+/// is read again (made again when deleted), a pair that changed is served
+/// from then on, and its CA is written into every webhook of
+/// MutatingWebhookConfiguration `configuration` whose caBundle differs.
+/// Replicas converge on the Secret's pair instead of each writing its own.
+async fn keep_generated(
+    client: kube::Client,
+    tls: WebhookTls,
+    configuration: String,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    served: Arc<Served>,
+    mut pair: Generated,
+) {
+    let WebhookTls::Generate {
+        namespace,
+        secret,
+        names,
+        ..
+    } = tls
+    else {
+        return;
+    };
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let mut missing_told = false;
     loop {
-        match set_ca_bundle(&api, &name, &bundle).await {
+        match set_ca_bundle(&api, &configuration, &pair.ca).await {
             Ok(Some(0)) => {}
             Ok(Some(n)) => {
-                tracing::info!(configuration = %name, webhooks = n, "webhook CA written into the caBundle")
+                tracing::info!(%configuration, webhooks = n, "webhook CA written into the caBundle")
             }
             Ok(None) if !missing_told => {
                 missing_told = true;
                 tracing::warn!(
-                    configuration = %name,
-                    "no MutatingWebhookConfiguration {name}: the API server does not call the webhook \
-                     (apply deploy/overlays/webhook); checked again every minute"
+                    %configuration,
+                    "no MutatingWebhookConfiguration {configuration}: the API server does not call \
+                     the webhook (apply deploy/overlays/webhook); checked again every minute"
                 );
             }
             Ok(None) => {}
             Err(error) => {
-                tracing::warn!(configuration = %name, %error, "cannot write the webhook CA into the caBundle")
+                tracing::warn!(%configuration, %error, "cannot write the webhook CA into the caBundle")
             }
         }
         tokio::time::sleep(CA_BUNDLE_CHECK).await;
+        match generated(&client, &namespace, &secret, &names).await {
+            Ok(now) if now != pair => match now.certified(&provider) {
+                Ok(key) => {
+                    served.set(key);
+                    pair = now;
+                    tracing::info!(secret = %format!("{namespace}/{secret}"), "webhook certificate changed in its Secret; serving it");
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the webhook certificate's Secret holds a pair that does not load")
+                }
+            },
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "cannot read the webhook certificate's Secret")
+            }
+        }
     }
 }
 
-/// Writes `bundle` into each webhook's `clientConfig.caBundle` that differs;
-/// how many it changed, `None` when the configuration does not exist.
+/// Writes `ca` into each webhook's `clientConfig.caBundle` that differs, by
+/// a JSON Patch that tests each webhook's name (no field this binary does
+/// not know is dropped); how many it changed, `None` when the configuration
+/// does not exist.
 async fn set_ca_bundle(
     api: &Api<MutatingWebhookConfiguration>,
     name: &str,
-    bundle: &ByteString,
-) -> Result<Option<usize>, kube::Error> {
+    ca: &str,
+) -> anyhow::Result<Option<usize>> {
+    let bundle = BASE64.encode(ca.as_bytes());
     for _ in 0..5 {
-        let Some(mut config) = api.get_opt(name).await? else {
+        let Some(config) = api.get_opt(name).await? else {
             return Ok(None);
         };
-        let mut changed = 0;
-        for webhook in config.webhooks.iter_mut().flatten() {
-            if webhook.client_config.ca_bundle.as_ref() != Some(bundle) {
-                webhook.client_config.ca_bundle = Some(bundle.clone());
-                changed += 1;
+        let mut ops = Vec::new();
+        for (i, webhook) in config.webhooks.iter().flatten().enumerate() {
+            if webhook
+                .client_config
+                .ca_bundle
+                .as_ref()
+                .map(|b| b.0.as_slice())
+                != Some(ca.as_bytes())
+            {
+                ops.push(json!({"op": "test", "path": format!("/webhooks/{i}/name"), "value": webhook.name}));
+                ops.push(json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle}));
             }
         }
-        if changed == 0 {
+        if ops.is_empty() {
             return Ok(Some(0));
         }
-        match api.replace(name, &PostParams::default(), &config).await {
+        let changed = ops.len() / 2;
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))?;
+        match api
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Json::<()>(patch),
+            )
+            .await
+        {
             Ok(_) => return Ok(Some(changed)),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(e) => return Err(e),
+            // Changed in between (a test failed, or a conflict): read again.
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => continue,
+            Err(e) => return Err(e.into()),
         }
     }
-    Ok(Some(0))
+    anyhow::bail!(
+        "MutatingWebhookConfiguration {name} kept changing; 5 attempts to write its caBundle failed"
+    )
 }
 
 #[cfg(test)]

@@ -519,7 +519,7 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
         expected.insert((
             "admissionregistration.k8s.io".into(),
             "mutatingwebhookconfigurations".into(),
-            "update".into(),
+            "patch".into(),
             true,
         ));
     }
@@ -1170,7 +1170,7 @@ fn check_webhook(overlay: &str, i: &Install) {
             g.allows(Some(NAMESPACE), "", "secrets", "get", Some(&secret)),
             "{overlay}: get secret {secret}"
         );
-        for verb in ["get", "update"] {
+        for verb in ["get", "patch"] {
             assert!(mwc(verb, Some(name)), "{overlay}: {verb} {name}");
             assert!(
                 !mwc(verb, Some("another")),
@@ -1180,9 +1180,9 @@ fn check_webhook(overlay: &str, i: &Install) {
         }
     } else {
         assert!(i.arg("--webhook-cert-dir").is_some(), "{overlay}: TLS");
-        assert!(!mwc("update", Some(name)), "{overlay}");
+        assert!(!mwc("patch", Some(name)), "{overlay}");
     }
-    for verb in ["create", "patch", "delete", "list", "watch"] {
+    for verb in ["create", "update", "delete", "list", "watch"] {
         assert!(!mwc(verb, Some(name)), "{overlay}: {verb}");
     }
 
