@@ -349,12 +349,13 @@ impl Follower {
         let mut first = true;
         let mut retry = DISCOVERY_RETRY;
         loop {
+            let mut wait = self.every;
+            let mut failed = false;
             match served(&self.client, &self.dt.kind).await {
                 Err(error) => {
                     tracing::warn!(%error, "discovery of {} failed; retrying", self.dt.kind);
-                    tokio::time::sleep(retry).await;
+                    (wait, failed) = (retry, true);
                     retry = (retry * 2).min(Duration::from_secs(60));
-                    continue;
                 }
                 Ok(true) if watching.is_none() => {
                     if !first {
@@ -392,24 +393,39 @@ impl Follower {
                     self.release(&mut owed);
                 }
             }
-            retry = DISCOVERY_RETRY;
-            first = false;
-            let next = tokio::time::Instant::now() + self.every;
+            if !failed {
+                retry = DISCOVERY_RETRY;
+                first = false;
+            }
+            // Until the next look: meanwhile a first list done releases
+            // readiness, and a 404 looks again at once (also while
+            // discovery itself is failing and retried).
+            let next = tokio::time::Instant::now() + wait;
+            let mut streams_died = false;
             loop {
                 let listed = async {
                     match watching.as_mut() {
-                        Some(w) if owed > 0 => {
-                            // Err: the streams are gone (aborted).
-                            let _ = w.unlisted.wait_for(|n| *n == 0).await;
-                        }
+                        Some(w) if owed > 0 => w.unlisted.wait_for(|n| *n == 0).await.is_ok(),
                         _ => std::future::pending().await,
                     }
                 };
                 tokio::select! {
                     () = tokio::time::sleep_until(next) => break,
                     () = self.gone.notified() => break,
-                    () = listed => self.release(&mut owed),
+                    listed = listed => {
+                        if !listed {
+                            // The streams ended (a panic): start them
+                            // again at the next look.
+                            streams_died = true;
+                            break;
+                        }
+                        self.release(&mut owed);
+                    }
                 }
+            }
+            if streams_died {
+                tracing::warn!("the watches of {} ended; starting them again", self.dt.kind);
+                watching = None;
             }
         }
     }

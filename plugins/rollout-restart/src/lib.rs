@@ -485,8 +485,8 @@ fn settings(json: &str) -> Result<Settings, String> {
     let config: Config = parse_config(PLUGIN, json)?;
     let mode = mode(&config).map_err(|e| format!("{PLUGIN} config: {e}"))?;
     let names = names(config.annotations.as_ref()).map_err(|e| format!("{PLUGIN} config: {e}"))?;
-    let ignored =
-        ignored_kinds(&config.ignored_workload_types).map_err(|e| format!("{PLUGIN} config: {e}"))?;
+    let ignored = ignored_kinds(&config.ignored_workload_types)
+        .map_err(|e| format!("{PLUGIN} config: {e}"))?;
     Ok(Settings {
         config,
         mode,
@@ -763,9 +763,7 @@ impl Guest for RolloutRestart {
             host::workloads_referencing(event.kind, &event.namespace, &event.name)
                 .into_iter()
                 .filter_map(|w| {
-                    if w.workload.group == "batch"
-                        && ignored.contains(&w.workload.kind.as_str())
-                    {
+                    if w.workload.group == "batch" && ignored.contains(&w.workload.kind.as_str()) {
                         log(
                             LogLevel::Debug,
                             &format!("not restarting {}: ignoredWorkloadTypes", w.describe()),
