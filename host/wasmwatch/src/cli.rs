@@ -124,12 +124,16 @@ struct WebhookArgs {
     /// it up within a minute).
     #[arg(long)]
     webhook_generate_cert: bool,
+    /// The Secret keeping the generated CA and certificate (`ca.crt`,
+    /// `tls.crt`, `tls.key`).
     #[arg(
         long,
         default_value = "wasmwatch-webhook-tls",
         requires = "webhook_generate_cert"
     )]
     webhook_secret: String,
+    /// The MutatingWebhookConfiguration whose webhooks get the generated
+    /// CA as their caBundle.
     #[arg(long, default_value = "wasmwatch", requires = "webhook_generate_cert")]
     webhook_configuration: String,
     /// A name (or IP address) the generated certificate is for; repeatable
