@@ -111,7 +111,12 @@ pub async fn start(options: &WebhookOptions, client: &kube::Client) -> anyhow::R
         WebhookTls::Dir(dir) => {
             let key = load_pair(dir, &provider)?;
             let served = Arc::new(Served::new(key));
-            let keeper = Box::pin(watch_dir(dir.clone(), provider.clone(), served.clone()));
+            let keeper = Box::pin(watch_dir(
+                dir.clone(),
+                provider.clone(),
+                served.clone(),
+                CERT_DIR_POLL,
+            ));
             (served, keeper)
         }
         WebhookTls::Generate {
@@ -323,10 +328,11 @@ async fn watch_dir(
     dir: PathBuf,
     provider: Arc<rustls::crypto::CryptoProvider>,
     served: Arc<Served>,
+    every: Duration,
 ) {
     let mut loaded = mtimes(&dir).await;
     loop {
-        tokio::time::sleep(CERT_DIR_POLL).await;
+        tokio::time::sleep(every).await;
         let now = mtimes(&dir).await;
         if now == loaded {
             continue;
@@ -648,6 +654,96 @@ mod tests {
             );
         }
         assert!(review_answer(&json!({"request": {}})).is_err());
+    }
+
+    /// Writes a new pair for 127.0.0.1 into `dir`; its CA, as PEM.
+    fn write_pair(dir: &std::path::Path) -> String {
+        let pair = Generated::new(&["127.0.0.1".into()]).unwrap();
+        std::fs::write(dir.join("tls.crt"), &pair.cert).unwrap();
+        std::fs::write(dir.join("tls.key"), &pair.key).unwrap();
+        pair.ca
+    }
+
+    /// POSTs `review` to `https://addr/mutate`, trusting only `ca`.
+    async fn post(addr: SocketAddr, ca: &str, review: &Value) -> anyhow::Result<Value> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+            roots.add(cert?)?;
+        }
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(
+                rustls::pki_types::ServerName::try_from("127.0.0.1")?.to_owned(),
+                tcp,
+            )
+            .await?;
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+        tokio::spawn(conn);
+        let req = Request::post("/mutate")
+            .header("host", addr.to_string())
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(serde_json::to_vec(review)?)))?;
+        let resp = send.send_request(req).await?;
+        anyhow::ensure!(resp.status() == StatusCode::OK, "status {}", resp.status());
+        Ok(serde_json::from_slice(
+            &resp.into_body().collect().await?.to_bytes(),
+        )?)
+    }
+
+    /// `--webhook-cert-dir`: the pair in the folder is served over HTTPS and
+    /// answers reviews; a renewed pair (a cert-manager renewal) is served
+    /// once the folder is looked at again, and a broken one is not taken.
+    #[tokio::test]
+    async fn a_cert_folder_is_served_and_read_again_when_renewed() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = write_pair(dir.path());
+        let options = WebhookOptions {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            tls: WebhookTls::Dir(dir.path().to_path_buf()),
+        };
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap()))
+                .unwrap();
+        let webhook = start(&options, &client).await.unwrap();
+        let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-2", "operation": "CREATE",
+                "kind": {"group": "apps", "version": "v1", "kind": "Deployment"}}});
+        let answer = post(webhook.addr, &ca, &review).await.unwrap();
+        assert_eq!(answer["response"], json!({"uid": "u-2", "allowed": true}));
+
+        // The folder's watcher, fast: a renewal is served, a broken pair
+        // is not.
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let served = Arc::new(Served::new(load_pair(dir.path(), &provider).unwrap()));
+        let der = |s: &Served| s.0.read().unwrap().cert[0].to_vec();
+        let first = der(&served);
+        let watcher = tokio::spawn(watch_dir(
+            dir.path().to_path_buf(),
+            provider,
+            served.clone(),
+            Duration::from_millis(20),
+        ));
+        // Modification times have a coarse grain on some file systems.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        std::fs::write(dir.path().join("tls.key"), "not a key").unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(der(&served), first, "a broken pair is not taken");
+        write_pair(dir.path());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while der(&served) == first {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the renewed pair is served"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        watcher.abort();
+        drop(webhook);
     }
 
     #[test]
