@@ -495,6 +495,17 @@ fn verify(body: &[u8], version: &str, uid: &str) -> Result<Answer, Invalid> {
         Some(Value::String(s)) => B64
             .decode(s)
             .map_err(|e| Invalid::Decode(format!("illegal base64 data in response.patch: {e}")))?,
+        // Go's decoder also reads a `[]byte` from an array of numbers
+        // (kube-rs's `AdmissionResponse` writes the patch so).
+        Some(Value::Array(bytes)) => bytes
+            .iter()
+            .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+            .collect::<Option<Vec<u8>>>()
+            .ok_or_else(|| {
+                Invalid::Decode(
+                    "response.patch: an array that is not of bytes (0 to 255)".to_string(),
+                )
+            })?,
         Some(other) => {
             return Err(Invalid::Decode(format!(
                 "response.patch: expected a base64 string, got {other}"
@@ -1197,6 +1208,26 @@ mod tests {
         assert!(!rule_matches(&rule(json!(["deployments"]), "*"), &create));
         let ns_rule = json!({"operations": ["*"], "apiGroups": [""], "apiVersions": ["*"], "resources": ["namespaces"], "scope": "Namespaced"});
         assert!(!rule_matches(&ns_rule, &attr(ns, "x", None)));
+    }
+
+    /// `response.patch` as kube documents it (base64) or as Go also reads
+    /// a `[]byte` (an array of numbers, what kube-rs writes).
+    #[test]
+    fn a_patch_is_read_from_base64_or_from_an_array_of_bytes() {
+        let ops = br#"[{"op":"add","path":"/metadata/labels","value":{"a":"b"}}]"#;
+        let review = |patch: Value| {
+            serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "response": {"uid": "u", "allowed": true, "patchType": "JSONPatch", "patch": patch}}))
+            .unwrap()
+        };
+        let want = serde_json::from_slice::<Value>(ops).unwrap();
+        for patch in [json!(B64.encode(ops)), json!(ops.to_vec())] {
+            match verify(&review(patch.clone()), "admission.k8s.io/v1", "u") {
+                Ok(Answer::Allowed(Some(got))) => assert_eq!(got, want, "{patch}"),
+                _ => panic!("{patch}: not read"),
+            }
+        }
+        assert!(verify(&review(json!([1, 256])), "admission.k8s.io/v1", "u").is_err());
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //!   (an apply that resets it is repaired).
 //!
 //! Plain hyper and tokio-rustls, as the admin port: one path needs no
-//! router.
+//! router. The reviews are kube-core's `admission` types.
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -42,7 +42,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
+use kube::api::DynamicObject;
 use kube::api::{ObjectMeta, PostParams};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -245,49 +247,40 @@ async fn handle(req: Request<Incoming>) -> Response<Full<Bytes>> {
     }
 }
 
-/// The AdmissionReview answering `review`: allowed, with the JSON Patch
-/// that restores the records an UPDATE dropped (none for anything else).
+/// The AdmissionReview answering `review` (kube-core's admission types):
+/// allowed, with the JSON Patch that restores the records an UPDATE
+/// dropped (none for anything else).
 pub fn review_answer(review: &Value) -> Result<Value, String> {
-    let request = review
-        .get("request")
-        .ok_or("an AdmissionReview without `request`")?;
-    let uid = request
-        .get("uid")
-        .and_then(Value::as_str)
-        .ok_or("an AdmissionReview request without `uid`")?;
-    let mut response = json!({"uid": uid, "allowed": true});
-    let operation = request.get("operation").and_then(Value::as_str);
-    if let (Some("UPDATE"), Some(old), Some(new)) = (
-        operation,
-        request.get("oldObject").filter(|o| o.is_object()),
-        request.get("object").filter(|o| o.is_object()),
-    ) {
-        let field = |f: &str| {
-            request
-                .pointer(&format!("/kind/{f}"))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-        };
-        let patch =
-            wasmwatch_exec::admission::restore_records(field("group"), field("kind"), old, new);
+    let review: AdmissionReview<DynamicObject> = serde_json::from_value(review.clone())
+        .map_err(|e| format!("not an AdmissionReview: {e}"))?;
+    let request: AdmissionRequest<DynamicObject> = review
+        .try_into()
+        .map_err(|_| "an AdmissionReview without `request`".to_string())?;
+    let mut response = AdmissionResponse::from(&request);
+    if let (Operation::Update, Some(old), Some(new)) =
+        (&request.operation, &request.old_object, &request.object)
+    {
+        let json = |o: &DynamicObject| serde_json::to_value(o).map_err(|e| e.to_string());
+        let patch = wasmwatch_exec::admission::restore_records(
+            &request.kind.group,
+            &request.kind.kind,
+            &json(old)?,
+            &json(new)?,
+        );
         if !patch.is_empty() {
-            let text = |f: &str| request.get(f).and_then(|v| v.as_str()).unwrap_or("");
             tracing::info!(
-                kind = field("kind"),
-                namespace = text("namespace"),
-                name = text("name"),
+                kind = %request.kind.kind,
+                namespace = request.namespace.as_deref().unwrap_or(""),
+                name = %request.name,
                 restored = patch.len(),
                 "webhook: restart records put back on an update that dropped them"
             );
-            response["patchType"] = json!("JSONPatch");
-            response["patch"] = json!(BASE64.encode(serde_json::to_vec(&patch).expect("JSON")));
+            let patch: json_patch::Patch =
+                serde_json::from_value(Value::Array(patch)).map_err(|e| e.to_string())?;
+            response = response.with_patch(patch).map_err(|e| e.to_string())?;
         }
     }
-    Ok(json!({
-        "apiVersion": review.get("apiVersion").and_then(Value::as_str).unwrap_or("admission.k8s.io/v1"),
-        "kind": "AdmissionReview",
-        "response": response,
-    }))
+    serde_json::to_value(response.into_review()).map_err(|e| e.to_string())
 }
 
 /// The certificate served now; swapped by the task that keeps it current
@@ -624,34 +617,32 @@ mod tests {
             json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
                 "uid": "u-1", "operation": operation,
                 "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
-                "namespace": "shop", "name": "web",
+                "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+                "namespace": "shop", "name": "web", "userInfo": {"username": "argocd"},
                 "oldObject": template(json!({"config-hash.wasmwatch.io/configmap.cfg": "configmap/cfg:1"})),
                 "object": template(json!({}))}})
         };
         let answer = review_answer(&review("UPDATE")).unwrap();
+        assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(answer["kind"], "AdmissionReview");
         assert_eq!(answer["response"]["uid"], "u-1");
         assert_eq!(answer["response"]["allowed"], true);
         assert_eq!(answer["response"]["patchType"], "JSONPatch");
-        let patch: Value = serde_json::from_slice(
-            &BASE64
-                .decode(answer["response"]["patch"].as_str().unwrap())
-                .unwrap(),
-        )
-        .unwrap();
+        // kube-core writes the patch's bytes as an array of numbers.
+        let bytes: Vec<u8> = serde_json::from_value(answer["response"]["patch"].clone()).unwrap();
+        let patch: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(
             patch,
             json!([{"op": "add",
                 "path": "/spec/template/metadata/annotations/config-hash.wasmwatch.io~1configmap.cfg",
                 "value": "configmap/cfg:1"}])
         );
-        // A CREATE, or a review without objects, is allowed as it is.
+        // A CREATE, or a DELETE, is allowed as it is.
         for operation in ["CREATE", "DELETE"] {
             let answer = review_answer(&review(operation)).unwrap();
-            assert_eq!(
-                answer["response"],
-                json!({"uid": "u-1", "allowed": true}),
-                "{operation}"
-            );
+            assert_eq!(answer["response"]["uid"], "u-1", "{operation}");
+            assert_eq!(answer["response"]["allowed"], true, "{operation}");
+            assert!(answer["response"].get("patch").is_none(), "{operation}");
         }
         assert!(review_answer(&json!({"request": {}})).is_err());
     }
@@ -712,9 +703,12 @@ mod tests {
         let webhook = start(&options, &client).await.unwrap();
         let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {"uid": "u-2", "operation": "CREATE",
-                "kind": {"group": "apps", "version": "v1", "kind": "Deployment"}}});
+                "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+                "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+                "userInfo": {"username": "argocd"}}});
         let answer = post(webhook.addr, &ca, &review).await.unwrap();
-        assert_eq!(answer["response"], json!({"uid": "u-2", "allowed": true}));
+        assert_eq!(answer["response"]["uid"], "u-2");
+        assert_eq!(answer["response"]["allowed"], true);
 
         // The folder's watcher, fast: a renewal is served, a broken pair
         // is not.
