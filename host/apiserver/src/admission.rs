@@ -49,6 +49,7 @@ use serde_json::{Value, json};
 use crate::Shared;
 use crate::audit::WebhookCall;
 use crate::error::{ApiError, Cause};
+use crate::objects::{SUBDOMAIN_MSG, is_dns_subdomain};
 use crate::resources::{self, ResourceType};
 use crate::selector::LabelSelector;
 
@@ -862,17 +863,6 @@ fn not_supported(field: String, value: &Value, supported: &[&str]) -> Cause {
     )
 }
 
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
-
 /// kube-apiserver's `ValidateMutatingWebhookConfiguration` (for a create;
 /// an update is held to the same rules), for the fields this server reads.
 pub fn validate_configuration(obj: &Value, causes: &mut Vec<Cause>) {
@@ -890,7 +880,7 @@ pub fn validate_configuration(obj: &Value, causes: &mut Vec<Cause>) {
         let name = get("name").and_then(Value::as_str).unwrap_or_default();
         if name.is_empty() {
             causes.push(required(field("name"), ""));
-        } else if !(name.len() <= 253 && name.split('.').all(is_dns_label)) {
+        } else if !is_dns_subdomain(name) {
             causes.push(invalid(field("name"), &json!(name), SUBDOMAIN_MSG));
         } else if name.split('.').count() < 3 {
             causes.push(invalid(
