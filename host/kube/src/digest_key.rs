@@ -58,28 +58,13 @@ pub async fn load(
     getrandom::fill(&mut bytes)
         .map_err(|e| KeyError::Permanent(format!("{what}: no random bytes for a new key: {e}")))?;
     let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            namespace: Some(namespace.to_string()),
-            labels: Some(
-                [(
-                    "app.kubernetes.io/managed-by".to_string(),
-                    "wasmwatch".to_string(),
-                )]
-                .into(),
-            ),
-            annotations: Some(
-                [(
-                    "wasmwatch.io/description".to_string(),
-                    "Key of wasmwatch's digests of Secret data (HMAC-SHA-256). \
-                     Every replica uses it; replacing it makes every Secret count \
-                     as changed once."
-                        .to_string(),
-                )]
-                .into(),
-            ),
-            ..Default::default()
-        },
+        metadata: managed_metadata(
+            namespace,
+            name,
+            "Key of wasmwatch's digests of Secret data (HMAC-SHA-256). \
+             Every replica uses it; replacing it makes every Secret count \
+             as changed once.",
+        ),
         type_: Some("Opaque".to_string()),
         immutable: Some(true),
         data: Some([(KEY_FIELD.to_string(), ByteString(bytes))].into()),
@@ -96,6 +81,31 @@ pub async fn load(
             Err(e) => Err(api_error(&what, "reading", e)),
         },
         Err(e) => Err(api_error(&what, "creating", e)),
+    }
+}
+
+/// The metadata of an object wasmwatch creates for itself (the digest key's
+/// Secret, the webhook certificate's): labelled managed by wasmwatch, with
+/// a `wasmwatch.io/description` saying what it is for.
+pub fn managed_metadata(namespace: &str, name: &str, description: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: Some(namespace.to_string()),
+        labels: Some(
+            [(
+                "app.kubernetes.io/managed-by".to_string(),
+                "wasmwatch".to_string(),
+            )]
+            .into(),
+        ),
+        annotations: Some(
+            [(
+                "wasmwatch.io/description".to_string(),
+                description.to_string(),
+            )]
+            .into(),
+        ),
+        ..Default::default()
     }
 }
 

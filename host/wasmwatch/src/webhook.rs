@@ -43,7 +43,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::DynamicObject;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::PostParams;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -422,29 +422,15 @@ async fn generated(
     let made = Generated::new(names)?;
     let field = |s: &str| ByteString(s.as_bytes().to_vec());
     let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            namespace: Some(namespace.to_string()),
-            labels: Some(
-                [(
-                    "app.kubernetes.io/managed-by".to_string(),
-                    "wasmwatch".to_string(),
-                )]
-                .into(),
+        metadata: wasmwatch_kube::digest_key::managed_metadata(
+            namespace,
+            name,
+            &format!(
+                "The admission webhook's CA and serving certificate (for {}), \
+                 made by wasmwatch. Delete it to have new ones made.",
+                names.join(", ")
             ),
-            annotations: Some(
-                [(
-                    "wasmwatch.io/description".to_string(),
-                    format!(
-                        "The admission webhook's CA and serving certificate (for {}), \
-                         made by wasmwatch. Delete it to have new ones made.",
-                        names.join(", ")
-                    ),
-                )]
-                .into(),
-            ),
-            ..Default::default()
-        },
+        ),
         type_: Some("kubernetes.io/tls".to_string()),
         data: Some(
             [
