@@ -7,31 +7,109 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The kinds wasmwatch watches.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-)]
+/// The kinds wasmwatch watches: ConfigMaps, Secrets, and kinds a manifest
+/// names by group, version and kind (issue 34 §1). Written `ConfigMap`,
+/// `Secret` or `apiVersion/Kind`; ordered ConfigMap, Secret, then custom
+/// kinds by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ObjectKind {
     ConfigMap,
     Secret,
+    Custom(crate::kind::CustomKind),
 }
 
 impl ObjectKind {
+    /// `ConfigMap`, `Secret`, or a custom kind's `apiVersion/Kind`.
     pub fn as_str(self) -> &'static str {
         match self {
             ObjectKind::ConfigMap => "ConfigMap",
             ObjectKind::Secret => "Secret",
+            ObjectKind::Custom(k) => k.name(),
         }
+    }
+
+    /// The `kind` field of its objects.
+    pub fn kind_name(self) -> &'static str {
+        match self {
+            ObjectKind::Custom(k) => k.kind(),
+            other => other.as_str(),
+        }
+    }
+
+    /// The lowercase part of its annotation keys: `configmap`, `secret`,
+    /// or a custom kind's [`crate::kind::CustomKind::stem`].
+    pub fn stem(self) -> &'static str {
+        match self {
+            ObjectKind::ConfigMap => "configmap",
+            ObjectKind::Secret => "secret",
+            ObjectKind::Custom(k) => k.stem(),
+        }
+    }
+
+    /// Reads [`ObjectKind::as_str`]'s forms (`v1/ConfigMap` and
+    /// `v1/Secret` too).
+    pub fn parse(name: &str) -> Result<ObjectKind, String> {
+        match name {
+            "ConfigMap" | "v1/ConfigMap" => Ok(ObjectKind::ConfigMap),
+            "Secret" | "v1/Secret" => Ok(ObjectKind::Secret),
+            other => crate::kind::CustomKind::parse(other)
+                .map(ObjectKind::Custom)
+                .map_err(|e| {
+                    let near = other.to_ascii_lowercase();
+                    let near = near.strip_suffix('s').unwrap_or(&near);
+                    match near {
+                        "configmap" => format!("{e}; did you mean ConfigMap?"),
+                        "secret" => format!("{e}; did you mean Secret?"),
+                        _ => e,
+                    }
+                }),
+        }
+    }
+
+    /// ConfigMap, Secret and every custom kind named so far in this
+    /// process: the kinds stored state may hold.
+    pub fn known() -> Vec<ObjectKind> {
+        [ObjectKind::ConfigMap, ObjectKind::Secret]
+            .into_iter()
+            .chain(
+                crate::kind::CustomKind::all()
+                    .into_iter()
+                    .map(ObjectKind::Custom),
+            )
+            .collect()
+    }
+}
+
+impl std::fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for ObjectKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ObjectKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        ObjectKind::parse(&name).map_err(serde::de::Error::custom)
+    }
+}
+
+impl schemars::JsonSchema for ObjectKind {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ObjectKind".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "description": "ConfigMap, Secret, or apiVersion/Kind of a kind in watch.kinds",
+            "pattern": "^(ConfigMap|Secret|([a-z0-9.-]+/)?[a-z0-9]+/[A-Z][A-Za-z0-9]*)$"
+        })
     }
 }
 
@@ -205,6 +283,10 @@ impl ObjectSnapshot {
         meta: Metadata,
         mut body: Value,
     ) -> Result<Self, ObjectError> {
+        if let ObjectKind::Custom(_) = kind {
+            // Without content paths: a custom kind's `data`, if any.
+            return ObjectSnapshot::from_content(kind, meta, &body, &["data".to_string()]);
+        }
         if meta.name.is_empty() {
             return Err(ObjectError::Missing("metadata.name"));
         }
@@ -215,6 +297,7 @@ impl ObjectSnapshot {
         let (text_field, b64_field) = match kind {
             ObjectKind::ConfigMap => ("data", "binaryData"),
             ObjectKind::Secret => ("stringData", "data"),
+            ObjectKind::Custom(_) => unreachable!("read above"),
         };
         let mut take = |field: &str| body.as_object_mut().and_then(|o| o.remove(field));
         let (b64, text) = (take(b64_field), take(text_field));
@@ -226,13 +309,57 @@ impl ObjectSnapshot {
                     field: format!("{b64_field}.{k}"),
                 })?;
             let value = match kind {
-                ObjectKind::ConfigMap => DataValue::Binary(bytes),
                 ObjectKind::Secret => DataValue::from_bytes(bytes),
+                _ => DataValue::Binary(bytes),
             };
             data.insert(k, value);
         }
         for (k, v) in string_map_owned(text, text_field)? {
             data.insert(k, DataValue::Text(v));
+        }
+        Ok(ObjectSnapshot {
+            kind,
+            namespace,
+            name: meta.name,
+            uid: meta.uid,
+            resource_version: meta.resource_version,
+            labels: meta.labels,
+            annotations: meta.annotations,
+            data,
+        })
+    }
+
+    /// Reads an object of a custom kind (issue 34 §1): its data is the
+    /// value at each of the `content` field paths (dotted, from the top of
+    /// the object: `status.objects`), keyed by the path; a string as it
+    /// is, anything else as compact JSON (its keys in the order the object
+    /// has them, which the API server keeps); a path with no value (or
+    /// null) is no key. `body` is the object without its metadata.
+    pub fn from_content(
+        kind: ObjectKind,
+        meta: Metadata,
+        body: &Value,
+        content: &[String],
+    ) -> Result<Self, ObjectError> {
+        if meta.name.is_empty() {
+            return Err(ObjectError::Missing("metadata.name"));
+        }
+        let namespace = match meta.namespace {
+            ns if ns.is_empty() => "default".to_string(),
+            ns => ns,
+        };
+        let mut data = BTreeMap::new();
+        for path in content {
+            let value = path
+                .split('.')
+                .try_fold(body, |v, field| v.get(field))
+                .filter(|v| !v.is_null());
+            let text = match value {
+                None => continue,
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+            };
+            data.insert(path.clone(), DataValue::Text(text));
         }
         Ok(ObjectSnapshot {
             kind,

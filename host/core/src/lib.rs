@@ -19,6 +19,7 @@ pub mod digest;
 pub mod event;
 pub mod index;
 pub mod jitter;
+pub mod kind;
 pub mod lookups;
 pub mod manifest;
 pub mod needs;

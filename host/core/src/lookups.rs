@@ -113,19 +113,31 @@ pub enum UseVia {
     Volume,
 }
 
+/// The CSI driver's SecretProviderClass: the kind a pod template's CSI
+/// volume (`csi.volumeAttributes.secretProviderClass`) uses, and what a
+/// SecretProviderClassPodStatus change stands for (Reloader keys its CSI
+/// reloads by it: `plugins/reloader-spec.md` §7).
+pub const SECRET_PROVIDER_CLASS: &str = "secrets-store.csi.x-k8s.io/v1/SecretProviderClass";
+
 /// The workload annotations whose comma-separated entries name the
-/// ConfigMaps (or Secrets) that restart the workload even when its pod
-/// template does not reference them: ours, then Stakater Reloader's.
-pub fn reload_annotations(kind: ObjectKind) -> [&'static str; 2] {
+/// ConfigMaps (or Secrets, or SecretProviderClasses) that restart the
+/// workload even when its pod template does not reference them: ours, then
+/// Stakater Reloader's. None for other kinds.
+pub fn reload_annotations(kind: ObjectKind) -> &'static [&'static str] {
     match kind {
-        ObjectKind::ConfigMap => [
+        ObjectKind::ConfigMap => &[
             "wasmwatch.io/reload-configmaps",
             "configmap.reloader.stakater.com/reload",
         ],
-        ObjectKind::Secret => [
+        ObjectKind::Secret => &[
             "wasmwatch.io/reload-secrets",
             "secret.reloader.stakater.com/reload",
         ],
+        ObjectKind::Custom(k) if k.name() == SECRET_PROVIDER_CLASS => &[
+            "wasmwatch.io/reload-secretproviderclasses",
+            "secretproviderclass.reloader.stakater.com/reload",
+        ],
+        ObjectKind::Custom(_) => &[],
     }
 }
 

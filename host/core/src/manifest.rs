@@ -55,9 +55,12 @@ pub struct Manifest {
 #[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct WatchSpec {
-    /// ConfigMap, Secret or both (default).
-    #[serde(default = "all_kinds")]
-    pub kinds: Vec<ObjectKind>,
+    /// ConfigMap, Secret (both by default), and other kinds: by
+    /// apiVersion/Kind when wasmwatch knows their content (the CSI
+    /// driver's SecretProviderClassPodStatus), else as {apiVersion, kind,
+    /// content}.
+    #[serde(default = "all_watched")]
+    pub kinds: Vec<WatchedKind>,
     /// Namespaces to watch, or `["*"]` for all of them (one cluster-wide
     /// stream per kind).
     #[serde(default = "all_namespaces")]
@@ -93,7 +96,7 @@ pub struct WatchSpec {
 impl Default for WatchSpec {
     fn default() -> Self {
         WatchSpec {
-            kinds: all_kinds(),
+            kinds: all_watched(),
             namespaces: all_namespaces(),
             label_selector: None,
             ignore_namespaces: Vec::new(),
@@ -109,6 +112,25 @@ fn default_digest_key_secret() -> String {
 }
 
 impl WatchSpec {
+    /// The kinds watched, in the manifest's order.
+    pub fn object_kinds(&self) -> Vec<ObjectKind> {
+        self.kinds.iter().map(WatchedKind::kind).collect()
+    }
+
+    /// Whether `kind` is watched.
+    pub fn watches(&self, kind: ObjectKind) -> bool {
+        self.kinds.iter().any(|k| k.kind() == kind)
+    }
+
+    /// How a watched custom kind is read (`None` for ConfigMap, Secret, a
+    /// kind not watched, or one named without its content).
+    pub fn custom(&self, kind: ObjectKind) -> Option<CustomKindSpec> {
+        self.kinds
+            .iter()
+            .filter(|k| k.kind() == kind)
+            .find_map(WatchedKind::spec)
+    }
+
     /// One scope per watch stream of a kind: each namespace, or all of them.
     pub fn scopes(&self) -> Vec<crate::Scope> {
         if self.namespaces.iter().any(|n| n == "*") {
@@ -139,6 +161,190 @@ impl WatchSpec {
 
 fn all_kinds() -> Vec<ObjectKind> {
     vec![ObjectKind::ConfigMap, ObjectKind::Secret]
+}
+
+fn all_watched() -> Vec<WatchedKind> {
+    all_kinds().into_iter().map(WatchedKind::Named).collect()
+}
+
+/// One entry of `watch.kinds`: `ConfigMap`, `Secret`, a kind wasmwatch
+/// knows the content of by its `apiVersion/Kind` (the CSI driver's
+/// `secrets-store.csi.x-k8s.io/v1/SecretProviderClassPodStatus`), or any
+/// namespaced kind with its content spelled out ([`CustomKindSpec`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchedKind {
+    Named(ObjectKind),
+    Custom(CustomKindSpec),
+}
+
+/// The CSI driver's per-pod mount status: what Reloader's
+/// `--enable-csi-integration` watches. Its content is the SecretProviderClass
+/// it mounts and the `{id, version}` of each object mounted (Reloader
+/// hashes those: `plugins/reloader-spec.md` §7.2).
+pub const SECRET_PROVIDER_CLASS_POD_STATUS: &str =
+    "secrets-store.csi.x-k8s.io/v1/SecretProviderClassPodStatus";
+
+impl WatchedKind {
+    pub fn kind(&self) -> ObjectKind {
+        match self {
+            WatchedKind::Named(k) => *k,
+            WatchedKind::Custom(spec) => spec.object_kind(),
+        }
+    }
+
+    /// How a custom kind is read: spelled out, or known by name.
+    pub fn spec(&self) -> Option<CustomKindSpec> {
+        match self {
+            WatchedKind::Custom(spec) => Some(spec.clone()),
+            WatchedKind::Named(k) if k.as_str() == SECRET_PROVIDER_CLASS_POD_STATUS => {
+                Some(CustomKindSpec {
+                    api_version: "secrets-store.csi.x-k8s.io/v1".into(),
+                    kind: "SecretProviderClassPodStatus".into(),
+                    plural: Some("secretproviderclasspodstatuses".into()),
+                    content: vec![
+                        "status.secretProviderClassName".into(),
+                        "status.objects".into(),
+                    ],
+                })
+            }
+            WatchedKind::Named(_) => None,
+        }
+    }
+}
+
+impl Serialize for WatchedKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            WatchedKind::Named(k) => k.serialize(s),
+            WatchedKind::Custom(spec) => spec.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for WatchedKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = WatchedKind;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "a kind (ConfigMap, Secret, apiVersion/Kind) or {apiVersion, kind, content}",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<WatchedKind, E> {
+                ObjectKind::parse(v)
+                    .map(WatchedKind::Named)
+                    .map_err(E::custom)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<WatchedKind, A::Error> {
+                CustomKindSpec::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(WatchedKind::Custom)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl schemars::JsonSchema for WatchedKind {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "WatchedKind".into()
+    }
+
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let named = g.subschema_for::<ObjectKind>();
+        let custom = g.subschema_for::<CustomKindSpec>();
+        schemars::json_schema!({ "anyOf": [named, custom] })
+    }
+}
+
+/// A namespaced kind watched like ConfigMaps and Secrets: through the same
+/// checkpoints, stored index, replay and resync. Its content is what a
+/// change is a change of.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CustomKindSpec {
+    /// `group/version`, e.g. `secrets-store.csi.x-k8s.io/v1`.
+    pub api_version: String,
+    /// The kind, e.g. `SecretProviderClassPodStatus`.
+    pub kind: String,
+    /// The resource's plural name (default: the kind in lower case, made
+    /// plural as kubectl does: `-s`, `-es`, `-ies`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plural: Option<String>,
+    /// Field paths (dotted, e.g. `status.objects`) whose values are the
+    /// object's content: each is one key of the data plugins see, holding
+    /// a string as it is and anything else as compact JSON. Only a change
+    /// of them is a modification (unless `watch.metadataChanges`).
+    pub content: Vec<String>,
+}
+
+impl CustomKindSpec {
+    pub fn object_kind(&self) -> ObjectKind {
+        let (group, version) = self
+            .api_version
+            .split_once('/')
+            .unwrap_or(("", &self.api_version));
+        ObjectKind::Custom(crate::kind::CustomKind::intern(group, version, &self.kind))
+    }
+
+    /// [`CustomKindSpec::plural`], or the kind made plural.
+    pub fn plural(&self) -> String {
+        if let Some(p) = &self.plural {
+            return p.clone();
+        }
+        let lower = self.kind.to_ascii_lowercase();
+        if lower.ends_with(['s', 'x', 'z']) || lower.ends_with("ch") || lower.ends_with("sh") {
+            format!("{lower}es")
+        } else if let Some(stem) = lower.strip_suffix('y')
+            && !stem.ends_with(['a', 'e', 'i', 'o', 'u'])
+        {
+            format!("{stem}ies")
+        } else {
+            format!("{lower}s")
+        }
+    }
+
+    /// What is wrong with it, if anything: one line per problem.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let name = format!("{}/{}", self.api_version, self.kind);
+        match ObjectKind::parse(&name) {
+            Err(e) => out.push(("kind".to_string(), e)),
+            Ok(ObjectKind::Custom(_)) => {}
+            Ok(k) => out.push((
+                "kind".to_string(),
+                format!("{k} is watched by its name: write `{k}` in watch.kinds"),
+            )),
+        }
+        if let Some(p) = &self.plural
+            && !is_dns_label(p)
+        {
+            out.push(("plural".into(), format!("{p:?} is not a resource name")));
+        }
+        if self.content.is_empty() {
+            out.push((
+                "content".into(),
+                "must name at least one field path (such as status.objects)".into(),
+            ));
+        }
+        for (i, path) in self.content.iter().enumerate() {
+            if path.split('.').any(str::is_empty)
+                || path.starts_with("metadata.")
+                || path == "metadata"
+            {
+                out.push((
+                    format!("content[{i}]"),
+                    format!(
+                        "{path:?} is not a field path of the object's body (a.b.c, not metadata)"
+                    ),
+                ));
+            }
+        }
+        out
+    }
 }
 
 fn all_namespaces() -> Vec<String> {
@@ -937,6 +1143,30 @@ impl Manifest {
         if self.watch.kinds.is_empty() {
             bad("watch.kinds".into(), "must name at least one kind".into());
         }
+        let mut seen = BTreeSet::new();
+        for (i, k) in self.watch.kinds.iter().enumerate() {
+            if !seen.insert(k.kind()) {
+                bad(
+                    format!("watch.kinds[{i}]"),
+                    format!("{} is named twice", k.kind()),
+                );
+            }
+            match k {
+                WatchedKind::Custom(spec) => {
+                    for (field, why) in spec.problems() {
+                        bad(format!("watch.kinds[{i}].{field}"), why);
+                    }
+                }
+                WatchedKind::Named(ObjectKind::Custom(_)) if k.spec().is_none() => bad(
+                    format!("watch.kinds[{i}]"),
+                    format!(
+                        "wasmwatch does not know what {} holds: write it as {{apiVersion, kind, content: [field paths]}}",
+                        k.kind()
+                    ),
+                ),
+                WatchedKind::Named(_) => {}
+            }
+        }
         check_namespaces(&self.watch.namespaces, "watch.namespaces", &mut bad);
         for (i, n) in self.watch.ignore_namespaces.iter().enumerate() {
             if !is_dns_label(n) {
@@ -1102,7 +1332,7 @@ impl Manifest {
                 );
             }
             for k in &p.events.kinds {
-                if !self.watch.kinds.contains(k) {
+                if !self.watch.watches(*k) {
                     bad(
                         format!("{at}.events.kinds"),
                         format!("{} is not watched (add it to watch.kinds)", k.as_str()),

@@ -135,7 +135,7 @@ fn bad_manifests_name_the_field_and_the_value() {
         (
             "kinds: [ConfigMap]\n",
             "kinds: [Configmap]\n",
-            "plugins[0].events.kinds[0]: unknown variant `Configmap`, expected `ConfigMap` or `Secret`",
+            "plugins[0].events.kinds[0]: \"Configmap\" is not a kind: expected ConfigMap, Secret or apiVersion/Kind",
         ),
         (
             "changes: [added,",
@@ -443,4 +443,88 @@ fn http_grants_that_can_never_match_are_refused_saying_what_to_write() {
             panic!("{grant}: {e}");
         }
     }
+}
+
+#[test]
+fn watch_kinds_name_any_kind_with_its_content() {
+    let spcps = "secrets-store.csi.x-k8s.io/v1/SecretProviderClassPodStatus";
+    let yaml = good()
+        .replacen(
+            "  kinds: [ConfigMap, Secret]\n",
+            &format!(
+                "  kinds:\n    - ConfigMap\n    - {spcps}\n    - apiVersion: example.com/v1\n      kind: Policy\n      content: [spec.rules, status.version]\n"
+            ),
+            1,
+        )
+        .replacen("      kinds: [ConfigMap]\n", &format!("      kinds: [ConfigMap, {spcps}, example.com/v1/Policy]\n"), 1);
+    let m = parse(&yaml).unwrap();
+    let kinds = m.watch.object_kinds();
+    assert_eq!(kinds.len(), 3);
+    assert_eq!(kinds[1].as_str(), spcps);
+    assert_eq!(m.plugins[0].events.kinds, kinds);
+    let known = m.watch.custom(kinds[1]).unwrap();
+    assert_eq!(known.plural(), "secretproviderclasspodstatuses");
+    assert_eq!(
+        known.content,
+        ["status.secretProviderClassName", "status.objects"]
+    );
+    let policy = m.watch.custom(kinds[2]).unwrap();
+    assert_eq!(
+        (policy.plural(), policy.content.len()),
+        ("policies".to_string(), 2)
+    );
+    assert!(m.watch.custom(ObjectKind::ConfigMap).is_none());
+    // Written back as read.
+    let back = serde_json::to_value(&m.watch.kinds).unwrap();
+    assert_eq!(back[1], spcps);
+    assert_eq!(back[2]["content"][0], "spec.rules");
+
+    let bad = |from: &str, to: &str, want: &str| {
+        let yaml = yaml.replacen(from, to, 1);
+        assert_ne!(yaml, self::good(), "{from:?} does not apply");
+        let err = parse(&yaml)
+            .err()
+            .unwrap_or_else(|| panic!("accepted {to:?}"));
+        assert!(err.contains(want), "{to:?}:\n  got: {err}\n  want: {want}");
+    };
+    bad(
+        &format!("    - {spcps}\n"),
+        "    - example.com/v1/Unknown\n",
+        "watch.kinds[1]: wasmwatch does not know what example.com/v1/Unknown holds: write it as {apiVersion, kind, content: [field paths]}",
+    );
+    bad(
+        "content: [spec.rules, status.version]",
+        "content: []",
+        "watch.kinds[2].content: must name at least one field path",
+    );
+    bad(
+        "content: [spec.rules, status.version]",
+        "content: [spec..rules]",
+        "watch.kinds[2].content[0]: \"spec..rules\" is not a field path",
+    );
+    bad(
+        "content: [spec.rules, status.version]",
+        "content: [metadata.labels]",
+        "watch.kinds[2].content[0]: \"metadata.labels\" is not a field path",
+    );
+    bad(
+        "      kind: Policy\n",
+        "      kind: policy\n",
+        "watch.kinds[2].kind: \"example.com/v1/policy\" is not a kind",
+    );
+    bad(
+        "      kind: Policy\n",
+        "      kind: Policy\n      plurl: x\n",
+        "unknown field `plurl`",
+    );
+    bad(
+        "    - ConfigMap\n",
+        &format!("    - ConfigMap\n    - {spcps}\n"),
+        &format!("watch.kinds[2]: {spcps} is named twice"),
+    );
+    bad(
+        &format!("    - {spcps}\n"),
+        "",
+        &format!("plugins[0].events.kinds: {spcps} is not watched (add it to watch.kinds)"),
+    );
 }

@@ -43,7 +43,7 @@ fn three_independent_mistakes_are_reported_in_one_pass() {
     let errors = shown(&checked.errors);
     for want in [
         "plugins[0].capabilites: unknown field `capabilites`",
-        "plugins[1].events.kinds[1]: unknown variant `Secrets`",
+        "plugins[1].events.kinds[1]: \"Secrets\" is not a kind",
         "plugins[1].limits.memory: invalid size \"32MB\"",
         "plugins[2].delivery.retries: 1000 is out of range (0 to 100)",
     ] {
@@ -72,8 +72,8 @@ fn list_elements_taken_out_keep_their_place_and_required_fields_are_named() {
     );
     let errors = shown(&Manifest::check(&yaml, Path::new(".")).errors);
     for want in [
-        "plugins[0].events.kinds[0]: unknown variant `Configmap`",
-        "plugins[0].events.kinds[2]: unknown variant `Secrett`",
+        "plugins[0].events.kinds[0]: \"Configmap\" is not a kind",
+        "plugins[0].events.kinds[2]: \"Secrett\" is not a kind",
         "plugins[0].events.changes[1]: unknown variant `updated`",
         "plugins[1]: missing field `name`",
         "plugins[1].limits.timeout: invalid duration \"soon\"",

@@ -112,20 +112,14 @@ pub const TAIL_ANNOTATION: &str = "wasmwatch.io/index-tail";
 
 /// The state Lease's annotation naming the segments of a kind's index
 /// (format 2, read for upgrades).
-pub fn log_key(kind: ObjectKind) -> &'static str {
-    match kind {
-        ObjectKind::ConfigMap => "wasmwatch.io/configmap-index-log",
-        ObjectKind::Secret => "wasmwatch.io/secret-index-log",
-    }
+pub fn log_key(kind: ObjectKind) -> String {
+    format!("wasmwatch.io/{}-index-log", kind.stem())
 }
 
 /// The state Lease's annotation with the lines of a kind's index that
 /// apply after its segments (format 2, read for upgrades).
-pub fn tail_key(kind: ObjectKind) -> &'static str {
-    match kind {
-        ObjectKind::ConfigMap => "wasmwatch.io/configmap-index-tail",
-        ObjectKind::Secret => "wasmwatch.io/secret-index-tail",
-    }
+pub fn tail_key(kind: ObjectKind) -> String {
+    format!("wasmwatch.io/{}-index-tail", kind.stem())
 }
 
 /// The name of one index segment Lease.
@@ -135,22 +129,16 @@ pub fn segment_name(state: &str, seq: u64) -> String {
 
 /// The state Lease's annotation with the number of index shards of a kind
 /// (format 1, read for upgrades).
-pub fn shards_key(kind: ObjectKind) -> &'static str {
-    match kind {
-        ObjectKind::ConfigMap => "wasmwatch.io/configmap-index-shards",
-        ObjectKind::Secret => "wasmwatch.io/secret-index-shards",
-    }
+pub fn shards_key(kind: ObjectKind) -> String {
+    format!("wasmwatch.io/{}-index-shards", kind.stem())
 }
 
 /// The state Lease's annotation with the stream scopes a kind's stored index
 /// covers (`shop,prod`, or `*`): a stream whose scope it lacks has no stored
 /// part, not an empty one, and rebuilds one (a save may store only the
 /// streams whose index was ready).
-pub fn scopes_key(kind: ObjectKind) -> &'static str {
-    match kind {
-        ObjectKind::ConfigMap => "wasmwatch.io/configmap-index-scopes",
-        ObjectKind::Secret => "wasmwatch.io/secret-index-scopes",
-    }
+pub fn scopes_key(kind: ObjectKind) -> String {
+    format!("wasmwatch.io/{}-index-scopes", kind.stem())
 }
 
 /// The name of one index shard Lease (format 1).
@@ -222,11 +210,8 @@ impl Claimed {
 }
 
 /// The annotation holding one kind's checkpoints.
-pub fn annotation_key(kind: ObjectKind) -> &'static str {
-    match kind {
-        ObjectKind::ConfigMap => "wasmwatch.io/configmap-resource-version",
-        ObjectKind::Secret => "wasmwatch.io/secret-resource-version",
-    }
+pub fn annotation_key(kind: ObjectKind) -> String {
+    format!("wasmwatch.io/{}-resource-version", kind.stem())
 }
 
 /// Handled resourceVersions: kind -> stream scope -> version.
@@ -285,7 +270,7 @@ impl Checkpoints {
                 _ => {
                     return Err(format!(
                         "{}: invalid entry {part:?}, expected namespace=resourceVersion",
-                        annotation_key(kind)
+                        &annotation_key(kind)
                     ));
                 }
             }
@@ -497,11 +482,10 @@ impl<A: LeaseApi> CheckpointStore<A> {
             Some(v) => annotations.insert(TRUST_ANNOTATION.to_string(), v),
             None => annotations.remove(TRUST_ANNOTATION),
         };
-        let stored_scopes: BTreeMap<ObjectKind, String> =
-            [ObjectKind::ConfigMap, ObjectKind::Secret]
-                .into_iter()
-                .filter_map(|k| Some((k, annotations.get(scopes_key(k))?.clone())))
-                .collect();
+        let stored_scopes: BTreeMap<ObjectKind, String> = ObjectKind::known()
+            .into_iter()
+            .filter_map(|k| Some((k, annotations.get(&scopes_key(k))?.clone())))
+            .collect();
         self.lease = Some(self.replace(&lease).await?);
         let indexes = self
             .read_found(named, &stored_scopes, &mut set_aside)
@@ -511,7 +495,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
         self.unreadable = unreadable.keys().copied().collect();
         // A kind whose index was not read (set aside) trusts nothing.
         let trust = trust.map(|mut t| {
-            for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+            for kind in ObjectKind::known() {
                 if !indexes.contains_key(&kind) {
                     t.at.clear(kind);
                     t.unhandled.remove(&kind);
@@ -1196,15 +1180,15 @@ impl<A: LeaseApi> CheckpointStore<A> {
                     .map(|(_, s)| s.clone()),
             );
             let scopes: Vec<&str> = scopes.iter().map(Scope::key).collect();
-            annotations.insert(scopes_key(kind).to_string(), scopes.join(","));
+            annotations.insert(scopes_key(kind), scopes.join(","));
         }
         for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
             // Any index of an older format goes: read (now rewritten into
             // the log) or set aside (unreadable), it must not stand beside
             // the log (a claim would take it for a rollback's, newer).
-            let log = annotations.remove(log_key(kind));
-            annotations.remove(tail_key(kind));
-            let shards = annotations.remove(shards_key(kind));
+            let log = annotations.remove(&log_key(kind));
+            annotations.remove(&tail_key(kind));
+            let shards = annotations.remove(&shards_key(kind));
             let segments = log.and_then(|v| Log::parse(&v).ok()).map(|l| l.segments);
             let shards = shards.and_then(|v| v.parse::<usize>().ok());
             garbage.extend(
@@ -1222,14 +1206,14 @@ impl<A: LeaseApi> CheckpointStore<A> {
         } else {
             annotations.insert(GARBAGE_ANNOTATION.to_string(), garbage.join(","));
         }
-        for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+        for kind in ObjectKind::known() {
             match checkpoints.format(kind) {
-                Some(v) => annotations.insert(annotation_key(kind).to_string(), v),
+                Some(v) => annotations.insert(annotation_key(kind), v),
                 // Unreadable at the claim and nothing of this kind handled
                 // yet: leave it, so that the next leader delivers
                 // everything again rather than taking a baseline.
                 None if self.unreadable.contains(&kind) => None,
-                None => annotations.remove(annotation_key(kind)),
+                None => annotations.remove(&annotation_key(kind)),
             };
         }
         (garbage, covered)
@@ -1273,7 +1257,7 @@ impl<A: LeaseApi> CheckpointStore<A> {
             }
         }
         self.stored.extend(indexes);
-        for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+        for kind in ObjectKind::known() {
             if checkpoints.format(kind).is_some() {
                 self.unreadable.remove(&kind);
             }
@@ -1331,8 +1315,8 @@ fn read_checkpoints(
 ) -> (Checkpoints, BTreeMap<ObjectKind, String>) {
     let mut checkpoints = Checkpoints::default();
     let mut unreadable = BTreeMap::new();
-    for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
-        if let Some(v) = annotations.get(annotation_key(kind))
+    for kind in ObjectKind::known() {
+        if let Some(v) = annotations.get(&annotation_key(kind))
             && let Err(message) = checkpoints.parse_into(kind, v)
         {
             // Entries before the bad one are not trusted either.
@@ -1406,11 +1390,11 @@ fn find_index(
         // (A shard count that does not parse is no index: the log
         // stays, and the next save drops the count.)
         if annotations
-            .get(shards_key(kind))
+            .get(&shards_key(kind))
             .is_some_and(|n| n.parse::<usize>().is_ok())
-            && let Some(v) = annotations.remove(log_key(kind))
+            && let Some(v) = annotations.remove(&log_key(kind))
         {
-            annotations.remove(tail_key(kind));
+            annotations.remove(&tail_key(kind));
             let stale = Log::parse(&v).map(|l| l.segments).unwrap_or_default();
             tracing::info!(
                 kind = kind.as_str(),
@@ -1419,35 +1403,35 @@ fn find_index(
             );
             superseded.extend(stale);
         }
-        if let Some(v) = annotations.get(log_key(kind)) {
+        if let Some(v) = annotations.get(&log_key(kind)) {
             match Log::parse(v) {
                 Ok(log) => {
-                    let tail = annotations.get(tail_key(kind)).map_or("", String::as_str);
+                    let tail = annotations.get(&tail_key(kind)).map_or("", String::as_str);
                     match segments::unpack(tail) {
                         Ok(tail) => {
                             stored_logs.insert(kind, (log, tail.into_owned()));
                         }
                         Err(e) => set_aside.push(format!(
                             "{}: {e}; the {} index is not used",
-                            tail_key(kind),
+                            &tail_key(kind),
                             kind.as_str()
                         )),
                     }
                 }
                 Err(e) => set_aside.push(format!(
                     "{}: {v:?}: {e}; the {} index is not used",
-                    log_key(kind),
+                    &log_key(kind),
                     kind.as_str()
                 )),
             }
-        } else if let Some(v) = annotations.get(shards_key(kind)) {
+        } else if let Some(v) = annotations.get(&shards_key(kind)) {
             match v.parse::<usize>() {
                 Ok(n) => {
                     shard_counts.insert(kind, n);
                 }
                 Err(_) => set_aside.push(format!(
                     "{}: {v:?} is not a shard count; the {} index is not used",
-                    shards_key(kind),
+                    &shards_key(kind),
                     kind.as_str()
                 )),
             }
@@ -1462,7 +1446,7 @@ fn find_index(
     // still written over by then.)
     let older = [ObjectKind::ConfigMap, ObjectKind::Secret]
         .into_iter()
-        .any(|k| annotations.contains_key(log_key(k)) || annotations.contains_key(tail_key(k)));
+        .any(|k| annotations.contains_key(&log_key(k)) || annotations.contains_key(&tail_key(k)));
     let mut log = None;
     if let Some(v) = annotations.get(LOG_ANNOTATION).cloned() {
         if older || !shard_counts.is_empty() {

@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 use wasmwatch_core::digest::DigestKey;
 use wasmwatch_core::event::Metadata;
 use wasmwatch_core::index::{ObjectIndex, Remember, Resync, Seen};
+use wasmwatch_core::manifest::CustomKindSpec;
 use wasmwatch_core::{ChangeEvent, ChangeType, ObjectKind, ObjectSnapshot, Scope};
 
 /// What one watch loop watches.
@@ -50,6 +51,8 @@ pub struct WatchTarget {
     /// The labels and annotations the index keeps of each object (what the
     /// plugins of this kind declare they read; see `Remember`).
     pub remember: Arc<Remember>,
+    /// For a custom kind: its resource and content (issue 34 §1).
+    pub custom: Option<Arc<CustomKindSpec>>,
 }
 
 impl WatchTarget {
@@ -329,10 +332,20 @@ pub enum WatchError {
     Closed,
 }
 
-fn api_resource(kind: ObjectKind) -> ApiResource {
-    match kind {
-        ObjectKind::ConfigMap => ApiResource::erase::<ConfigMap>(&()),
-        ObjectKind::Secret => ApiResource::erase::<Secret>(&()),
+fn api_resource(target: &WatchTarget) -> ApiResource {
+    match (target.kind, &target.custom) {
+        (ObjectKind::ConfigMap, _) => ApiResource::erase::<ConfigMap>(&()),
+        (ObjectKind::Secret, _) => ApiResource::erase::<Secret>(&()),
+        (ObjectKind::Custom(k), spec) => ApiResource {
+            group: k.group().to_string(),
+            version: k.version().to_string(),
+            api_version: k.api_version().to_string(),
+            kind: k.kind().to_string(),
+            plural: spec.as_ref().map_or_else(
+                || format!("{}s", k.kind().to_ascii_lowercase()),
+                |s| s.plural(),
+            ),
+        },
     }
 }
 
@@ -344,7 +357,7 @@ impl WatchLoop {
     /// differences of a resync before the first live change; they come out
     /// with `replay` set.
     pub fn new(client: kube::Client, target: WatchTarget, checkpoint: Option<String>) -> WatchLoop {
-        let ar = api_resource(target.kind);
+        let ar = api_resource(&target);
         let api = match target.scope.namespace() {
             Some(ns) => Api::namespaced_with(client, ns, &ar),
             None => Api::all_with(client, &ar),
@@ -628,7 +641,13 @@ impl<A: ObjectApi> WatchLoop<A> {
             labels: m.labels.unwrap_or_default(),
             annotations: m.annotations.unwrap_or_default(),
         };
-        match ObjectSnapshot::from_parts(self.target.kind, meta, obj.data) {
+        let read = match &self.target.custom {
+            Some(spec) => {
+                ObjectSnapshot::from_content(self.target.kind, meta, &obj.data, &spec.content)
+            }
+            None => ObjectSnapshot::from_parts(self.target.kind, meta, obj.data),
+        };
+        match read {
             Ok(s) => Some((s, rv)),
             Err(e) => {
                 tracing::warn!(kind = self.target.kind.as_str(), %name, "skipping unreadable object: {e}");

@@ -16,6 +16,7 @@ fn target(ns: Option<&str>) -> WatchTarget {
         metadata_changes: false,
         digest_key: None,
         remember: Default::default(),
+        custom: None,
     }
 }
 

@@ -69,6 +69,7 @@ fn native_decision(ev: &ChangeEvent, config_json: &str, lookups: &dyn Lookups) -
     let prefix = match o.kind {
         ObjectKind::ConfigMap => "spring.cloud.kubernetes.configmap",
         ObjectKind::Secret => "spring.cloud.kubernetes.secret",
+        ObjectKind::Custom(_) => return Vec::new(),
     };
     let services: Vec<ServiceInfo> = match o.annotations.get(&format!("{prefix}.apps")) {
         Some(apps) => apps

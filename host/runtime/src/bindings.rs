@@ -1,5 +1,6 @@
 //! Host-side bindings generated from the WIT worlds the host implements:
-//! [`v2`] from wit/plugin.wit (0.2.0) and [`v3`] from wit/0.3.0/plugin.wit.
+//! [`v2`] from wit/plugin.wit (0.2.0), [`v3`] from wit/0.3.0/plugin.wit and
+//! [`v4`] from wit/0.4.0/plugin.wit.
 //! A loaded plugin is a component of one of them ([`Pre`]).
 //!
 //! Exports are called asynchronously, so that a call can be dropped at its
@@ -75,19 +76,29 @@ pub mod v3 {
     pub const WORLD: &str = "wasmwatch:plugin/plugin@0.3.0";
 }
 
+/// `wasmwatch:plugin/plugin@0.4.0` (wit/0.4.0/plugin.wit): 0.3.0 with open
+/// watched kinds (`object-kind` has `other(object-type)`).
+pub mod v4 {
+    world!("../../wit/0.4.0");
+
+    pub const WORLD: &str = "wasmwatch:plugin/plugin@0.4.0";
+}
+
 /// The worlds a plugin may target, for error messages.
-pub const WORLDS: &str = "wasmwatch:plugin/plugin@0.2.0 or wasmwatch:plugin/plugin@0.3.0";
+pub const WORLDS: &str = "wasmwatch:plugin/plugin@0.2.0, @0.3.0 or @0.4.0";
 
 /// A pre-linked plugin of one of the worlds.
 pub(crate) enum Pre<T: 'static> {
     V2(v2::PluginPre<T>),
     V3(v3::PluginPre<T>),
+    V4(v4::PluginPre<T>),
 }
 
 /// One instance of a plugin, of its world.
 pub(crate) enum Exports {
     V2(v2::Plugin),
     V3(v3::Plugin),
+    V4(v4::Plugin),
 }
 
 impl<T: Send + 'static> Pre<T> {
@@ -96,7 +107,14 @@ impl<T: Send + 'static> Pre<T> {
         match self {
             Pre::V2(_) => v2::WORLD,
             Pre::V3(_) => v3::WORLD,
+            Pre::V4(_) => v4::WORLD,
         }
+    }
+
+    /// Whether the world can carry objects of kinds other than ConfigMap
+    /// and Secret (0.4.0 on).
+    pub(crate) fn open_kinds(&self) -> bool {
+        matches!(self, Pre::V4(_))
     }
 
     /// Instantiates, type-checking the exports (`check_types`, once at
@@ -111,6 +129,8 @@ impl<T: Send + 'static> Pre<T> {
             (Pre::V2(p), false) => Exports::V2(p.instantiate_prechecked(store).await?),
             (Pre::V3(p), true) => Exports::V3(p.instantiate_async(store).await?),
             (Pre::V3(p), false) => Exports::V3(p.instantiate_prechecked(store).await?),
+            (Pre::V4(p), true) => Exports::V4(p.instantiate_async(store).await?),
+            (Pre::V4(p), false) => Exports::V4(p.instantiate_prechecked(store).await?),
         })
     }
 }
@@ -125,6 +145,7 @@ impl Exports {
         match self {
             Exports::V2(p) => p.call_check_config(store, config).await,
             Exports::V3(p) => p.call_check_config(store, config).await,
+            Exports::V4(p) => p.call_check_config(store, config).await,
         }
     }
 
@@ -133,6 +154,7 @@ impl Exports {
         match self {
             Exports::V2(p) => p.handle_func(),
             Exports::V3(p) => p.handle_func(),
+            Exports::V4(p) => p.handle_func(),
         }
     }
 
@@ -144,6 +166,9 @@ impl Exports {
             }
             Exports::V3(p) => {
                 crate::output::check_handle::<crate::output::V3>(p.handle_func(), store)
+            }
+            Exports::V4(p) => {
+                crate::output::check_handle::<crate::output::V4>(p.handle_func(), store)
             }
         }
     }

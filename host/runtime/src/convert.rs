@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use wasmwatch_core::lookups as core_lookups;
 
-/// The conversions of the types 0.2.0 and 0.3.0 have alike. A world's
-/// module defines `restart_from_wit` for its `restart-workload`.
+/// The conversions of the types the worlds have alike. A world's module
+/// defines `restart_from_wit` for its `restart-workload`, and `kind_to_wit`
+/// and `kind_from_wit` for its `object-kind`.
 macro_rules! shared {
     () => {
         fn key_values(map: &BTreeMap<String, String>) -> Vec<wit::KeyValue> {
@@ -23,20 +24,6 @@ macro_rules! shared {
             map.into_iter()
                 .map(|(key, value)| wit::KeyValue { key, value })
                 .collect()
-        }
-
-        pub fn kind_to_wit(k: ObjectKind) -> wit::ObjectKind {
-            match k {
-                ObjectKind::ConfigMap => wit::ObjectKind::ConfigMap,
-                ObjectKind::Secret => wit::ObjectKind::Secret,
-            }
-        }
-
-        pub fn kind_from_wit(k: wit::ObjectKind) -> ObjectKind {
-            match k {
-                wit::ObjectKind::ConfigMap => ObjectKind::ConfigMap,
-                wit::ObjectKind::Secret => ObjectKind::Secret,
-            }
         }
 
         /// The event as the plugin sees it: Secret values only with `secret_values`.
@@ -162,6 +149,125 @@ macro_rules! shared {
     };
 }
 
+/// `object-kind` of 0.2.0 and 0.3.0: ConfigMap and Secret only.
+macro_rules! closed_kinds {
+    () => {
+        /// Only ConfigMaps and Secrets reach a plugin of this world:
+        /// `Plugin::handle` refuses objects of other kinds before this.
+        pub fn kind_to_wit(k: ObjectKind) -> wit::ObjectKind {
+            match k {
+                ObjectKind::ConfigMap => wit::ObjectKind::ConfigMap,
+                ObjectKind::Secret => wit::ObjectKind::Secret,
+                ObjectKind::Custom(k) => unreachable!("{k:?} given to a plugin of a closed world"),
+            }
+        }
+
+        pub fn kind_from_wit(k: wit::ObjectKind) -> Option<ObjectKind> {
+            Some(match k {
+                wit::ObjectKind::ConfigMap => ObjectKind::ConfigMap,
+                wit::ObjectKind::Secret => ObjectKind::Secret,
+            })
+        }
+    };
+}
+
+/// What 0.3.0 and 0.4.0 have alike beyond `shared!`: workloads by
+/// group/version/kind, how they use the object, a restart's strategy.
+macro_rules! open_workloads {
+    () => {
+        fn restart_from_wit(r: wit::RestartWorkload) -> Action {
+            let w = r.workload;
+            Action::Restart {
+                workload: core_action::WorkloadRef {
+                    kind: WorkloadKind::from_gvk(&w.group, &w.version, &w.kind),
+                    namespace: w.namespace,
+                    name: w.name,
+                },
+                reason: r.reason,
+                content_hash: r.content_hash,
+                strategy: r.strategy.map(|s| match s {
+                    wit::RestartStrategy::Annotations => RestartStrategy::Annotations,
+                    wit::RestartStrategy::EnvVars => RestartStrategy::EnvVars,
+                    wit::RestartStrategy::RestartAt => RestartStrategy::RestartAt,
+                }),
+            }
+        }
+
+        /// Every workload of a lookup's answer (0.3.0 tells the named-only
+        /// ones apart by `referenced`).
+        pub fn visible(
+            found: Vec<core_lookups::WorkloadInfo>,
+            _kind: ObjectKind,
+            _name: &str,
+        ) -> Vec<core_lookups::WorkloadInfo> {
+            found
+        }
+
+        /// The workloads referencing object `kind`/`name` (or naming it in a
+        /// reload annotation: `referenced` false), with how each uses it.
+        pub fn workloads_to_wit(
+            found: Vec<core_lookups::WorkloadInfo>,
+            kind: ObjectKind,
+            name: &str,
+        ) -> Vec<wit::WorkloadInfo> {
+            found
+                .into_iter()
+                .map(|w| {
+                    let reference = w
+                        .references
+                        .iter()
+                        .find(|r| r.kind == kind && r.name == name);
+                    // Not referenced: selected by a reload annotation naming
+                    // the object.
+                    let referenced = reference.is_some();
+                    let uses = reference
+                        .map(|r| r.uses.iter().map(use_to_wit).collect())
+                        .unwrap_or_default();
+                    let (group, version, kind) = w.workload.kind.gvk();
+                    wit::WorkloadInfo {
+                        workload: wit::WorkloadRef {
+                            group: group.to_string(),
+                            version: version.to_string(),
+                            kind: kind.to_string(),
+                            namespace: w.workload.namespace,
+                            name: w.workload.name,
+                        },
+                        labels: key_values_owned(w.labels),
+                        annotations: key_values_owned(w.annotations),
+                        template_annotations: key_values_owned(w.template_annotations),
+                        referenced,
+                        uses,
+                    }
+                })
+                .collect()
+        }
+
+        fn use_to_wit(u: &core_lookups::ObjectUse) -> wit::ObjectUse {
+            wit::ObjectUse {
+                via: match u.via {
+                    core_lookups::UseVia::Env => wit::UseVia::Env,
+                    core_lookups::UseVia::EnvFrom => wit::UseVia::EnvFrom,
+                    core_lookups::UseVia::Volume => wit::UseVia::Volume,
+                },
+                key: u.key.clone(),
+            }
+        }
+
+        /// [`super::workload_size`] with the kind's strings and the uses (an
+        /// upper bound: only the object's reference is copied).
+        pub fn workload_size(w: &core_lookups::WorkloadInfo) -> usize {
+            let (group, version, kind) = w.workload.kind.gvk();
+            let keys: usize = w
+                .references
+                .iter()
+                .flat_map(|r| &r.uses)
+                .map(|u| 16 + u.key.as_ref().map_or(0, String::len))
+                .sum();
+            super::workload_size(w) + group.len() + version.len() + kind.len() + keys
+        }
+    };
+}
+
 /// WIT 0.2.0: the three apps/v1 kinds as an enum.
 pub mod v2 {
     use super::*;
@@ -170,6 +276,7 @@ pub mod v2 {
     use wasmwatch_core::event::{ChangeEvent, ChangeType, DataValue, ObjectKind};
 
     shared!();
+    closed_kinds!();
 
     fn restart_from_wit(r: wit::RestartWorkload) -> Action {
         let w = r.workload;
@@ -247,96 +354,43 @@ pub mod v3 {
     use wasmwatch_core::event::{ChangeEvent, ChangeType, DataValue, ObjectKind};
 
     shared!();
+    closed_kinds!();
+    open_workloads!();
+}
 
-    fn restart_from_wit(r: wit::RestartWorkload) -> Action {
-        let w = r.workload;
-        Action::Restart {
-            workload: core_action::WorkloadRef {
-                kind: WorkloadKind::from_gvk(&w.group, &w.version, &w.kind),
-                namespace: w.namespace,
-                name: w.name,
-            },
-            reason: r.reason,
-            content_hash: r.content_hash,
-            strategy: r.strategy.map(|s| match s {
-                wit::RestartStrategy::Annotations => RestartStrategy::Annotations,
-                wit::RestartStrategy::EnvVars => RestartStrategy::EnvVars,
-                wit::RestartStrategy::RestartAt => RestartStrategy::RestartAt,
+/// WIT 0.4.0: 0.3.0 with open watched kinds.
+pub mod v4 {
+    use super::*;
+    use crate::bindings::v4::wit;
+    use wasmwatch_core::action::{self as core_action, Action, RestartStrategy, WorkloadKind};
+    use wasmwatch_core::event::{ChangeEvent, ChangeType, DataValue, ObjectKind};
+    use wasmwatch_core::kind::CustomKind;
+
+    shared!();
+    open_workloads!();
+
+    pub fn kind_to_wit(k: ObjectKind) -> wit::ObjectKind {
+        match k {
+            ObjectKind::ConfigMap => wit::ObjectKind::ConfigMap,
+            ObjectKind::Secret => wit::ObjectKind::Secret,
+            ObjectKind::Custom(k) => wit::ObjectKind::Other(wit::ObjectType {
+                group: k.group().to_string(),
+                version: k.version().to_string(),
+                kind: k.kind().to_string(),
             }),
         }
     }
 
-    /// Every workload of a lookup's answer (0.3.0 tells the named-only
-    /// ones apart by `referenced`).
-    pub fn visible(
-        found: Vec<core_lookups::WorkloadInfo>,
-        _kind: ObjectKind,
-        _name: &str,
-    ) -> Vec<core_lookups::WorkloadInfo> {
-        found
-    }
-
-    /// The workloads referencing object `kind`/`name` (or naming it in a
-    /// reload annotation: `referenced` false), with how each uses it.
-    pub fn workloads_to_wit(
-        found: Vec<core_lookups::WorkloadInfo>,
-        kind: ObjectKind,
-        name: &str,
-    ) -> Vec<wit::WorkloadInfo> {
-        found
-            .into_iter()
-            .map(|w| {
-                let reference = w
-                    .references
-                    .iter()
-                    .find(|r| r.kind == kind && r.name == name);
-                // Not referenced: selected by a reload annotation naming
-                // the object.
-                let referenced = reference.is_some();
-                let uses = reference
-                    .map(|r| r.uses.iter().map(use_to_wit).collect())
-                    .unwrap_or_default();
-                let (group, version, kind) = w.workload.kind.gvk();
-                wit::WorkloadInfo {
-                    workload: wit::WorkloadRef {
-                        group: group.to_string(),
-                        version: version.to_string(),
-                        kind: kind.to_string(),
-                        namespace: w.workload.namespace,
-                        name: w.workload.name,
-                    },
-                    labels: key_values_owned(w.labels),
-                    annotations: key_values_owned(w.annotations),
-                    template_annotations: key_values_owned(w.template_annotations),
-                    referenced,
-                    uses,
-                }
-            })
-            .collect()
-    }
-
-    fn use_to_wit(u: &core_lookups::ObjectUse) -> wit::ObjectUse {
-        wit::ObjectUse {
-            via: match u.via {
-                core_lookups::UseVia::Env => wit::UseVia::Env,
-                core_lookups::UseVia::EnvFrom => wit::UseVia::EnvFrom,
-                core_lookups::UseVia::Volume => wit::UseVia::Volume,
-            },
-            key: u.key.clone(),
+    /// A kind the host knows, `None` for any other: a plugin's strings are
+    /// never interned (the registry would grow with every name it makes up).
+    pub fn kind_from_wit(k: wit::ObjectKind) -> Option<ObjectKind> {
+        match k {
+            wit::ObjectKind::ConfigMap => Some(ObjectKind::ConfigMap),
+            wit::ObjectKind::Secret => Some(ObjectKind::Secret),
+            wit::ObjectKind::Other(t) => {
+                CustomKind::find(&t.group, &t.version, &t.kind).map(ObjectKind::Custom)
+            }
         }
-    }
-
-    /// [`super::workload_size`] with the kind's strings and the uses (an
-    /// upper bound: only the object's reference is copied).
-    pub fn workload_size(w: &core_lookups::WorkloadInfo) -> usize {
-        let (group, version, kind) = w.workload.kind.gvk();
-        let keys: usize = w
-            .references
-            .iter()
-            .flat_map(|r| &r.uses)
-            .map(|u| 16 + u.key.as_ref().map_or(0, String::len))
-            .sum();
-        super::workload_size(w) + group.len() + version.len() + kind.len() + keys
     }
 }
 

@@ -43,6 +43,14 @@ pub enum LoadError {
         world: &'static str,
         message: String,
     },
+    #[error(
+        "plugin `{plugin}`: its events.kinds name {kind}, but it is a component of {world}, which carries ConfigMaps and Secrets only; build it for wasmwatch:plugin@0.4.0 or leave {kind} out"
+    )]
+    KindNotInWorld {
+        plugin: String,
+        kind: String,
+        world: &'static str,
+    },
     #[error("plugin `{plugin}`: rejected its config: {message}")]
     ConfigRejected { plugin: String, message: String },
     #[error("plugin `{plugin}`: config check failed: {source}")]
@@ -80,6 +88,12 @@ pub enum PluginError {
     Returned { plugin: String, message: String },
     #[error("plugin `{plugin}` returned too much: {what}")]
     OutputTooLarge { plugin: String, what: String },
+    #[error("plugin `{plugin}` is a component of {world}, which cannot carry a {kind}")]
+    KindNotInWorld {
+        plugin: String,
+        kind: String,
+        world: &'static str,
+    },
 }
 
 fn detail(stderr: &str) -> String {
@@ -101,6 +115,7 @@ impl PluginError {
             PluginError::Trap { .. } => "trap",
             PluginError::Returned { .. } => "error",
             PluginError::OutputTooLarge { .. } => "output_too_large",
+            PluginError::KindNotInWorld { .. } => "kind_not_in_world",
         }
     }
 }

@@ -35,7 +35,7 @@ use wasmtime::component::__internal::{
 use wasmtime::component::{ComponentType, Func, Lift, Lower, TypedFunc};
 use wasmwatch_core::Action;
 
-use crate::bindings::{v2, v3};
+use crate::bindings::{v2, v3, v4};
 use crate::convert;
 
 /// What the lift needs to know of a world's `handle`.
@@ -56,6 +56,8 @@ pub(crate) trait World: 'static {
 pub(crate) struct V2;
 /// WIT 0.3.0.
 pub(crate) struct V3;
+/// WIT 0.4.0: 0.3.0's actions, its own event (open kinds).
+pub(crate) struct V4;
 
 /// `handle`'s parameters and results as [`call_handle`] types them.
 type Params<'a, W> = (&'a <W as World>::Event,);
@@ -191,6 +193,7 @@ macro_rules! check_layout {
 
 check_layout!(v2::wit, V2, 36);
 check_layout!(v3::wit, V3, 60);
+check_layout!(v4::wit, V4, 60);
 // 0.3.0's restart-workload: workload-ref (five strings) @0, reason @40,
 // content-hash @48, strategy: option<enum> (2 bytes) @56.
 const _: () = {
@@ -242,6 +245,21 @@ impl World for V3 {
 
     fn to_core(action: v3::wit::Action) -> Action {
         convert::v3::action_from_wit(action)
+    }
+}
+
+impl World for V4 {
+    type Event = v4::wit::ChangeEvent;
+    type Action = v4::wit::Action;
+    const ACTION_SIZE: usize = V3::ACTION_SIZE;
+
+    /// As 0.3.0's: the actions are the same.
+    fn restart_bytes(memory: &[u8], action: &[u8]) -> usize {
+        V3::restart_bytes(memory, action)
+    }
+
+    fn to_core(action: v4::wit::Action) -> Action {
+        convert::v4::action_from_wit(action)
     }
 }
 

@@ -12,7 +12,7 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmwatch_core::manifest::{EventFilter, Limits, PluginEntry};
 use wasmwatch_core::text::{MAX_MESSAGE_BYTES, bounded_line};
-use wasmwatch_core::{Action, Capabilities, ChangeEvent, Verdict};
+use wasmwatch_core::{Action, Capabilities, ChangeEvent, ObjectKind, Verdict};
 
 use crate::bindings::{self, Exports, Pre, WORLDS};
 use crate::convert;
@@ -181,7 +181,10 @@ impl Runtime {
                 bindings::v2::WORLD => {
                     bindings::v2::PluginPre::new(instance_pre.clone()).map(Pre::V2)
                 }
-                _ => bindings::v3::PluginPre::new(instance_pre.clone()).map(Pre::V3),
+                bindings::v3::WORLD => {
+                    bindings::v3::PluginPre::new(instance_pre.clone()).map(Pre::V3)
+                }
+                _ => bindings::v4::PluginPre::new(instance_pre.clone()).map(Pre::V4),
             };
             match made {
                 Ok(p) => {
@@ -193,6 +196,19 @@ impl Runtime {
         }
         let pre = pre.ok_or_else(|| wrong_world(problems.join("; ")))?;
         tracing::debug!(plugin, world = pre.world(), "world");
+        if !pre.open_kinds()
+            && let Some(kind) = entry
+                .events
+                .kinds
+                .iter()
+                .find(|k| matches!(k, ObjectKind::Custom(_)))
+        {
+            return Err(LoadError::KindNotInWorld {
+                plugin,
+                kind: kind.to_string(),
+                world: pre.world(),
+            });
+        }
         let loaded = Plugin {
             runtime: self.clone(),
             pre,
@@ -254,10 +270,23 @@ fn worlds_to_try(imports: &[String]) -> Vec<&'static str> {
                 .is_some_and(|(_, v)| v == version)
         })
     };
-    match (ours("0.2.0"), ours("0.3.0")) {
-        (true, false) => vec![bindings::v2::WORLD],
-        (false, true) => vec![bindings::v3::WORLD],
-        _ => vec![bindings::v2::WORLD, bindings::v3::WORLD],
+    let named: Vec<&'static str> = [
+        ("0.2.0", bindings::v2::WORLD),
+        ("0.3.0", bindings::v3::WORLD),
+        ("0.4.0", bindings::v4::WORLD),
+    ]
+    .into_iter()
+    .filter(|(version, _)| ours(version))
+    .map(|(_, world)| world)
+    .collect();
+    if named.len() == 1 {
+        named
+    } else {
+        vec![
+            bindings::v2::WORLD,
+            bindings::v3::WORLD,
+            bindings::v4::WORLD,
+        ]
     }
 }
 
@@ -329,6 +358,15 @@ impl Plugin {
     /// calls; dropping the future ends the call at once.
     pub async fn handle(&self, event: &ChangeEvent) -> Result<Decision, PluginError> {
         let secret_values = self.capabilities.secret_values;
+        if let ObjectKind::Custom(_) = event.object.kind
+            && !self.pre.open_kinds()
+        {
+            return Err(PluginError::KindNotInWorld {
+                plugin: self.name().to_string(),
+                kind: event.object.kind.to_string(),
+                world: self.pre.world(),
+            });
+        }
         let result = match &self.pre {
             Pre::V2(_) => {
                 self.call_handle::<output::V2>(convert::v2::event_to_wit(event, secret_values))
@@ -336,6 +374,10 @@ impl Plugin {
             }
             Pre::V3(_) => {
                 self.call_handle::<output::V3>(convert::v3::event_to_wit(event, secret_values))
+                    .await?
+            }
+            Pre::V4(_) => {
+                self.call_handle::<output::V4>(convert::v4::event_to_wit(event, secret_values))
                     .await?
             }
         };

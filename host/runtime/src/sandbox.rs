@@ -123,13 +123,17 @@ impl Runtime {
         // anyway (see `allowed_import`). Async, so that a wasi:io poll (a
         // plugin's `sleep`) is a future the deadline can drop.
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        // Both worlds' host interfaces (`wasmwatch:plugin/host@0.2.0` and
-        // `@0.3.0`): a plugin of either links.
+        // Every world's host interface (`wasmwatch:plugin/host@0.2.0`,
+        // `@0.3.0`, `@0.4.0`): a plugin of any links.
         bindings::v2::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
             &mut linker,
             |s| s,
         )?;
         bindings::v3::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )?;
+        bindings::v4::Plugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
             &mut linker,
             |s| s,
         )?;
@@ -393,7 +397,10 @@ macro_rules! host_interface {
                 name: String,
             ) -> wasmtime::Result<Vec<bindings::$v::wit::WorkloadInfo>> {
                 self.in_time()?;
-                let kind = convert::$v::kind_from_wit(kind);
+                // A kind the host does not know is used by no workload.
+                let Some(kind) = convert::$v::kind_from_wit(kind) else {
+                    return Ok(Vec::new());
+                };
                 let found = self
                     .plugin
                     .lookups
@@ -449,6 +456,7 @@ macro_rules! host_interface {
 
 host_interface!(v2);
 host_interface!(v3);
+host_interface!(v4);
 
 #[cfg(test)]
 mod tests {

@@ -84,6 +84,7 @@ fn event(change: ChangeType, o: &Obj) -> ChangeEvent {
             "apiVersion": "v1", "kind": "Secret", "metadata": meta,
             "stringData": {"password": o.value}
         }),
+        ObjectKind::Custom(k) => panic!("{k:?}: no such fixture"),
     };
     ChangeEvent::new(change, ObjectSnapshot::from_json(&obj).unwrap(), None)
 }

@@ -318,7 +318,7 @@ async fn simulate(seed: u64) -> Outcome {
                     .get(STATE_LEASE)
                     .and_then(|l| l.metadata.annotations.as_ref())
                     .and_then(|a| {
-                        a.get(wasmwatch_kube::checkpoint::annotation_key(
+                        a.get(&wasmwatch_kube::checkpoint::annotation_key(
                             ObjectKind::ConfigMap,
                         ))
                     })

@@ -203,6 +203,7 @@ async fn lead(
             metadata_changes: false,
             digest_key: None,
             remember: Default::default(),
+            custom: None,
         };
         let api = Objects {
             conn: conn.clone(),

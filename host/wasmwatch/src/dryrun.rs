@@ -68,7 +68,7 @@ pub async fn run(
     }
     // The key `run` hashes Secrets with, so that restarts show the content
     // hash `run` would write; read only (the dry run creates nothing).
-    let digest_key = if manifest.watch.kinds.contains(&ObjectKind::Secret) {
+    let digest_key = if manifest.watch.watches(ObjectKind::Secret) {
         let ns = manifest.ha.namespace.as_deref().unwrap_or(namespace);
         let name = &manifest.watch.digest_key_secret;
         match wasmwatch_kube::digest_key::load(client.clone(), ns, name, false).await {
@@ -94,7 +94,8 @@ pub async fn run(
     // One loop per stream, its outputs tagged with the stream's number.
     let (tx, mut rx) = mpsc::channel::<(usize, Output)>(1024);
     let mut loops = Vec::new();
-    for kind in &manifest.watch.kinds {
+    for kind in &manifest.watch.object_kinds() {
+        let custom = manifest.watch.custom(*kind).map(Arc::new);
         for scope in manifest.watch.scopes() {
             let target = WatchTarget {
                 kind: *kind,
@@ -108,10 +109,11 @@ pub async fn run(
                 metadata_changes: manifest.watch.metadata_changes,
                 digest_key: match kind {
                     ObjectKind::Secret => digest_key.clone(),
-                    ObjectKind::ConfigMap => None,
+                    _ => None,
                 },
                 // A dry run stores no index.
                 remember: Default::default(),
+                custom: custom.clone(),
             };
             let id = loops.len() / 2;
             let (loop_tx, mut loop_rx) = mpsc::channel(256);

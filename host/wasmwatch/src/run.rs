@@ -394,7 +394,7 @@ async fn digest_key(
     manifest: &Manifest,
     namespace: &str,
 ) -> anyhow::Result<Option<DigestKey>> {
-    if !manifest.watch.kinds.contains(&ObjectKind::Secret)
+    if !manifest.watch.watches(ObjectKind::Secret)
         || std::env::var_os("WASMWATCH_UNKEYED_DIGESTS").is_some_and(|v| v == "1")
     {
         return Ok(None);

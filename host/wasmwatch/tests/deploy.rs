@@ -610,14 +610,16 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
     };
     let read = ["get", "list", "watch"];
     for scope in &scopes {
-        for kind in &manifest.watch.kinds {
-            let res = match kind {
-                ObjectKind::ConfigMap => "configmaps",
-                ObjectKind::Secret => "secrets",
+        for kind in manifest.watch.object_kinds() {
+            let (group, res) = match kind {
+                ObjectKind::ConfigMap => ("", "configmaps".to_string()),
+                ObjectKind::Secret => ("", "secrets".to_string()),
+                ObjectKind::Custom(k) => (k.group(), manifest.watch.custom(kind).unwrap().plural()),
             };
+            let res = res.as_str();
             for v in read {
                 assert!(
-                    g.allows(*scope, "", res, v, None),
+                    g.allows(*scope, group, res, v, None),
                     "{overlay}: {v} {res} in {scope:?}"
                 );
             }
@@ -1787,8 +1789,7 @@ async fn host_requests(
         .map(String::as_str)
         .unwrap_or("default");
     assert!(
-        manifest.watch.kinds.contains(&ObjectKind::ConfigMap)
-            && manifest.watch.kinds.contains(&ObjectKind::Secret),
+        manifest.watch.watches(ObjectKind::ConfigMap) && manifest.watch.watches(ObjectKind::Secret),
         "{overlay}: the scenario changes ConfigMaps and Secrets"
     );
 

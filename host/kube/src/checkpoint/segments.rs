@@ -439,11 +439,11 @@ fn last_mark(text: &str) -> Option<&str> {
 /// it (a namespace is a DNS label).
 const KIND_MARK: char = '#';
 
-/// The kind [`ObjectKind::as_str`] names.
+/// The kind [`ObjectKind::as_str`] names (a custom kind's name is
+/// interned, so that state of a kind no longer watched is still read and
+/// kept).
 pub fn kind_named(name: &str) -> Option<ObjectKind> {
-    [ObjectKind::ConfigMap, ObjectKind::Secret]
-        .into_iter()
-        .find(|k| k.as_str() == name)
+    ObjectKind::parse(name).ok()
 }
 
 /// Lines of several kinds as one text: each kind's lines after its mark

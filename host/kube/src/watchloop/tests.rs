@@ -154,6 +154,7 @@ fn target() -> WatchTarget {
         metadata_changes: false,
         digest_key: None,
         remember: Default::default(),
+        custom: None,
     }
 }
 

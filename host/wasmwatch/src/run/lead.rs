@@ -172,7 +172,8 @@ impl Service {
         let indexes = std::mem::take(&mut claimed.indexes);
         let (mut streams, mut tasks, mut counters) = (Vec::new(), Vec::new(), Vec::new());
         let watch = &self.manifest.watch;
-        for kind in &watch.kinds {
+        for kind in &watch.object_kinds() {
+            let custom = watch.custom(*kind).map(Arc::new);
             for scope in watch.scopes() {
                 let target = WatchTarget {
                     kind: *kind,
@@ -185,9 +186,10 @@ impl Service {
                     metadata_changes: watch.metadata_changes,
                     digest_key: match kind {
                         ObjectKind::Secret => self.digest_key.clone(),
-                        ObjectKind::ConfigMap => None,
+                        _ => None,
                     },
                     remember: self.remember(*kind),
+                    custom: custom.clone(),
                 };
                 let from = claimed.checkpoints.get(*kind, &scope).map(str::to_string);
                 let client = self.client.clone();
