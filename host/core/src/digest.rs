@@ -123,6 +123,9 @@ pub fn data_digest(data: &BTreeMap<String, DataValue>, key: Option<&DigestKey>) 
 pub fn reloader_hash(kind: crate::ObjectKind, data: &BTreeMap<String, DataValue>) -> String {
     use base64::Engine as _;
     use sha1::Digest as _;
+    if kind.as_str() == crate::manifest::SECRET_PROVIDER_CLASS_POD_STATUS {
+        return reloader_csi_hash(data);
+    }
     let mut entries: Vec<Vec<u8>> = data
         .iter()
         .map(|(k, v)| {
@@ -144,6 +147,35 @@ pub fn reloader_hash(kind: crate::ObjectKind, data: &BTreeMap<String, DataValue>
     hex::encode(sha1::Sha1::digest(entries.join(&b';')))
 }
 
+/// Reloader's hash of a SecretProviderClassPodStatus
+/// (`GetSHAfromSecretProviderClassPodStatus`, `plugins/reloader-spec.md`
+/// §7.2): `id=version` of each mounted object and
+/// `SecretProviderClassName=<class>`, sorted, joined by `;`, SHA-1; read
+/// from the content `watch.kinds` gives the kind by default
+/// (`status.objects` as JSON, `status.secretProviderClassName`).
+fn reloader_csi_hash(data: &BTreeMap<String, DataValue>) -> String {
+    use sha1::Digest as _;
+    let text = |k: &str| match data.get(k) {
+        Some(DataValue::Text(t)) => t.as_str(),
+        _ => "",
+    };
+    let objects: Vec<serde_json::Value> =
+        serde_json::from_str(text("status.objects")).unwrap_or_default();
+    let field = |o: &serde_json::Value, f: &str| {
+        o.get(f).and_then(|v| v.as_str()).unwrap_or("").to_string()
+    };
+    let mut values: Vec<String> = objects
+        .iter()
+        .map(|o| format!("{}={}", field(o, "id"), field(o, "version")))
+        .collect();
+    values.push(format!(
+        "SecretProviderClassName={}",
+        text("status.secretProviderClassName")
+    ));
+    values.sort();
+    hex::encode(sha1::Sha1::digest(values.join(";").as_bytes()))
+}
+
 /// The first 8 bytes of one value's digest (the index's per-key hashes).
 pub fn short_hash(bytes: &[u8], key: Option<&DigestKey>) -> u64 {
     let d = match key {
@@ -163,6 +195,27 @@ mod tests {
 
     /// The vectors of plugins/reloader-spec.md §2.1, computed with
     /// Reloader's Go code.
+    #[test]
+    fn reloaders_csi_hash_is_of_the_mounted_versions_and_the_class() {
+        let kind =
+            crate::ObjectKind::parse(crate::manifest::SECRET_PROVIDER_CLASS_POD_STATUS).unwrap();
+        let data: BTreeMap<String, DataValue> = [
+            ("status.secretProviderClassName", "vault-db"),
+            (
+                "status.objects",
+                r#"[{"id":"secret/db","version":"v2"},{"id":"secret/api","version":"v7"}]"#,
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), DataValue::Text(v.to_string())))
+        .collect();
+        // printf 'SecretProviderClassName=vault-db;secret/api=v7;secret/db=v2' | sha1sum
+        assert_eq!(
+            reloader_hash(kind, &data),
+            "3715f4ba3bdb53b41ef5e46e76db09ec96064c38"
+        );
+    }
+
     #[test]
     fn reloader_hash_is_reloaders() {
         use crate::ObjectKind::{ConfigMap, Secret};

@@ -1521,6 +1521,7 @@ pub fn reloaded_from(
     let kind = match kind {
         "configmap" => "CONFIGMAP",
         "secret" => "SECRET",
+        "secretproviderclass" => "SECRETPROVIDERCLASS",
         _ => return false,
     };
     let Some(source) = record.and_then(|raw| serde_json::from_str::<Value>(raw).ok()) else {

@@ -809,9 +809,13 @@ impl WorkloadEntry {
     /// The object kinds a reload annotation of this workload (or its
     /// template) names objects of.
     fn named_kinds(&self) -> impl Iterator<Item = ObjectKind> + '_ {
-        [ObjectKind::ConfigMap, ObjectKind::Secret]
-            .into_iter()
-            .filter(|kind| self.reload_values(*kind).any(|v| !v.trim().is_empty()))
+        [
+            ObjectKind::ConfigMap,
+            ObjectKind::Secret,
+            crate::references::secret_provider_class(),
+        ]
+        .into_iter()
+        .filter(|kind| self.reload_values(*kind).any(|v| !v.trim().is_empty()))
     }
 
     fn reload_values(&self, kind: ObjectKind) -> impl Iterator<Item = &str> + '_ {

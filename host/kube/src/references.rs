@@ -6,7 +6,9 @@
 //! env `valueFrom.configMapKeyRef` / `secretKeyRef`, and `envFrom`
 //! `configMapRef` / `secretRef`. Optional references count as references.
 //! A volume (or projected source) with `items` uses those keys; without,
-//! the whole object; so does `envFrom`.
+//! the whole object; so does `envFrom`. A CSI volume's
+//! `volumeAttributes.secretProviderClass` uses that SecretProviderClass
+//! (issue 34 §1: Reloader's CSI integration).
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, KeyToPath, PodSpec};
@@ -36,6 +38,22 @@ pub fn pod_spec_references(spec: &PodSpec) -> Vec<ObjectRef> {
                 ObjectKind::Secret,
                 name,
                 secret.items.as_deref(),
+            );
+        }
+        // The CSI driver's volume names its SecretProviderClass. The driver
+        // is not checked, as Reloader does not (plugins/reloader-spec.md
+        // §7.3): the attribute is the driver's own.
+        if let Some(spc) = volume
+            .csi
+            .as_ref()
+            .and_then(|csi| csi.volume_attributes.as_ref()?.get("secretProviderClass"))
+        {
+            add(
+                &mut found,
+                secret_provider_class(),
+                spc,
+                UseVia::Volume,
+                None,
             );
         }
         let sources = volume
@@ -85,6 +103,12 @@ pub fn pod_spec_references(spec: &PodSpec) -> Vec<ObjectRef> {
                 .collect(),
         })
         .collect()
+}
+
+/// [`wasmwatch_core::lookups::SECRET_PROVIDER_CLASS`] as a kind.
+pub fn secret_provider_class() -> ObjectKind {
+    ObjectKind::parse(wasmwatch_core::lookups::SECRET_PROVIDER_CLASS)
+        .expect("the SecretProviderClass kind's name is well formed")
 }
 
 fn add<'a>(
@@ -221,6 +245,27 @@ mod tests {
                 secret("init-secret"),
                 secret("proj-secret"),
                 secret("vol-secret"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_csi_volume_uses_its_secret_provider_class() {
+        let spec = serde_json::json!({
+            "volumes": [
+                {"name": "vault", "csi": {"driver": "secrets-store.csi.k8s.io", "readOnly": true,
+                    "volumeAttributes": {"secretProviderClass": "vault-db"}}},
+                {"name": "other", "csi": {"driver": "other.csi.example.com",
+                    "volumeAttributes": {"size": "1Gi"}}},
+                {"name": "same", "secret": {"secretName": "vault-db"}}
+            ],
+            "containers": [{"name": "app"}]
+        });
+        assert_eq!(
+            refs(spec),
+            vec![
+                secret("vault-db"),
+                (secret_provider_class(), "vault-db".to_string())
             ]
         );
     }

@@ -29,7 +29,9 @@ macro_rules! shared {
         /// The event as the plugin sees it: Secret values only with `secret_values`.
         pub fn event_to_wit(ev: &ChangeEvent, secret_values: bool) -> wit::ChangeEvent {
             let o = &ev.object;
-            let values_included = o.kind == ObjectKind::ConfigMap || secret_values;
+            // Only Secrets' values are withheld without `secret_values`
+            // (a custom kind's content is what the manifest chose to watch).
+            let values_included = o.kind != ObjectKind::Secret || secret_values;
             wit::ChangeEvent {
                 kind: kind_to_wit(o.kind),
                 change: match ev.change {

@@ -100,7 +100,7 @@
 use regex_lite::Regex;
 use wasmwatch_plugin_sdk::{
     Action, ChangeEvent, ChangeType, EventExt, Guest, HttpMethod, KeyValue, LogLevel, ObjectKind,
-    WorkloadExt, WorkloadInfo, WorkloadRef, action, host, log, lookup, parse_config,
+    ObjectType, WorkloadExt, WorkloadInfo, WorkloadRef, action, host, log, lookup, parse_config,
 };
 
 const PLUGIN: &str = "rollout-restart";
@@ -356,6 +356,15 @@ fn names(given: Option<&AnnotationNames>) -> Result<Names, String> {
         ("exclude", "wasmwatch.io/exclude-secrets"),
         ("exclude", "configmaps.exclude.reloader.stakater.com/reload"),
         ("exclude", "secrets.exclude.reloader.stakater.com/reload"),
+        ("auto", "wasmwatch.io/auto-secretproviderclasses"),
+        ("auto", "secretproviderclass.reloader.stakater.com/auto"),
+        ("reload", "wasmwatch.io/reload-secretproviderclasses"),
+        ("reload", "secretproviderclass.reloader.stakater.com/reload"),
+        ("exclude", "wasmwatch.io/exclude-secretproviderclasses"),
+        (
+            "exclude",
+            "secretproviderclasses.exclude.reloader.stakater.com/reload",
+        ),
         ("search", "wasmwatch.io/search"),
         ("match", "wasmwatch.io/match"),
         ("ignore", "wasmwatch.io/ignore"),
@@ -506,16 +515,121 @@ enum Ann {
     Exclude,
 }
 
+/// The kind of the object a change stands for, as the annotations name it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Of {
+    ConfigMap,
+    Secret,
+    /// The CSI driver's SecretProviderClass, for a change of one of its
+    /// SecretProviderClassPodStatuses (Reloader's CSI integration).
+    SecretProviderClass,
+}
+
+const CSI_GROUP: &str = "secrets-store.csi.x-k8s.io";
+
+impl Of {
+    fn kind_name(self) -> &'static str {
+        match self {
+            Of::ConfigMap => "ConfigMap",
+            Of::Secret => "Secret",
+            Of::SecretProviderClass => "SecretProviderClass",
+        }
+    }
+
+    /// Reloader's `type` of the object (alerts, `STAKATER_*_<TYPE>`).
+    fn object_type(self) -> &'static str {
+        match self {
+            Of::ConfigMap => "CONFIGMAP",
+            Of::Secret => "SECRET",
+            Of::SecretProviderClass => "SECRETPROVIDERCLASS",
+        }
+    }
+
+    /// The kind as the host's lookups name it.
+    fn wit(self) -> ObjectKind {
+        match self {
+            Of::ConfigMap => ObjectKind::ConfigMap,
+            Of::Secret => ObjectKind::Secret,
+            Of::SecretProviderClass => ObjectKind::Other(ObjectType {
+                group: CSI_GROUP.into(),
+                version: "v1".into(),
+                kind: "SecretProviderClass".into(),
+            }),
+        }
+    }
+}
+
+/// What a change stands for: the changed object itself, or for a
+/// SecretProviderClassPodStatus the SecretProviderClass it mounts, whose
+/// annotations the plugin cannot read (Reloader reads `ignore` and `match`
+/// there; here they are not honoured for CSI changes).
+#[derive(Debug)]
+struct Target<'a> {
+    of: Of,
+    name: &'a str,
+    annotations: &'a [KeyValue],
+}
+
+/// The target of `event`, or why there is none (logged, nothing restarts).
+fn target(event: &ChangeEvent) -> Result<Target<'_>, String> {
+    let of = match &event.kind {
+        ObjectKind::ConfigMap => Of::ConfigMap,
+        ObjectKind::Secret => Of::Secret,
+        ObjectKind::Other(_) if event.is_kind(CSI_GROUP, "SecretProviderClassPodStatus") => {
+            let name = event
+                .text("status.secretProviderClassName")
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| {
+                    format!(
+                        "SecretProviderClassPodStatus {} names no SecretProviderClass (status.secretProviderClassName; is it in the kind's content?)",
+                        event.object_id()
+                    )
+                })?;
+            return Ok(Target {
+                of: Of::SecretProviderClass,
+                name,
+                annotations: &[],
+            });
+        }
+        ObjectKind::Other(t) => {
+            return Err(format!(
+                "{}/{} {}: {PLUGIN} restarts for ConfigMaps, Secrets and SecretProviderClassPodStatuses only",
+                t.group,
+                t.kind,
+                event.object_id()
+            ));
+        }
+    };
+    Ok(Target {
+        of,
+        name: &event.name,
+        annotations: &event.annotations,
+    })
+}
+
 impl Names {
     /// The annotation's names: ours first, then Reloader's (or the one
     /// `annotations` gives in its place).
-    fn of(&self, ann: Ann, kind: ObjectKind) -> [&str; 2] {
-        let cm = matches!(kind, ObjectKind::ConfigMap);
+    fn of(&self, ann: Ann, of: Of) -> [&str; 2] {
+        let cm = of == Of::ConfigMap;
+        let spc = of == Of::SecretProviderClass;
         match ann {
             Ann::Ignore => ["wasmwatch.io/ignore", &self.ignore],
             Ann::Match => ["wasmwatch.io/match", &self.match_],
             Ann::Search => ["wasmwatch.io/search", &self.search],
             Ann::Auto => ["wasmwatch.io/auto", &self.auto],
+            Ann::TypedAuto if spc => [
+                "wasmwatch.io/auto-secretproviderclasses",
+                "secretproviderclass.reloader.stakater.com/auto",
+            ],
+            Ann::Reload if spc => [
+                "wasmwatch.io/reload-secretproviderclasses",
+                "secretproviderclass.reloader.stakater.com/reload",
+            ],
+            Ann::Exclude if spc => [
+                "wasmwatch.io/exclude-secretproviderclasses",
+                "secretproviderclasses.exclude.reloader.stakater.com/reload",
+            ],
             Ann::TypedAuto if cm => ["wasmwatch.io/auto-configmaps", &self.configmap_auto],
             Ann::TypedAuto => ["wasmwatch.io/auto-secrets", &self.secret_auto],
             Ann::Reload if cm => ["wasmwatch.io/reload-configmaps", &self.configmap_reload],
@@ -531,16 +645,16 @@ impl Names {
         }
     }
 
-    fn get<'a>(&self, list: &'a [KeyValue], ann: Ann, kind: ObjectKind) -> Option<&'a str> {
+    fn get<'a>(&self, list: &'a [KeyValue], ann: Ann, kind: Of) -> Option<&'a str> {
         self.of(ann, kind).iter().find_map(|k| lookup(list, k))
     }
 
-    fn is_true(&self, list: &[KeyValue], ann: Ann, kind: ObjectKind) -> bool {
+    fn is_true(&self, list: &[KeyValue], ann: Ann, kind: Of) -> bool {
         self.get(list, ann, kind) == Some("true")
     }
 
     /// Whether `list` holds any annotation that decides about `kind`.
-    fn relevant(&self, list: &[KeyValue], kind: ObjectKind) -> bool {
+    fn relevant(&self, list: &[KeyValue], kind: Of) -> bool {
         [Ann::Reload, Ann::Search, Ann::Auto, Ann::TypedAuto]
             .into_iter()
             .any(|a| self.get(list, a, kind).is_some())
@@ -558,14 +672,14 @@ fn named(list: &str, name: &str) -> bool {
         })
 }
 
-/// Why `workload` restarts for `event`, or `None`.
+/// Why `workload` restarts for a change of `target`, or `None`.
 fn decide(
     config: &Config,
     names: &Names,
-    event: &ChangeEvent,
+    target: &Target,
     workload: &WorkloadInfo,
 ) -> Option<&'static str> {
-    let kind = event.kind;
+    let kind = target.of;
     let ann: &[KeyValue] = if names.relevant(&workload.annotations, kind) {
         &workload.annotations
     } else if names.relevant(&workload.template_annotations, kind) {
@@ -575,13 +689,13 @@ fn decide(
     };
     let excluded = names
         .get(ann, Ann::Exclude, kind)
-        .is_some_and(|l| l.split(',').any(|e| e.trim() == event.name));
+        .is_some_and(|l| l.split(',').any(|e| e.trim() == target.name));
     if excluded {
         return None;
     }
     if names
         .get(ann, Ann::Reload, kind)
-        .is_some_and(|l| named(l, &event.name))
+        .is_some_and(|l| named(l, target.name))
     {
         return Some("named");
     }
@@ -591,7 +705,7 @@ fn decide(
     if !workload.referenced {
         return None;
     }
-    if names.is_true(ann, Ann::Search, kind) && names.is_true(&event.annotations, Ann::Match, kind)
+    if names.is_true(ann, Ann::Search, kind) && names.is_true(target.annotations, Ann::Match, kind)
     {
         return Some("search/match");
     }
@@ -678,14 +792,20 @@ fn go_string(s: &str) -> String {
 
 /// Reloader's alert message (R:internal/pkg/handler/upgrade.go), with the
 /// optional `additionalInfo` prefix.
-fn alert_message(event: &ChangeEvent, w: &WorkloadRef, info: Option<&str>) -> String {
-    let object_type = match event.kind {
-        ObjectKind::ConfigMap => "CONFIGMAP",
-        ObjectKind::Secret => "SECRET",
-    };
+fn alert_message(
+    event: &ChangeEvent,
+    target: &Target,
+    w: &WorkloadRef,
+    info: Option<&str>,
+) -> String {
     let message = format!(
-        "Reloader detected changes in *{}* of type *{object_type}* in namespace *{}*. Hence reloaded *{}* of type *{}* in namespace *{}*",
-        event.name, event.namespace, w.name, w.kind, w.namespace
+        "Reloader detected changes in *{}* of type *{}* in namespace *{}*. Hence reloaded *{}* of type *{}* in namespace *{}*",
+        target.name,
+        target.of.object_type(),
+        event.namespace,
+        w.name,
+        w.kind,
+        w.namespace
     );
     match info {
         Some(info) => format!("{info} : {message}"),
@@ -741,14 +861,25 @@ impl Guest for RolloutRestart {
             names,
             ignored,
         } = settings(&host::config())?;
+        let target = match target(&event) {
+            Ok(t) => t,
+            Err(why) => {
+                log(LogLevel::Warn, &format!("nothing to restart: {why}"));
+                return Ok(vec![]);
+            }
+        };
+        let csi = target.of == Of::SecretProviderClass;
         let what = match event.change {
+            // A pod's mount status comes and goes with the pod: Reloader
+            // ignores both, whatever reloadOnCreate and reloadOnDelete say.
+            ChangeType::Added | ChangeType::Deleted if csi => return Ok(vec![]),
             ChangeType::Added if !config.reload_on_create => return Ok(vec![]),
             ChangeType::Deleted if !config.reload_on_delete => return Ok(vec![]),
             ChangeType::Added => "created",
             ChangeType::Deleted => "deleted",
             ChangeType::Modified | ChangeType::Resynced => "changed",
         };
-        if names.is_true(&event.annotations, Ann::Ignore, event.kind) {
+        if names.is_true(target.annotations, Ann::Ignore, target.of) {
             log(
                 LogLevel::Debug,
                 &format!("{} {} is ignored", event.kind_name(), event.object_id()),
@@ -760,7 +891,7 @@ impl Guest for RolloutRestart {
             _ => "restarting",
         };
         let selected: Vec<WorkloadRef> =
-            host::workloads_referencing(event.kind, &event.namespace, &event.name)
+            host::workloads_referencing(&target.of.wit(), &event.namespace, target.name)
                 .into_iter()
                 .filter_map(|w| {
                     if w.workload.group == "batch" && ignored.contains(&w.workload.kind.as_str()) {
@@ -770,7 +901,7 @@ impl Guest for RolloutRestart {
                         );
                         return None;
                     }
-                    let why = decide(&config, &names, &event, &w)?;
+                    let why = decide(&config, &names, &target, &w)?;
                     if config.key_aware && !w.uses_any_of(&event.changed_keys) {
                         log(
                             LogLevel::Debug,
@@ -805,15 +936,24 @@ impl Guest for RolloutRestart {
                 Ok(vec![action::http_json(HttpMethod::Post, &url, body)])
             }
             Mode::Restart | Mode::Alert { .. } => {
-                let reason = format!("{} {} {what}", event.kind_name(), event.object_id());
+                let reason = format!(
+                    "{} {}/{} {what}",
+                    target.of.kind_name(),
+                    event.namespace,
+                    target.name
+                );
                 let version = match event.change {
                     ChangeType::Deleted => "deleted",
                     _ => event.digest.as_str(),
                 };
+                // For CSI, keyed by the SecretProviderClass: every pod's
+                // mount status of the same objects has the same content
+                // (its class and `{id, version}`s), so the pods of one
+                // rotation restart a workload once.
                 let hash = format!(
                     "{}/{}:{version}",
-                    event.kind_name().to_ascii_lowercase(),
-                    event.name
+                    target.of.kind_name().to_ascii_lowercase(),
+                    target.name
                 );
                 let alerts: Vec<Action> = match &mode {
                     Mode::Alert {
@@ -826,7 +966,7 @@ impl Guest for RolloutRestart {
                             alert(
                                 url,
                                 *sink,
-                                &alert_message(&event, w, additional_info.as_deref()),
+                                &alert_message(&event, &target, w, additional_info.as_deref()),
                             )
                         })
                         .collect(),
@@ -1009,12 +1149,14 @@ mod tests {
 
     #[test]
     fn alert_bodies_are_reloaders() {
-        let msg = alert_message(&event(), &deployment("api"), None);
+        let ev = event();
+        let t = target(&ev).unwrap();
+        let msg = alert_message(&ev, &t, &deployment("api"), None);
         assert_eq!(
             msg,
             "Reloader detected changes in *orders* of type *CONFIGMAP* in namespace *shop*. Hence reloaded *api* of type *Deployment* in namespace *shop*"
         );
-        let with_info = alert_message(&event(), &deployment("api"), Some("prod <eu> & co"));
+        let with_info = alert_message(&ev, &t, &deployment("api"), Some("prod <eu> & co"));
         assert!(with_info.starts_with("prod <eu> & co : Reloader detected"));
         let body = |sink| post(alert("http://h", sink, &with_info));
         let text = "prod \\u003ceu\\u003e \\u0026 co : Reloader detected changes in *orders* of type *CONFIGMAP* in namespace *shop*. Hence reloaded *api* of type *Deployment* in namespace *shop*";
@@ -1060,7 +1202,7 @@ mod tests {
         assert_eq!(custom.match_, "m");
         assert_eq!(custom.search, "reloader.stakater.com/search");
         assert_eq!(
-            custom.of(Ann::Auto, ObjectKind::Secret),
+            custom.of(Ann::Auto, Of::Secret),
             ["wasmwatch.io/auto", "acme.io/auto"]
         );
         // Its own wasmwatch.io/ name: ours only, Reloader's not read.
@@ -1141,7 +1283,9 @@ mod tests {
     #[test]
     fn only_a_named_reload_restarts_a_workload_that_does_not_reference_the_object() {
         let s = settings(r#"{"autoReloadAll": true}"#).unwrap();
-        let decide = |w: &WorkloadInfo| decide(&s.config, &s.names, &event(), w);
+        let ev = event();
+        let t = target(&ev).unwrap();
+        let decide = |w: &WorkloadInfo| decide(&s.config, &s.names, &t, w);
         let named = [("configmap.reloader.stakater.com/reload", "ord.*")];
         let auto = [("reloader.stakater.com/auto", "true")];
         assert_eq!(decide(&info("CronJob", false, &named)), Some("named"));
@@ -1191,5 +1335,77 @@ mod tests {
             go_string("a\"b\\c\n\u{1}<>&\u{2028}\u{2029}é"),
             r#""a\"b\\c\n\u0001\u003c\u003e\u0026\u2028\u2029é""#
         );
+    }
+
+    fn spcps(spc: Option<&str>) -> ChangeEvent {
+        let mut ev = event();
+        ev.kind = ObjectKind::Other(ObjectType {
+            group: CSI_GROUP.into(),
+            version: "v1".into(),
+            kind: "SecretProviderClassPodStatus".into(),
+        });
+        ev.name = "api-7d9-shop-vault-db".into();
+        ev.data = spc
+            .map(|spc| wasmwatch_plugin_sdk::DataEntry {
+                key: "status.secretProviderClassName".into(),
+                value: Some(wasmwatch_plugin_sdk::DataValue::Text(spc.into())),
+            })
+            .into_iter()
+            .collect();
+        ev
+    }
+
+    #[test]
+    fn a_csi_mount_status_stands_for_its_secret_provider_class() {
+        let ev = spcps(Some("vault-db"));
+        let t = target(&ev).unwrap();
+        assert_eq!((t.of, t.name), (Of::SecretProviderClass, "vault-db"));
+        assert!(
+            t.annotations.is_empty(),
+            "the class's annotations are not the status's"
+        );
+        assert!(
+            target(&spcps(None))
+                .unwrap_err()
+                .contains("names no SecretProviderClass")
+        );
+        let mut other = spcps(Some("x"));
+        other.kind = ObjectKind::Other(ObjectType {
+            group: "example.com".into(),
+            version: "v1".into(),
+            kind: "Policy".into(),
+        });
+        assert!(target(&other).unwrap_err().contains("example.com/Policy"));
+    }
+
+    #[test]
+    fn csi_restarts_follow_reloaders_secret_provider_class_annotations() {
+        let s = settings("{}").unwrap();
+        let ev = spcps(Some("vault-db"));
+        let t = target(&ev).unwrap();
+        let decide = |w: &WorkloadInfo| decide(&s.config, &s.names, &t, w);
+        let typed = [("secretproviderclass.reloader.stakater.com/auto", "true")];
+        let generic = [("reloader.stakater.com/auto", "true")];
+        let secret_auto = [("secret.reloader.stakater.com/auto", "true")];
+        let named = [(
+            "secretproviderclass.reloader.stakater.com/reload",
+            "vault-.*",
+        )];
+        let excluded = [
+            ("reloader.stakater.com/auto", "true"),
+            (
+                "secretproviderclasses.exclude.reloader.stakater.com/reload",
+                "vault-db",
+            ),
+        ];
+        assert_eq!(decide(&info("Deployment", true, &typed)), Some("auto"));
+        // Reloader's generic auto covers SecretProviderClasses too.
+        assert_eq!(decide(&info("Deployment", true, &generic)), Some("auto"));
+        // The Secret kind's auto does not.
+        assert_eq!(decide(&info("Deployment", true, &secret_auto)), None);
+        // Mounting is needed for auto, not for a named reload.
+        assert_eq!(decide(&info("Deployment", false, &typed)), None);
+        assert_eq!(decide(&info("Deployment", false, &named)), Some("named"));
+        assert_eq!(decide(&info("Deployment", true, &excluded)), None);
     }
 }

@@ -1,7 +1,7 @@
 //! wasmwatch-plugin-sdk: write a wasmwatch plugin in a few lines of Rust.
 //!
-//! The crate runs `wit-bindgen` on `wit/0.3.0/plugin.wit` (world
-//! `wasmwatch:plugin/plugin@0.3.0`) and re-exports the generated types, the
+//! The crate runs `wit-bindgen` on `wit/0.4.0/plugin.wit` (world
+//! `wasmwatch:plugin/plugin@0.4.0`) and re-exports the generated types, the
 //! [`Guest`] trait and the [`host`] imports, plus a few helpers:
 //!
 //! - [`EventExt`]: annotation/label lookup, data values as text, kind checks;
@@ -38,12 +38,17 @@
 //! (`referenced`) and how it uses it (`uses`). A plugin that must stay on
 //! 0.2.0 runs `wit_bindgen::generate!` on `wit/plugin.wit` itself
 //! (plugins/testing/inert does).
+//!
+//! Since 0.4.0 the changed object may be of a kind beyond ConfigMap and
+//! Secret (`ObjectKind::Other`, a kind the manifest's `watch.kinds` names,
+//! such as the CSI driver's SecretProviderClassPodStatus); its `data` holds
+//! one entry per content field path (`status.objects`).
 
 /// The `wit-bindgen` output; everything in it is re-exported at the crate root.
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit/0.3.0",
+        path: "../../wit/0.4.0",
         world: "plugin",
         pub_export_macro: true,
         default_bindings_module: "wasmwatch_plugin_sdk",
@@ -203,8 +208,10 @@ pub trait EventExt {
     fn text(&self, key: &str) -> Option<&str>;
     fn is_config_map(&self) -> bool;
     fn is_secret(&self) -> bool;
-    /// `ConfigMap` or `Secret`.
-    fn kind_name(&self) -> &'static str;
+    /// Whether the object is of kind `kind` in `group` (any version).
+    fn is_kind(&self, group: &str, kind: &str) -> bool;
+    /// `ConfigMap`, `Secret`, or another kind's `kind`.
+    fn kind_name(&self) -> &str;
     /// `namespace/name`.
     fn object_id(&self) -> String;
 }
@@ -228,10 +235,18 @@ impl EventExt for ChangeEvent {
     fn is_secret(&self) -> bool {
         matches!(self.kind, ObjectKind::Secret)
     }
-    fn kind_name(&self) -> &'static str {
-        match self.kind {
+    fn is_kind(&self, group: &str, kind: &str) -> bool {
+        match &self.kind {
+            ObjectKind::Other(t) => t.group == group && t.kind == kind,
+            ObjectKind::ConfigMap => group.is_empty() && kind == "ConfigMap",
+            ObjectKind::Secret => group.is_empty() && kind == "Secret",
+        }
+    }
+    fn kind_name(&self) -> &str {
+        match &self.kind {
             ObjectKind::ConfigMap => "ConfigMap",
             ObjectKind::Secret => "Secret",
+            ObjectKind::Other(t) => &t.kind,
         }
     }
     fn object_id(&self) -> String {

@@ -21,11 +21,13 @@ pub enum SpringApps {
     ObjectName(String),
 }
 
-/// `spring.cloud.kubernetes.configmap` or `spring.cloud.kubernetes.secret`.
-pub fn annotation_prefix(kind: ObjectKind) -> &'static str {
+/// `spring.cloud.kubernetes.configmap` or `spring.cloud.kubernetes.secret`;
+/// `None` for other kinds, which the Spring watcher does not know.
+pub fn annotation_prefix(kind: &ObjectKind) -> Option<&'static str> {
     match kind {
-        ObjectKind::ConfigMap => "spring.cloud.kubernetes.configmap",
-        ObjectKind::Secret => "spring.cloud.kubernetes.secret",
+        ObjectKind::ConfigMap => Some("spring.cloud.kubernetes.configmap"),
+        ObjectKind::Secret => Some("spring.cloud.kubernetes.secret"),
+        ObjectKind::Other(_) => None,
     }
 }
 
@@ -42,9 +44,12 @@ pub fn parse_labels(selector: &str) -> Vec<KeyValue> {
 }
 
 /// Resolves the target apps of `event` (asks the host only for the labels
-/// annotation).
+/// annotation). An object of another kind than ConfigMap and Secret has
+/// none (an empty `Named`).
 pub fn target_apps(event: &ChangeEvent) -> SpringApps {
-    let prefix = annotation_prefix(event.kind);
+    let Some(prefix) = annotation_prefix(&event.kind) else {
+        return SpringApps::Named(Vec::new());
+    };
     if let Some(apps) = event.annotation(&format!("{prefix}.apps")) {
         SpringApps::Named(
             apps.split(',')
