@@ -572,16 +572,17 @@ fn a_component_of_another_world_fails_to_load() {
     .err()
     .unwrap();
     assert!(matches!(err, LoadError::WrongWorld { .. }), "{err}");
-    // Neither world: the message names both, and why each does not fit.
+    // No world: the message names each, and why each does not fit.
     let msg = err.to_string();
     assert!(
         msg.starts_with(
-            "plugin `other`: is not a component of the wasmwatch:plugin/plugin@0.2.0 or \
-             wasmwatch:plugin/plugin@0.3.0 world: wasmwatch:plugin/plugin@0.2.0: "
+            "plugin `other`: is not a component of the wasmwatch:plugin/plugin@0.2.0, \
+             @0.3.0 or @0.4.0 world: wasmwatch:plugin/plugin@0.2.0: "
         ),
         "{msg}"
     );
     assert!(msg.contains("; wasmwatch:plugin/plugin@0.3.0: "), "{msg}");
+    assert!(msg.contains("; wasmwatch:plugin/plugin@0.4.0: "), "{msg}");
 }
 
 #[test]

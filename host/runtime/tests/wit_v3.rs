@@ -3,7 +3,7 @@
 //! carry the new fields, and its restarts come out as core restarts (the
 //! apps/v1 kinds as today's, other kinds by group/version/kind, refused
 //! naming the kind). The bundled plugins' behaviour (the Rust ones on
-//! 0.3.0, the JS and Python ones on 0.2.0) is covered by
+//! 0.4.0, the JS and Python ones on 0.2.0) is covered by
 //! tests/bundled_plugins.rs; here which world they load as, and what each
 //! world's rollout-restart makes of workloads named without a reference.
 use std::path::Path;
@@ -17,6 +17,7 @@ use wasmwatch_testkit::pin;
 
 const V2: &str = "wasmwatch:plugin/plugin@0.2.0";
 const V3: &str = "wasmwatch:plugin/plugin@0.3.0";
+const V4: &str = "wasmwatch:plugin/plugin@0.4.0";
 
 fn load(lookups: StaticLookups, entry: &str) -> Plugin {
     let config = RuntimeConfig {
@@ -132,11 +133,11 @@ fn refusal(c: &CheckedAction) -> &str {
 }
 
 #[test]
-fn bundled_rust_components_load_as_0_3_0_the_js_and_python_ones_as_0_2_0() {
+fn bundled_rust_components_load_as_0_4_0_the_js_and_python_ones_as_0_2_0() {
     for (module, config, world) in [
-        ("rollout-restart", "{}", V3),
-        ("http-refresh", "{}", V3),
-        ("bus-refresh", "{connection: rabbit}", V3),
+        ("rollout-restart", "{}", V4),
+        ("http-refresh", "{}", V4),
+        ("bus-refresh", "{connection: rabbit}", V4),
         ("js/rollout-restart", "{}", V2),
         ("python/http-refresh", "{}", V2),
     ] {
@@ -241,7 +242,7 @@ fn a_0_3_0_plugin_sees_kinds_uses_and_named_workloads_and_restarts_as_before() {
 /// references the object, as before. The Rust rollout-restart (0.3.0)
 /// restarts them too, as Reloader does, of every kind granted.
 #[test]
-fn workloads_only_named_in_a_reload_annotation_restart_from_0_3_0_only() {
+fn workloads_only_named_in_a_reload_annotation_restart_from_0_3_0_on() {
     let mut referencing = workload(WorkloadKind::Deployment, "api", &["env:level"]);
     referencing.annotations = [(
         "configmap.reloader.stakater.com/reload".to_string(),
@@ -282,7 +283,7 @@ fn workloads_only_named_in_a_reload_annotation_restart_from_0_3_0_only() {
     };
     assert_eq!(restarted("js/rollout-restart", V2), ["api"]);
     assert_eq!(
-        restarted("rollout-restart", V3),
+        restarted("rollout-restart", V4),
         ["api", "named", "named-in-template", "nightly"]
     );
 }
@@ -389,4 +390,103 @@ fn a_0_3_0_restart_of_another_kind_names_it() {
         assert_eq!(actions[0].action, want);
         assert_eq!(actions[0].verdict, Verdict::Allowed);
     }
+}
+
+const SPCPS: &str = "secrets-store.csi.x-k8s.io/v1/SecretProviderClassPodStatus";
+
+/// A manifest watching the CSI driver's mount statuses, with one plugin
+/// getting them.
+fn csi_manifest(module: &str) -> Manifest {
+    let yaml = format!(
+        "apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nwatch: {{kinds: [ConfigMap, {SPCPS}]}}\nplugins:\n  - name: p\n    module: {{module:{module}}}\n    sha256: {{sha256:{module}}}\n    events: {{kinds: [ConfigMap, {SPCPS}]}}\n    capabilities: {{restart: {{namespaces: [shop]}}}}\n"
+    );
+    Manifest::parse(&pin(&yaml), Path::new("/")).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+}
+
+/// WIT 0.4.0: an object of a kind the manifest watches beyond ConfigMap
+/// and Secret reaches a 0.4.0 plugin, with its group/version/kind and its
+/// content as data, and the plugin's lookup by another such kind (the
+/// SecretProviderClass) is answered; a 0.3.0 component naming such a kind
+/// in `events.kinds` is refused at load, naming the kind and its world.
+#[test]
+fn a_watched_custom_kind_reaches_0_4_0_plugins_and_a_0_3_0_one_naming_it_is_refused() {
+    let class = ObjectKind::parse(wasmwatch_core::lookups::SECRET_PROVIDER_CLASS).unwrap();
+    let mounting = WorkloadInfo {
+        annotations: [(
+            "secretproviderclass.reloader.stakater.com/auto".to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+        references: vec![ObjectRef {
+            kind: class,
+            name: "vault-db".into(),
+            uses: vec![object_use("volume")],
+        }],
+        ..workload(WorkloadKind::Deployment, "api", &[])
+    };
+    let lookups = StaticLookups {
+        workloads: vec![mounting],
+        ..Default::default()
+    };
+    let rt = |lookups| {
+        let config = RuntimeConfig {
+            cache_dir: Some(wasmwatch_testkit::artifact_cache_dir()),
+            ..RuntimeConfig::default()
+        };
+        Runtime::new(config, Arc::new(lookups)).unwrap()
+    };
+    let m = csi_manifest("v3-restart");
+    let err = rt(StaticLookups::default())
+        .load_blocking(&m.plugins[0], &m.base_dir)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains(&format!("its events.kinds name {SPCPS}")) && err.contains(V3),
+        "{err}"
+    );
+
+    let m = csi_manifest("rollout-restart");
+    let spec = m.watch.custom(ObjectKind::parse(SPCPS).unwrap()).unwrap();
+    let plugin = rt(lookups)
+        .load_blocking(&m.plugins[0], &m.base_dir)
+        .unwrap();
+    assert_eq!(plugin.world(), V4);
+    let body = serde_json::json!({"status": {
+        "secretProviderClassName": "vault-db", "podName": "api-1",
+        "objects": [{"id": "secret/db", "version": "v2"}]}});
+    let meta = wasmwatch_core::event::Metadata {
+        name: "api-1-shop-vault-db".into(),
+        namespace: "shop".into(),
+        resource_version: "7".into(),
+        ..Default::default()
+    };
+    let snapshot = ObjectSnapshot::from_content(
+        ObjectKind::parse(SPCPS).unwrap(),
+        meta,
+        &body,
+        &spec.content,
+    )
+    .unwrap();
+    let ev = ChangeEvent::new(ChangeType::Modified, snapshot, None);
+    let actions: Vec<Action> = plugin
+        .handle_blocking(&ev)
+        .unwrap()
+        .actions
+        .into_iter()
+        .map(|c| c.action)
+        .collect();
+    assert_eq!(
+        actions,
+        vec![Action::Restart {
+            workload: WorkloadRef {
+                kind: WorkloadKind::Deployment,
+                namespace: "shop".into(),
+                name: "api".into(),
+            },
+            reason: "SecretProviderClass shop/vault-db changed".into(),
+            content_hash: format!("secretproviderclass/vault-db:{}", ev.digest),
+            strategy: None,
+        }]
+    );
 }
