@@ -1157,14 +1157,41 @@ impl<A: ObjectApi> WatchLoop<A> {
 
     /// Runs until the consumer goes away, backing off on errors.
     pub async fn run(mut self, out: mpsc::Sender<Output>) {
+        // A kind the server does not serve (a custom kind whose CRD is not
+        // installed, or was removed) is said once, not at every retry.
+        let mut not_served = false;
         loop {
             match self.step(&out).await {
-                Ok(()) => {}
+                Ok(()) => {
+                    if std::mem::take(&mut not_served) {
+                        tracing::info!(
+                            kind = self.target.kind.as_str(),
+                            "the API server serves this kind now: watching it"
+                        );
+                    }
+                }
                 Err(WatchError::Closed) => return,
                 Err(e) => {
                     self.failures += 1;
                     let delay = backoff(self.failures);
-                    tracing::warn!(kind = self.target.kind.as_str(), state = ?self.state, "watch failed, retrying in {delay:?}: {e}");
+                    let missing =
+                        matches!(&e, WatchError::Api(kube::Error::Api(s)) if s.code == 404);
+                    if missing && !not_served {
+                        tracing::warn!(
+                            kind = self.target.kind.as_str(),
+                            "the API server does not serve this kind (404; for a custom kind: is its CustomResourceDefinition installed?); none of its changes is handled until it does, retrying every {}s at most",
+                            backoff_max().as_secs()
+                        );
+                    }
+                    not_served |= missing;
+                    if missing {
+                        tracing::debug!(
+                            kind = self.target.kind.as_str(),
+                            "still not served, retrying in {delay:?}"
+                        );
+                    } else {
+                        tracing::warn!(kind = self.target.kind.as_str(), state = ?self.state, "watch failed, retrying in {delay:?}: {e}");
+                    }
                     tokio::select! {
                         biased;
                         _ = out.closed() => return,
@@ -1223,7 +1250,14 @@ fn replay_ends_at(until: Option<u64>, version: &str) -> bool {
 /// ([`wasmwatch_core::jitter`]).
 pub fn backoff(failures: u32) -> Duration {
     let base = 0.2 * 2f64.powi(failures.saturating_sub(1).min(8) as i32);
-    wasmwatch_core::jitter::spread(Duration::from_secs_f64(base.min(30.0)))
+    wasmwatch_core::jitter::spread(Duration::from_secs_f64(
+        base.min(backoff_max().as_secs_f64()),
+    ))
+}
+
+/// The longest [`backoff`] (before its jitter).
+pub fn backoff_max() -> Duration {
+    Duration::from_secs(30)
 }
 
 #[cfg(test)]

@@ -291,3 +291,99 @@ async fn csi_rotations_restart_reloaders_workloads_once_and_a_gap_past_the_histo
         eprintln!("{name}: generation {generation}");
     }
 }
+
+/// Watching the mount statuses in a cluster without the CSI driver's CRD
+/// must not hold up ConfigMaps: their changes still restart workloads and
+/// are checkpointed. Once the driver is installed, its statuses are
+/// watched without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_drivers_crd_configmaps_are_handled_and_a_later_install_is_followed() {
+    let e = test_env_with(
+        wasmwatch_apiserver::Config::default().preinstalled_crds(false),
+        MANIFEST,
+        NS,
+    )
+    .await;
+    let c = &e.client;
+    apply(
+        c,
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "orders", "namespace": NS}, "data": {"a": "1"}}),
+    )
+    .await;
+    let pod = json!({"containers": [{"name": "app", "image": "example/app:1",
+        "envFrom": [{"configMapRef": {"name": "orders"}}]}]});
+    workload(
+        c,
+        NS,
+        "Deployment",
+        "orders",
+        json!({"reloader.stakater.com/auto": "true"}),
+        json!({}),
+        pod,
+    )
+    .await;
+    let a = Replica::start(&e.kubeconfig, &e.manifest, "replica-a");
+    eventually(Duration::from_secs(15), "replica-a leads", || a.leading()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.clone(), NS)
+        .patch(
+            "orders",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"a": "2"}})),
+        )
+        .await
+        .unwrap();
+    eventually(WITHIN, "orders restarted", || async {
+        deployment_state(c, NS, "orders").await.0 == 2
+    })
+    .await;
+    // And its checkpoint is stored, so that a successor does not deliver
+    // the ConfigMaps again.
+    eventually(
+        Duration::from_secs(10),
+        "the ConfigMap checkpoint",
+        || async { checkpoint(c, NS).await.is_some() },
+    )
+    .await;
+
+    // The driver is installed: its statuses are watched from then on.
+    apply(
+        c,
+        json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "secretproviderclasspodstatuses.secrets-store.csi.x-k8s.io"},
+            "spec": {"group": "secrets-store.csi.x-k8s.io", "scope": "Namespaced",
+                "names": {"kind": "SecretProviderClassPodStatus",
+                    "listKind": "SecretProviderClassPodStatusList",
+                    "plural": "secretproviderclasspodstatuses",
+                    "singular": "secretproviderclasspodstatus"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true}}}]}}),
+    )
+    .await;
+    workload(
+        c,
+        NS,
+        "Deployment",
+        "api",
+        json!({"secretproviderclass.reloader.stakater.com/auto": "true"}),
+        json!({}),
+        csi_pod(Some("vault-db")),
+    )
+    .await;
+    mount_status(c, "api-1", "vault-db", "v1").await;
+    // Rotated until the watch (retrying with backoff) has its baseline
+    // before a rotation: the first rotation after it restarts `api`.
+    let mut version = 1;
+    eventually(WITHIN, "api restarted after the driver's install", || {
+        version += 1;
+        let v = format!("v{version}");
+        async move {
+            rotate(c, &["api-1"], "vault-db", &v).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            deployment_state(c, NS, "api").await.0 >= 2
+        }
+    })
+    .await;
+}
