@@ -167,7 +167,7 @@ pub fn reloaded_message(origin: &Origin, workload: &WorkloadRef) -> String {
     format!(
         "Changes detected in '{}' of type '{}' in namespace '{}', Updated '{}' of type '{}' in namespace '{}'",
         origin.name,
-        origin.kind.as_str().to_uppercase(),
+        origin.kind.kind_name().to_uppercase(),
         origin.namespace,
         workload.name,
         crate::workload::kind_name(&workload.kind),

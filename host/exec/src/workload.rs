@@ -808,15 +808,7 @@ impl KubeExecutor {
         message: &str,
         at: Timestamp,
     ) -> Result<(), ExecError> {
-        let object = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some(origin.kind.as_str().into()),
-            name: Some(origin.name.clone()),
-            namespace: Some(origin.namespace.clone()),
-            uid: non_empty(&origin.uid),
-            resource_version: non_empty(&origin.resource_version),
-            field_path: None,
-        };
+        let object = self.object_reference(origin);
         let what = format!(
             "event {reason:?} on {} {}/{}",
             origin.kind.as_str(),
@@ -1115,9 +1107,13 @@ impl KubeExecutor {
     /// The `involvedObject` of an Event on the changed object (as
     /// [`KubeExecutor::event`] writes it).
     pub fn object_reference(&self, origin: &Origin) -> ObjectReference {
+        let api_version = match origin.kind {
+            wasmwatch_core::ObjectKind::Custom(k) => k.api_version(),
+            _ => "v1",
+        };
         ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some(origin.kind.as_str().into()),
+            api_version: Some(api_version.into()),
+            kind: Some(origin.kind.kind_name().into()),
             name: Some(origin.name.clone()),
             namespace: Some(origin.namespace.clone()),
             uid: non_empty(&origin.uid),

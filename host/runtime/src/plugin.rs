@@ -161,7 +161,7 @@ impl Runtime {
         .map_err(|e| LoadError::Compile {
             plugin: plugin.clone(),
             path: path.clone(),
-            message: format!("{e:#}"),
+            message: crate::sandbox::with_pool_hint(format!("{e:#}")),
         })?;
         let wrong_world = |message: String| LoadError::WrongWorld {
             plugin: plugin.clone(),

@@ -31,6 +31,48 @@ pub struct RuntimeConfig {
     /// its deadline check (and yields). The epoch only advances while a
     /// call runs.
     pub epoch_tick: Duration,
+    /// Core module instances one component may have (each sandbox's
+    /// share of the pool). Rust components have a handful; componentize-py
+    /// 0.25.1 makes 14, 38 with `--stub-wasi`; componentize-js 4 (measured
+    /// 2026-12-07). Default [`DEFAULT_MAX_CORE_INSTANCES`], or
+    /// `WASMWATCH_MAX_CORE_INSTANCES`.
+    pub max_core_instances: u32,
+}
+
+/// See [`RuntimeConfig::max_core_instances`]: room for componentize-py's
+/// `--stub-wasi` output (38) and more. A slot costs only address space
+/// until used.
+pub const DEFAULT_MAX_CORE_INSTANCES: u32 = 64;
+
+/// The environment variable that sets [`RuntimeConfig::max_core_instances`]
+/// for every command (`run`, `validate`, `plugin test`, `local`).
+pub const MAX_CORE_INSTANCES_ENV: &str = "WASMWATCH_MAX_CORE_INSTANCES";
+
+/// [`MAX_CORE_INSTANCES_ENV`] if set to a number from 1 to 10000, else
+/// the default (a bad value is said once on stderr).
+fn max_core_instances() -> u32 {
+    match std::env::var(MAX_CORE_INSTANCES_ENV) {
+        Err(_) => DEFAULT_MAX_CORE_INSTANCES,
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if (1..=10_000).contains(&n) => n,
+            _ => {
+                tracing::warn!(
+                    "{MAX_CORE_INSTANCES_ENV}={v:?} is not a number from 1 to 10000: using {DEFAULT_MAX_CORE_INSTANCES}"
+                );
+                DEFAULT_MAX_CORE_INSTANCES
+            }
+        },
+    }
+}
+
+/// A compile error about the pool's per-component limits, with how to
+/// raise the one that can be raised.
+pub(crate) fn with_pool_hint(message: String) -> String {
+    if message.contains("core module instances") && message.contains("pooling allocator") {
+        format!("{message} (set {MAX_CORE_INSTANCES_ENV} to allow more core instances per plugin)")
+    } else {
+        message
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -40,6 +82,7 @@ impl Default for RuntimeConfig {
             max_concurrency: 16,
             plugin_concurrency: 4,
             epoch_tick: Duration::from_millis(1),
+            max_core_instances: max_core_instances(),
         }
     }
 }
@@ -80,9 +123,9 @@ impl Runtime {
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(n)
             // A Rust component has a handful of core instances (the module
-            // and wit-component's shims); other toolchains may have more.
-            .max_core_instances_per_component(32)
-            .total_core_instances(n * 32)
+            // and wit-component's shims); other toolchains have more.
+            .max_core_instances_per_component(config.max_core_instances)
+            .total_core_instances(n * config.max_core_instances)
             .max_memories_per_component(4)
             .total_memories(n * 4)
             .max_tables_per_component(8)

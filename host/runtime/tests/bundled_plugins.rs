@@ -542,6 +542,7 @@ over_both_rollout_restarts!(
     rollout_restart_mode_config_errors_name_the_field,
     rollout_restart_custom_annotation_names_replace_reloaders,
     rollout_restart_custom_annotation_names_are_checked,
+    rollout_restart_ignored_workload_types_skip_jobs_and_cronjobs,
 );
 
 /// rollout-restart `module` (a testkit component name) with these workloads.
@@ -1462,12 +1463,11 @@ fn rollout_restart_custom_annotation_names_are_checked(module: &str) {
     );
 }
 
-/// Reloader's `--ignored-workload-types` as the Rust rollout-restart's
-/// `ignoredWorkloadTypes` (WIT 0.3.0, which sees CronJobs and Jobs): those
+/// Reloader's `--ignored-workload-types` as rollout-restart's
+/// `ignoredWorkloadTypes` (WIT 0.4.0, which sees CronJobs and Jobs): those
 /// kinds never restart, named or auto; an unknown type is a config error
 /// naming the accepted ones.
-#[test]
-fn rollout_restart_ignored_workload_types_skip_jobs_and_cronjobs() {
+fn rollout_restart_ignored_workload_types_skip_jobs_and_cronjobs(module: &str) {
     let auto = [("reloader.stakater.com/auto", "true")];
     let named = [("configmap.reloader.stakater.com/reload", "orders")];
     let refs = [(CM, "orders")];
@@ -1497,7 +1497,7 @@ fn rollout_restart_ignored_workload_types_skip_jobs_and_cronjobs() {
                 ..Default::default()
             },
             &format!(
-                "name: restart\n    module: {{module:rollout-restart}}\n    sha256: {{sha256:rollout-restart}}\n    config: {config}\n    capabilities: {{restart: {{namespaces: [shop], kinds: [Deployment, batch/v1/CronJob, batch/v1/Job]}}}}"
+                "name: restart\n    module: {{module:{module}}}\n    sha256: {{sha256:{module}}}\n    config: {config}\n    capabilities: {{restart: {{namespaces: [shop], kinds: [Deployment, batch/v1/CronJob, batch/v1/Job]}}}}"
             ),
         )
     };
@@ -1517,7 +1517,7 @@ fn rollout_restart_ignored_workload_types_skip_jobs_and_cronjobs() {
     );
     some.sort();
     assert_eq!(some, ["api", "nightly"]);
-    let error = rollout_config_error("rollout-restart", "{ignoredWorkloadTypes: [deployments]}");
+    let error = rollout_config_error(module, "{ignoredWorkloadTypes: [deployments]}");
     assert!(
         error.contains(
             "ignoredWorkloadTypes: \"deployments\" is not a workload type Reloader ignores (jobs, cronjobs)"

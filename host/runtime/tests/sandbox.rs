@@ -811,3 +811,35 @@ fn concurrent_calls_are_bounded_and_all_served() {
     let total: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
     assert_eq!(total, 8 * 20);
 }
+
+/// A Python component built with componentize-py's `--stub-wasi` has 38
+/// core module instances (a plain build 14): the pool takes it (it took 32
+/// before), and it runs. With the limit set lower, the load is refused
+/// naming the count and the variable that raises it.
+#[test]
+fn a_stub_wasi_python_component_loads_and_runs_and_a_lower_limit_is_named() {
+    let entry = "name: stub\n    module: {module:python/testing/stub-wasi}\n    sha256: {sha256:python/testing/stub-wasi}";
+    let plugin = load(&runtime(), entry).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        messages(&plugin, &configmap_event()),
+        [(
+            "Seen".to_string(),
+            "ConfigMap shop/orders: application.yaml".to_string()
+        )]
+    );
+    let small = Runtime::new(
+        RuntimeConfig {
+            max_core_instances: 32,
+            ..RuntimeConfig::default()
+        },
+        Arc::new(StaticLookups::default()),
+    )
+    .unwrap();
+    let err = load(&small, entry).err().unwrap().to_string();
+    assert!(
+        err.contains("38 core module instances")
+            && err.contains("maximum of 32")
+            && err.contains("WASMWATCH_MAX_CORE_INSTANCES"),
+        "{err}"
+    );
+}

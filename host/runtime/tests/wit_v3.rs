@@ -2,10 +2,11 @@
 //! 0.3.0 plugin (plugins/testing/v3-restart) loads, its workload lookups
 //! carry the new fields, and its restarts come out as core restarts (the
 //! apps/v1 kinds as today's, other kinds by group/version/kind, refused
-//! naming the kind). The bundled plugins' behaviour (the Rust ones on
-//! 0.4.0, the JS and Python ones on 0.2.0) is covered by
-//! tests/bundled_plugins.rs; here which world they load as, and what each
-//! world's rollout-restart makes of workloads named without a reference.
+//! naming the kind). The bundled plugins' behaviour (all on 0.4.0, in
+//! Rust, JavaScript and Python) is covered by tests/bundled_plugins.rs;
+//! here which world they load as (0.2.0 by the test components
+//! plugins/testing/inert and plugins/js/testing/v2-restart), and what
+//! each world makes of workloads named without a reference.
 use std::path::Path;
 use std::sync::Arc;
 
@@ -133,13 +134,15 @@ fn refusal(c: &CheckedAction) -> &str {
 }
 
 #[test]
-fn bundled_rust_components_load_as_0_4_0_the_js_and_python_ones_as_0_2_0() {
+fn bundled_components_load_as_0_4_0_and_0_2_0_test_components_as_0_2_0() {
     for (module, config, world) in [
         ("rollout-restart", "{}", V4),
         ("http-refresh", "{}", V4),
         ("bus-refresh", "{connection: rabbit}", V4),
-        ("js/rollout-restart", "{}", V2),
-        ("python/http-refresh", "{}", V2),
+        ("js/rollout-restart", "{}", V4),
+        ("python/http-refresh", "{}", V4),
+        ("js/testing/v2-restart", "{}", V2),
+        ("inert", "{}", V2),
     ] {
         let plugin = load(
             StaticLookups::default(),
@@ -237,10 +240,10 @@ fn a_0_3_0_plugin_sees_kinds_uses_and_named_workloads_and_restarts_as_before() {
     );
 }
 
-/// A 0.2.0 plugin (the JS rollout-restart) does not see the workloads a
-/// reload annotation names without a reference: it restarts what
-/// references the object, as before. The Rust rollout-restart (0.3.0)
-/// restarts them too, as Reloader does, of every kind granted.
+/// A 0.2.0 plugin (plugins/js/testing/v2-restart) does not see the
+/// workloads a reload annotation names without a reference: it restarts
+/// what references the object, as before. The rollout-restarts (Rust and
+/// JS, 0.4.0) restart them too, as Reloader does, of every kind granted.
 #[test]
 fn workloads_only_named_in_a_reload_annotation_restart_from_0_3_0_on() {
     let mut referencing = workload(WorkloadKind::Deployment, "api", &["env:level"]);
@@ -281,11 +284,14 @@ fn workloads_only_named_in_a_reload_annotation_restart_from_0_3_0_on() {
             })
             .collect()
     };
-    assert_eq!(restarted("js/rollout-restart", V2), ["api"]);
-    assert_eq!(
-        restarted("rollout-restart", V4),
-        ["api", "named", "named-in-template", "nightly"]
-    );
+    assert_eq!(restarted("js/testing/v2-restart", V2), ["api"]);
+    for module in ["rollout-restart", "js/rollout-restart"] {
+        assert_eq!(
+            restarted(module, V4),
+            ["api", "named", "named-in-template", "nightly"],
+            "{module}"
+        );
+    }
 }
 
 /// A restart the plugin names by group/version/kind: apps/v1 is today's

@@ -9,8 +9,7 @@
 //!   build.sh                    builds NAME.wasm and pins it
 //!   tests/example.event.yaml    a fixture event ...
 //!   tests/example.expected.json ... and the decision expected for it
-//!   wit/plugin.wit              the contract (0.2.0: Python, JS)
-//!   wit/0.4.0/plugin.wit        the contract the Rust SDK builds on (0.4.0)
+//!   wit/0.4.0/plugin.wit        the contract every SDK builds on (0.4.0)
 //!   sdk/                        the language's SDK
 //!   src/lib.rs | app.py | app.js, Cargo.toml | package.json
 //! ```
@@ -49,12 +48,11 @@ const COMMON: Files = files![
     "README.md" => "../templates/common/README.md",
     "tests/example.event.yaml" => "../templates/common/example.event.yaml",
     "tests/example.expected.json" => "../templates/common/example.expected.json",
-    "wit/plugin.wit" => "../../../wit/plugin.wit",
+    // The contract every SDK builds on (0.4.0).
+    "wit/0.4.0/plugin.wit" => "../../../wit/0.4.0/plugin.wit",
 ];
 
 const RUST: Files = files![
-    // The Rust SDK's world (0.4.0); Python and JS build on wit/plugin.wit.
-    "wit/0.4.0/plugin.wit" => "../../../wit/0.4.0/plugin.wit",
     "Cargo.toml" => "../templates/rust/Cargo.toml",
     ".cargo/config.toml" => "../templates/rust/cargo-config.toml",
     "src/lib.rs" => "../templates/rust/lib.rs",

@@ -12,7 +12,7 @@
 //!   restarts one that uses the whole object (`envFrom`);
 //! - a 0.3.0 test plugin (plugins/testing/v3-restart) restarts a CloneSet
 //!   granted by kind, and is refused naming the kind without the grant; a
-//!   0.2.0 component (the JS rollout-restart) still restarts a Deployment.
+//!   0.2.0 component (plugins/js/testing/v2-restart) still restarts a Deployment.
 mod common;
 
 use std::collections::BTreeMap;
@@ -456,9 +456,9 @@ plugins:
     events: {kinds: [ConfigMap]}
     capabilities: {restart: {namespaces: [shop], kinds: [Deployment]}}
     delivery: {debounce: 0s}
-  - name: js-rollout-restart
-    module: {module:js/rollout-restart}
-    sha256: {sha256:js/rollout-restart}
+  - name: js-v2-restart
+    module: {module:js/testing/v2-restart}
+    sha256: {sha256:js/testing/v2-restart}
     events: {kinds: [ConfigMap]}
     capabilities: {restart: [shop]}
     delivery: {debounce: 0s}
@@ -544,7 +544,7 @@ async fn a_0_3_0_plugin_restarts_a_granted_kind_and_a_0_2_0_component_a_deployme
         by,
         [
             ("granted".to_string(), "web".to_string()),
-            ("js-rollout-restart".to_string(), "api".to_string())
+            ("js-v2-restart".to_string(), "api".to_string())
         ],
         "{reports:#?}"
     );

@@ -26,11 +26,13 @@ kind: PluginManifest
 watch: {kinds: [ConfigMap], namespaces: [shop]}
 ha: {enabled: true, namespace: default, leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 500ms}
 plugins:
-  - name: rollout-restart
-    module: {module:rollout-restart}
-    sha256: {sha256:rollout-restart}
+  # A WIT 0.3.0 plugin, which the previous version loads too (the bundled
+  # rollout-restart is 0.4.0): it restarts every workload referencing a
+  # changed, created or deleted ConfigMap, once per content.
+  - name: v3-restart
+    module: {module:v3-restart}
+    sha256: {sha256:v3-restart}
     events: {kinds: [ConfigMap]}
-    config: {reloadOnCreate: true, reloadOnDelete: true}
     capabilities: {restart: [shop]}
     delivery: {debounce: 0s, retries: 3, backoffInitial: 100ms, backoffMax: 1s}
 ";

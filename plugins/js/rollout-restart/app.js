@@ -1,20 +1,35 @@
-// rollout-restart (JavaScript): the twin of plugins/rollout-restart, with
-// the same config, annotations and actions (Stakater Reloader's rules; see
-// plugins/README.md):
+// rollout-restart (JavaScript): the twin of plugins/rollout-restart (WIT
+// 0.4.0), with the same config, annotations, decisions and actions
+// (Stakater Reloader's rules; see plugins/README.md):
 //
 // 1. `reloader.stakater.com/ignore: "true"` (or `wasmwatch.io/ignore`) on
 //    the changed object: nothing restarts.
 // 2. The workload's own annotations are read when they hold any deciding
 //    annotation for the object's kind, else the pod template's.
 // 3. Exclude lists (exact names) win; then named reloads (each entry a
-//    whole-name regex, an invalid one compared literally); then
+//    whole-name regex, an invalid one compared literally), which also
+//    restart workloads that do not reference the object (the host returns
+//    them with `referenced: false`); then, for referencing workloads only,
 //    search/match; then auto (any kind, or the kind's own); then, with
 //    `autoReloadAll`, every referencing workload that does not say
 //    `auto: "false"`.
+// 4. `keyAware: true`: a workload that uses only some keys of the object
+//    (env `configMapKeyRef`/`secretKeyRef`, volume `items`) restarts only
+//    when one of them is in the event's `changedKeys`.
+// 5. `ignoredWorkloadTypes` (`jobs`, `cronjobs`): those batch/v1 kinds
+//    never restart, named or not.
+//
+// A change of the CSI driver's SecretProviderClassPodStatus (a kind the
+// manifest's `watch.kinds` names) stands for the SecretProviderClass it
+// mounts (`status.secretProviderClassName`): the workloads using that
+// class restart per the `secretproviderclass.reloader.stakater.com/...`
+// annotations, on modifications and resyncs only. Any other kind restarts
+// nothing (logged).
 //
 // Each action: reason `ConfigMap shop/orders changed` (`created`,
 // `deleted`), content hash `configmap/<name>:<digest>` (`...:deleted`).
-// Config: {"reloadOnCreate": false, "reloadOnDelete": false, "autoReloadAll": false}.
+// Config: {"reloadOnCreate": false, "reloadOnDelete": false,
+// "autoReloadAll": false, "keyAware": false, "ignoredWorkloadTypes": []}.
 // `annotations` ({auto, configmapAuto, secretAuto, configmapReload,
 // secretReload, search, match, ignore}) names keys read instead of
 // Reloader's, as Reloader's custom annotation flags do; the
@@ -30,13 +45,17 @@
 import {
   PluginError,
   action,
+  describe,
   host,
+  isKind,
   kindName,
   log,
   lookup,
   objectId,
+  otherKind,
   parseConfig,
-  workloadKindName,
+  text,
+  usesAnyOf,
 } from '../sdk/index.js';
 
 const PLUGIN = 'rollout-restart';
@@ -45,11 +64,20 @@ const CONFIG = {
   reloadOnCreate: { type: 'boolean', default: false },
   reloadOnDelete: { type: 'boolean', default: false },
   autoReloadAll: { type: 'boolean', default: false },
+  keyAware: { type: 'boolean', default: false },
   mode: { type: 'string', nullable: true },
   webhook: { type: 'object', nullable: true },
   alert: { type: 'object', nullable: true },
   annotations: { type: 'object', nullable: true },
+  ignoredWorkloadTypes: { type: 'array', items: 'string', default: [] },
 };
+// The `ignoredWorkloadTypes` values Reloader accepts, with the batch/v1
+// kind each names.
+/** @type {[string, string][]} */
+const WORKLOAD_TYPES = [
+  ['jobs', 'Job'],
+  ['cronjobs', 'CronJob'],
+];
 /** @satisfies {Record<string, import('../sdk/index.js').FieldSpec>} */
 const WEBHOOK = {
   url: { type: 'string', nullable: true },
@@ -89,6 +117,12 @@ const FIXED_KEYS = [
   ['exclude', 'wasmwatch.io/exclude-secrets'],
   ['exclude', 'configmaps.exclude.reloader.stakater.com/reload'],
   ['exclude', 'secrets.exclude.reloader.stakater.com/reload'],
+  ['auto', 'wasmwatch.io/auto-secretproviderclasses'],
+  ['auto', 'secretproviderclass.reloader.stakater.com/auto'],
+  ['reload', 'wasmwatch.io/reload-secretproviderclasses'],
+  ['reload', 'secretproviderclass.reloader.stakater.com/reload'],
+  ['exclude', 'wasmwatch.io/exclude-secretproviderclasses'],
+  ['exclude', 'secretproviderclasses.exclude.reloader.stakater.com/reload'],
   ['search', 'wasmwatch.io/search'],
   ['match', 'wasmwatch.io/match'],
   ['ignore', 'wasmwatch.io/ignore'],
@@ -142,6 +176,26 @@ function annotationNames(given) {
   return Object.fromEntries(effective.map(([field, , key]) => [field, key]));
 }
 
+/**
+ * The batch/v1 kinds `ignoredWorkloadTypes` names, checked; as the Rust
+ * plugin's `ignored_kinds`, with the same error.
+ * @param {string[]} types
+ * @returns {string[]}
+ */
+function ignoredKinds(types) {
+  return types.map((t) => {
+    // Rust's eq_ignore_ascii_case: ASCII letters only.
+    const lower = t.trim().replace(/[A-Z]/g, (c) => c.toLowerCase());
+    const found = WORKLOAD_TYPES.find(([name]) => name === lower);
+    if (found === undefined) {
+      throw new PluginError(
+        `${PLUGIN} config: ignoredWorkloadTypes: ${JSON.stringify(t)} is not a workload type Reloader ignores (jobs, cronjobs)`,
+      );
+    }
+    return found[1];
+  });
+}
+
 // `alert.sink` values; `webhook` is Reloader's docs' name for `raw`.
 const SINKS = {
   slack: 'slack',
@@ -154,54 +208,111 @@ const SINKS = {
 
 /**
  * @typedef {import('../sdk/index.js').KeyValue} KeyValue
- * @typedef {import('../sdk/index.js').ObjectKind} ObjectKind
  * @typedef {'ignore' | 'match' | 'search' | 'auto' | 'typedAuto' | 'reload' | 'exclude'} Ann
+ * @typedef {'config-map' | 'secret' | 'secret-provider-class'} Of
+ *   the kind of the object a change stands for, as the annotations name it
+ */
+
+const CSI_GROUP = 'secrets-store.csi.x-k8s.io';
+
+/** @type {Record<Of, {kindName: string, objectType: string, wit: import('../sdk/index.js').ObjectKind}>} */
+const OF = {
+  'config-map': { kindName: 'ConfigMap', objectType: 'CONFIGMAP', wit: { tag: 'config-map' } },
+  secret: { kindName: 'Secret', objectType: 'SECRET', wit: { tag: 'secret' } },
+  // The CSI driver's SecretProviderClass, for a change of one of its
+  // SecretProviderClassPodStatuses (Reloader's CSI integration).
+  'secret-provider-class': {
+    kindName: 'SecretProviderClass',
+    objectType: 'SECRETPROVIDERCLASS',
+    wit: otherKind(CSI_GROUP, 'v1', 'SecretProviderClass'),
+  },
+};
+
+/**
+ * What a change stands for: the changed object itself, or for a
+ * SecretProviderClassPodStatus the SecretProviderClass it mounts, whose
+ * annotations the plugin cannot read (`ignore` and `match` are not
+ * honoured for CSI changes).
+ * @typedef {{of: Of, name: string, annotations: KeyValue[]}} Target
  */
 
 /**
- * The annotations' names per kind (`cm`: for a ConfigMap): ours first,
- * then Reloader's, or the key `annotations` gives in its place (`n`, from
- * annotationNames).
- * @type {Record<Ann, (n: Record<string, string>, cm: boolean) => string[]>}
+ * The target of `event`, or why there is none (a string: logged, nothing
+ * restarts).
+ * @param {import('../sdk/index.js').ChangeEvent} event
+ * @returns {Target | string}
+ */
+function target(event) {
+  switch (event.kind.tag) {
+    case 'config-map':
+      return { of: 'config-map', name: event.name, annotations: event.annotations };
+    case 'secret':
+      return { of: 'secret', name: event.name, annotations: event.annotations };
+    default: {
+      const t = event.kind.val;
+      if (isKind(event, CSI_GROUP, 'SecretProviderClassPodStatus')) {
+        const name = text(event, 'status.secretProviderClassName');
+        if (name === undefined || name === '') {
+          return `SecretProviderClassPodStatus ${objectId(event)} names no SecretProviderClass (status.secretProviderClassName; is it in the kind's content?)`;
+        }
+        return { of: 'secret-provider-class', name, annotations: [] };
+      }
+      return `${t.group}/${t.kind} ${objectId(event)}: ${PLUGIN} restarts for ConfigMaps, Secrets and SecretProviderClassPodStatuses only`;
+    }
+  }
+}
+
+/**
+ * The annotations' names per kind: ours first, then Reloader's, or the key
+ * `annotations` gives in its place (`n`, from annotationNames).
+ * @type {Record<Ann, (n: Record<string, string>, of: Of) => string[]>}
  */
 const ANNOTATIONS = {
   ignore: (n) => ['wasmwatch.io/ignore', n.ignore],
   match: (n) => ['wasmwatch.io/match', n.match],
   search: (n) => ['wasmwatch.io/search', n.search],
   auto: (n) => ['wasmwatch.io/auto', n.auto],
-  typedAuto: (n, cm) =>
-    cm ? ['wasmwatch.io/auto-configmaps', n.configmapAuto] : ['wasmwatch.io/auto-secrets', n.secretAuto],
-  reload: (n, cm) =>
-    cm ? ['wasmwatch.io/reload-configmaps', n.configmapReload] : ['wasmwatch.io/reload-secrets', n.secretReload],
-  exclude: (_, cm) =>
-    cm
-      ? ['wasmwatch.io/exclude-configmaps', 'configmaps.exclude.reloader.stakater.com/reload']
-      : ['wasmwatch.io/exclude-secrets', 'secrets.exclude.reloader.stakater.com/reload'],
+  typedAuto: (n, of) =>
+    of === 'secret-provider-class'
+      ? ['wasmwatch.io/auto-secretproviderclasses', 'secretproviderclass.reloader.stakater.com/auto']
+      : of === 'config-map'
+        ? ['wasmwatch.io/auto-configmaps', n.configmapAuto]
+        : ['wasmwatch.io/auto-secrets', n.secretAuto],
+  reload: (n, of) =>
+    of === 'secret-provider-class'
+      ? ['wasmwatch.io/reload-secretproviderclasses', 'secretproviderclass.reloader.stakater.com/reload']
+      : of === 'config-map'
+        ? ['wasmwatch.io/reload-configmaps', n.configmapReload]
+        : ['wasmwatch.io/reload-secrets', n.secretReload],
+  exclude: (_, of) =>
+    of === 'secret-provider-class'
+      ? ['wasmwatch.io/exclude-secretproviderclasses', 'secretproviderclasses.exclude.reloader.stakater.com/reload']
+      : of === 'config-map'
+        ? ['wasmwatch.io/exclude-configmaps', 'configmaps.exclude.reloader.stakater.com/reload']
+        : ['wasmwatch.io/exclude-secrets', 'secrets.exclude.reloader.stakater.com/reload'],
 };
 
 /**
  * @param {Record<string, string>} names
  * @param {KeyValue[]} list
  * @param {Ann} ann
- * @param {ObjectKind} kind
+ * @param {Of} of
  */
-function get(names, list, ann, kind) {
-  for (const key of ANNOTATIONS[ann](names, kind === 'config-map')) {
+function get(names, list, ann, of) {
+  for (const key of ANNOTATIONS[ann](names, of)) {
     const v = lookup(list, key);
     if (v !== undefined) return v;
   }
   return undefined;
 }
 
-/** @type {(names: Record<string, string>, list: KeyValue[], ann: Ann, kind: ObjectKind) => boolean} */
-const isTrue = (names, list, ann, kind) => get(names, list, ann, kind) === 'true';
+/** @type {(names: Record<string, string>, list: KeyValue[], ann: Ann, of: Of) => boolean} */
+const isTrue = (names, list, ann, of) => get(names, list, ann, of) === 'true';
 
-// Whether `list` holds any annotation that decides about `kind`.
-/** @type {(names: Record<string, string>, list: KeyValue[], kind: ObjectKind) => boolean} */
-const relevant = (names, list, kind) =>
-  /** @type {Ann[]} */ (['reload', 'search', 'auto', 'typedAuto']).some(
-    (a) => get(names, list, a, kind) !== undefined,
-  );
+// Whether `list` holds any annotation that decides about `of`.
+/** @type {(names: Record<string, string>, list: KeyValue[], of: Of) => boolean} */
+const relevant = (names, list, of) =>
+  /** @type {Ann[]} */ (['reload', 'search', 'auto', 'typedAuto']).some((a) => get(names, list, a, of) !== undefined);
 
 // `name` matches one comma-separated entry, each a whole-name regex.
 /**
@@ -225,23 +336,27 @@ function named(list, name) {
 }
 
 /**
- * Why `workload` restarts for `event`, or undefined.
+ * Why `workload` restarts for a change of `target`, or undefined.
  * @param {{autoReloadAll: boolean}} config
  * @param {Record<string, string>} names
- * @param {import('../sdk/index.js').ChangeEvent} event
+ * @param {Target} target
  * @param {import('../sdk/index.js').WorkloadInfo} workload
  */
-function decide(config, names, event, workload) {
-  const kind = event.kind;
+function decide(config, names, target, workload) {
+  const kind = target.of;
   let ann = workload.annotations;
   if (!relevant(names, workload.annotations, kind) && relevant(names, workload.templateAnnotations, kind)) {
     ann = workload.templateAnnotations;
   }
   const exclude = get(names, ann, 'exclude', kind);
-  if (exclude !== undefined && exclude.split(',').some((e) => e.trim() === event.name)) return undefined;
+  if (exclude !== undefined && exclude.split(',').some((e) => e.trim() === target.name)) return undefined;
   const reload = get(names, ann, 'reload', kind);
-  if (reload !== undefined && named(reload, event.name)) return 'named';
-  if (isTrue(names, ann, 'search', kind) && isTrue(names, event.annotations, 'match', kind)) return 'search/match';
+  if (reload !== undefined && named(reload, target.name)) return 'named';
+  // Search, auto and autoReloadAll need a pod template that uses the
+  // object (Reloader: a container that uses it); only a named reload
+  // restarts a workload that does not reference it.
+  if (!workload.referenced) return undefined;
+  if (isTrue(names, ann, 'search', kind) && isTrue(names, target.annotations, 'match', kind)) return 'search/match';
   if (isTrue(names, ann, 'auto', kind) || isTrue(names, ann, 'typedAuto', kind)) return 'auto';
   const optedOut = get(names, ann, 'auto', kind) === 'false' || get(names, ann, 'typedAuto', kind) === 'false';
   if (config.autoReloadAll && !optedOut) return 'autoReloadAll';
@@ -288,6 +403,9 @@ function settings(json) {
     value === undefined ? undefined : parseConfig(PLUGIN, JSON.stringify(value), spec);
   const webhook = section(config.webhook, WEBHOOK);
   const alert = section(config.alert, ALERT);
+  // Parsed with the others, before any check, as serde does in the Rust
+  // plugin.
+  const givenNames = section(config.annotations, ANNOTATION_NAMES);
   const name = config.mode ?? 'restart';
   /** @type {Mode} */
   let mode;
@@ -338,8 +456,9 @@ function settings(json) {
       throw bad(`${section} is set but mode is ${JSON.stringify(name)}: set mode: ${section}, or remove ${section}`);
     }
   }
-  const names = annotationNames(section(config.annotations, ANNOTATION_NAMES));
-  return { config, mode, names };
+  const names = annotationNames(givenNames);
+  const ignored = ignoredKinds(config.ignoredWorkloadTypes);
+  return { config, mode, names, ignored };
 }
 
 // Reloader's `--webhook-url` body, byte for byte.
@@ -360,7 +479,7 @@ function notification(event, workloads) {
     change: event.change,
     digest: event.digest,
     changedKeys: event.changedKeys,
-    workloads: workloads.map((w) => ({ kind: workloadKindName(w.kind), namespace: w.namespace, name: w.name })),
+    workloads: workloads.map((w) => ({ kind: w.kind, namespace: w.namespace, name: w.name })),
   });
 }
 
@@ -381,14 +500,14 @@ function goString(s) {
 /**
  * Reloader's alert message, with the optional `additionalInfo` prefix.
  * @param {import('../sdk/index.js').ChangeEvent} event
+ * @param {Target} target
  * @param {import('../sdk/index.js').WorkloadRef} w
  * @param {string | undefined} info
  */
-function alertMessage(event, w, info) {
-  const type = event.kind === 'config-map' ? 'CONFIGMAP' : 'SECRET';
+function alertMessage(event, target, w, info) {
   const message =
-    `Reloader detected changes in *${event.name}* of type *${type}* in namespace *${event.namespace}*. ` +
-    `Hence reloaded *${w.name}* of type *${workloadKindName(w.kind)}* in namespace *${w.namespace}*`;
+    `Reloader detected changes in *${target.name}* of type *${OF[target.of].objectType}* in namespace *${event.namespace}*. ` +
+    `Hence reloaded *${w.name}* of type *${w.kind}* in namespace *${w.namespace}*`;
   return info === undefined ? message : `${info} : ${message}`;
 }
 
@@ -445,32 +564,47 @@ export function checkConfig(json) {
  * @returns {import('../sdk/index.js').Action[]}
  */
 export function handle(event) {
-  const { config, mode, names } = settings(host.config());
+  const { config, mode, names, ignored } = settings(host.config());
+  const t = target(event);
+  if (typeof t === 'string') {
+    log('warn', `nothing to restart: ${t}`);
+    return [];
+  }
+  const csi = t.of === 'secret-provider-class';
   let what;
   switch (event.change) {
+    // A pod's mount status comes and goes with the pod: Reloader ignores
+    // both, whatever reloadOnCreate and reloadOnDelete say.
     case 'added':
-      if (!config.reloadOnCreate) return [];
+      if (csi || !config.reloadOnCreate) return [];
       what = 'created';
       break;
     case 'deleted':
-      if (!config.reloadOnDelete) return [];
+      if (csi || !config.reloadOnDelete) return [];
       what = 'deleted';
       break;
     default:
       what = 'changed';
   }
-  if (isTrue(names, event.annotations, 'ignore', event.kind)) {
+  if (isTrue(names, t.annotations, 'ignore', t.of)) {
     log('debug', `${kindName(event)} ${objectId(event)} is ignored`);
     return [];
   }
   const doing = mode.name === 'webhook' ? 'would restart' : 'restarting';
   /** @type {import('../sdk/index.js').WorkloadRef[]} */
   const selected = [];
-  for (const w of host.workloadsReferencing(event.kind, event.namespace, event.name)) {
-    const why = decide(config, names, event, w);
+  for (const w of host.workloadsReferencing(OF[t.of].wit, event.namespace, t.name)) {
+    if (w.workload.group === 'batch' && ignored.includes(w.workload.kind)) {
+      log('debug', `not restarting ${describe(w)}: ignoredWorkloadTypes`);
+      continue;
+    }
+    const why = decide(config, names, t, w);
     if (why === undefined) continue;
-    const { kind, namespace, name } = w.workload;
-    log('debug', `${doing} ${workloadKindName(kind)} ${namespace}/${name} (${why})`);
+    if (config.keyAware && !usesAnyOf(w, event.changedKeys)) {
+      log('debug', `not restarting ${describe(w)}: it uses none of the changed keys (${event.changedKeys.join(', ')})`);
+      continue;
+    }
+    log('debug', `${doing} ${describe(w)} (${why})`);
     selected.push(w.workload);
   }
   if (mode.name === 'webhook') {
@@ -478,13 +612,17 @@ export function handle(event) {
     const body = mode.format === 'json' ? notification(event, selected) : RELOADER_WEBHOOK_BODY;
     return [postJson(mode.url, body)];
   }
-  const reason = `${kindName(event)} ${objectId(event)} ${what}`;
+  const kind = OF[t.of].kindName;
+  const reason = `${kind} ${event.namespace}/${t.name} ${what}`;
   const version = event.change === 'deleted' ? 'deleted' : event.digest;
-  const hash = `${kindName(event).toLowerCase()}/${event.name}:${version}`;
+  // For CSI, keyed by the SecretProviderClass: every pod's mount status of
+  // the same objects has the same content, so the pods of one rotation
+  // restart a workload once.
+  const hash = `${kind.toLowerCase()}/${t.name}:${version}`;
   const actions = selected.map((w) => action.restart(w, reason, hash));
   if (mode.name === 'alert') {
     for (const w of selected) {
-      actions.push(alertAction(mode.url, mode.sink, alertMessage(event, w, mode.additionalInfo)));
+      actions.push(alertAction(mode.url, mode.sink, alertMessage(event, t, w, mode.additionalInfo)));
     }
   }
   return actions;

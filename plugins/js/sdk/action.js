@@ -56,21 +56,39 @@ export function publishJson(connection, destination, routingKey, json) {
   };
 }
 
+/** The restart strategies of WIT 0.4.0's `restart-strategy`. */
+const STRATEGIES = ['annotations', 'env-vars', 'restart-at'];
+
 /**
- * Roll `workload`'s pods. The host records `contentHash` and never restarts
- * the same workload twice for the same hash. Needs `restart`.
+ * Roll `workload`'s pods (a WorkloadRef: `{group, version, kind,
+ * namespace, name}`). The host records `contentHash` and never restarts the
+ * same workload twice for the same hash. Needs `restart` (and, for kinds
+ * other than the apps/v1 ones, the kind granted: `restart: {namespaces:
+ * [...], kinds: [batch/v1/CronJob]}`).
+ *
+ * `strategy` (`'annotations'`, `'env-vars'` or `'restart-at'`: an Argo
+ * Rollout's `spec.restartAt`, refused for other kinds) replaces the
+ * plugin's `delivery.restartStrategy` for this restart; left out, that one
+ * applies. A workload's `wasmwatch.io/reload-strategy` annotation still
+ * wins.
  * @param {import('./index.js').WorkloadRef} workload
  * @param {string} reason
  * @param {string} contentHash
+ * @param {import('./index.js').RestartStrategy} [strategy]
  * @returns {import('./index.js').Action}
  */
-export function restart(workload, reason, contentHash) {
+export function restart(workload, reason, contentHash, strategy) {
+  if (strategy !== undefined && !STRATEGIES.includes(strategy)) {
+    throw new TypeError(`restart: unknown strategy ${JSON.stringify(strategy)}, expected one of ${STRATEGIES.join(', ')}`);
+  }
+  const { group, version, kind, namespace, name } = workload;
   return {
     tag: 'restart',
     val: {
-      workload: { kind: workload.kind, namespace: workload.namespace, name: workload.name },
+      workload: { group, version, kind, namespace, name },
       reason,
       contentHash,
+      strategy,
     },
   };
 }

@@ -1,11 +1,14 @@
 // wasmwatch JavaScript plugin SDK: helpers over the bindings that
-// componentize-js generates for the world `wasmwatch:plugin/plugin@0.2.0`
-// (wit/plugin.wit). The same helpers as the Rust SDK (plugins/sdk):
+// componentize-js generates for the world `wasmwatch:plugin/plugin@0.4.0`
+// (wit/0.4.0/plugin.wit). The same helpers as the Rust SDK (plugins/sdk):
 //
 // - event accessors: annotation, label, text, isConfigMap, isSecret,
-//   kindName, objectId, and lookup for any label/annotation list;
-// - action builders (./action.js): refreshService, publishJson, restart,
-//   eventNormal, eventWarning, http;
+//   isKind, kindName, objectId, and lookup for any label/annotation list;
+// - workload helpers (the Rust SDK's WorkloadExt): isWorkloadKind,
+//   apiVersion, describe, usesOnlyKeys, usesAnyOf;
+// - object kinds for lookups: CONFIG_MAP, SECRET, otherKind;
+// - action builders (./action.js): refreshService, publishJson, restart
+//   (with an optional restart strategy), eventNormal, eventWarning, http;
 // - parseConfig: the plugin's JSON config checked against a field spec,
 //   unknown fields refused;
 // - Spring Cloud Kubernetes target-app resolution (./spring.js): targetApps;
@@ -16,21 +19,33 @@
 //
 // How componentize-js maps the WIT types (the objects below follow it):
 // records are objects with camelCase fields (`resourceVersion`); enums are
-// their kebab-case case names as strings (`'config-map'`, `'stateful-set'`);
-// variants are `{tag, val}` (`{tag: 'restart', val: {...}}`); `option<T>` is
-// the value or `undefined`; `list<u8>` is a Uint8Array (an array of numbers
-// is accepted too); a `result<T, E>` export returns T or throws: a thrown
-// string, or an object with a `payload` own property (PluginError), becomes
-// the error; any other thrown Error traps the call (like a Rust panic).
+// their kebab-case case names as strings (`'env-from'`, `'restart-at'`);
+// variants are `{tag, val}` (`{tag: 'restart', val: {...}}`, `{tag:
+// 'config-map'}` for a case without payload); `option<T>` is the value or
+// `undefined`; `list<u8>` is a Uint8Array (an array of numbers is accepted
+// too); a `result<T, E>` export returns T or throws: a thrown string, or an
+// object with a `payload` own property (PluginError), becomes the error;
+// any other thrown Error traps the call (like a Rust panic).
+//
+// Since 0.3.0 a workload is named by `group`, `version` and `kind`
+// (strings: `apps`/`v1`/`Deployment`, `batch`/`v1`/`CronJob`,
+// `argoproj.io`/`v1alpha1`/`Rollout`), and `workloadsReferencing` tells
+// whether each workload's pod template references the object
+// (`referenced`) and how it uses it (`uses`). Since 0.4.0 the changed
+// object may be of another kind than ConfigMap and Secret (`kind` is
+// `{tag: 'other', val: {group, version, kind}}`, a kind the manifest's
+// `watch.kinds` names); its `data` holds one entry per content field path.
 
-import { log as hostLog } from 'wasmwatch:plugin/host@0.2.0';
+import { log as hostLog } from 'wasmwatch:plugin/host@0.4.0';
 
-export * as host from 'wasmwatch:plugin/host@0.2.0';
+export * as host from 'wasmwatch:plugin/host@0.4.0';
 export * as action from './action.js';
 export { targetApps, SpringApps, annotationPrefix, parseLabels } from './spring.js';
 
 /**
- * @typedef {'config-map' | 'secret'} ObjectKind
+ * @typedef {{group: string, version: string, kind: string}} ObjectType
+ * @typedef {{tag: 'config-map', val?: undefined} | {tag: 'secret', val?: undefined}
+ *   | {tag: 'other', val: ObjectType}} ObjectKind
  * @typedef {'added' | 'modified' | 'deleted' | 'resynced'} ChangeType
  * @typedef {{key: string, value: string}} KeyValue
  * @typedef {{tag: 'text', val: string} | {tag: 'binary', val: Uint8Array}} DataValue
@@ -43,10 +58,12 @@ export { targetApps, SpringApps, annotationPrefix, parseLabels } from './spring.
  * }} ChangeEvent
  * @typedef {'get' | 'post' | 'put' | 'patch' | 'delete'} HttpMethod
  * @typedef {{name: string, value: string}} Header
- * @typedef {'deployment' | 'stateful-set' | 'daemon-set'} WorkloadKind
- * @typedef {{kind: WorkloadKind, namespace: string, name: string}} WorkloadRef
+ * @typedef {{group: string, version: string, kind: string, namespace: string,
+ *   name: string}} WorkloadRef
+ * @typedef {'env' | 'env-from' | 'volume'} UseVia
+ * @typedef {{via: UseVia, key: string | undefined}} ObjectUse
  * @typedef {{workload: WorkloadRef, labels: KeyValue[], annotations: KeyValue[],
- *   templateAnnotations: KeyValue[]}} WorkloadInfo
+ *   templateAnnotations: KeyValue[], referenced: boolean, uses: ObjectUse[]}} WorkloadInfo
  * @typedef {{name: string | undefined, port: number}} ServicePort
  * @typedef {{address: string, pod: string | undefined, ports: ServicePort[]}} Endpoint
  * @typedef {{namespace: string, name: string, labels: KeyValue[],
@@ -57,7 +74,9 @@ export { targetApps, SpringApps, annotationPrefix, parseLabels } from './spring.
  *   port: number | undefined, path: string, tls: boolean}} RefreshService
  * @typedef {{connection: string, destination: string, routingKey: string,
  *   headers: Header[], payload: Uint8Array}} BusPublish
- * @typedef {{workload: WorkloadRef, reason: string, contentHash: string}} RestartWorkload
+ * @typedef {'annotations' | 'env-vars' | 'restart-at'} RestartStrategy
+ * @typedef {{workload: WorkloadRef, reason: string, contentHash: string,
+ *   strategy: RestartStrategy | undefined}} RestartWorkload
  * @typedef {{eventType: 'normal' | 'warning', reason: string, message: string}} EmitEvent
  * @typedef {{tag: 'http', val: HttpCall} | {tag: 'refresh-service', val: RefreshService}
  *   | {tag: 'publish', val: BusPublish} | {tag: 'restart', val: RestartWorkload}
@@ -132,21 +151,47 @@ export function text(event, key) {
 
 /** @param {ChangeEvent} event */
 export function isConfigMap(event) {
-  return event.kind === 'config-map';
+  return event.kind.tag === 'config-map';
 }
 
 /** @param {ChangeEvent} event */
 export function isSecret(event) {
-  return event.kind === 'secret';
+  return event.kind.tag === 'secret';
 }
 
 /**
- * `ConfigMap` or `Secret`.
+ * Whether the object is of kind `kind` in `group` (any version); the core
+ * group is `''` (`isKind(event, '', 'ConfigMap')`).
  * @param {ChangeEvent} event
- * @returns {'ConfigMap' | 'Secret'}
+ * @param {string} group
+ * @param {string} kind
+ */
+export function isKind(event, group, kind) {
+  switch (event.kind.tag) {
+    case 'config-map':
+      return group === '' && kind === 'ConfigMap';
+    case 'secret':
+      return group === '' && kind === 'Secret';
+    default:
+      return event.kind.val.group === group && event.kind.val.kind === kind;
+  }
+}
+
+/**
+ * `ConfigMap`, `Secret`, or another kind's `kind`
+ * (`SecretProviderClassPodStatus`).
+ * @param {ChangeEvent} event
+ * @returns {string}
  */
 export function kindName(event) {
-  return event.kind === 'config-map' ? 'ConfigMap' : 'Secret';
+  switch (event.kind.tag) {
+    case 'config-map':
+      return 'ConfigMap';
+    case 'secret':
+      return 'Secret';
+    default:
+      return event.kind.val.kind;
+  }
 }
 
 /**
@@ -158,8 +203,103 @@ export function objectId(event) {
 }
 
 /**
- * `Deployment`, `StatefulSet` or `DaemonSet`.
- * @param {WorkloadKind} kind
+ * The ConfigMap kind, as `host.workloadsReferencing` takes it.
+ * @type {ObjectKind}
+ */
+export const CONFIG_MAP = Object.freeze({ tag: 'config-map' });
+
+/**
+ * The Secret kind, as `host.workloadsReferencing` takes it.
+ * @type {ObjectKind}
+ */
+export const SECRET = Object.freeze({ tag: 'secret' });
+
+/**
+ * Another kind by group, version and kind, as `host.workloadsReferencing`
+ * takes it: `otherKind('secrets-store.csi.x-k8s.io', 'v1',
+ * 'SecretProviderClass')`.
+ * @param {string} group
+ * @param {string} version
+ * @param {string} kind
+ * @returns {ObjectKind}
+ */
+export function otherKind(group, version, kind) {
+  return { tag: 'other', val: { group, version, kind } };
+}
+
+/**
+ * A WorkloadRef, or the one of a WorkloadInfo.
+ * @param {WorkloadRef | WorkloadInfo} w
+ * @returns {WorkloadRef}
+ */
+function workloadRef(w) {
+  return 'workload' in w ? w.workload : w;
+}
+
+/**
+ * Whether the workload (a WorkloadRef or a WorkloadInfo) is of
+ * `group`/`version`/`kind`: `isWorkloadKind(w, 'apps', 'v1', 'Deployment')`.
+ * @param {WorkloadRef | WorkloadInfo} w
+ * @param {string} group
+ * @param {string} version
+ * @param {string} kind
+ */
+export function isWorkloadKind(w, group, version, kind) {
+  const r = workloadRef(w);
+  return r.group === group && r.version === version && r.kind === kind;
+}
+
+/**
+ * `apiVersion` as Kubernetes writes it: `apps/v1`, or `v1` for the core
+ * group.
+ * @param {WorkloadRef | WorkloadInfo} w
+ */
+export function apiVersion(w) {
+  const r = workloadRef(w);
+  return r.group === '' ? r.version : `${r.group}/${r.version}`;
+}
+
+/**
+ * `Kind namespace/name`, for logs and reasons.
+ * @param {WorkloadRef | WorkloadInfo} w
+ */
+export function describe(w) {
+  const r = workloadRef(w);
+  return `${r.kind} ${r.namespace}/${r.name}`;
+}
+
+/**
+ * Whether the pod template uses the object only through specific keys
+ * (env `configMapKeyRef`/`secretKeyRef`, volume `items`): then a change
+ * that touches none of them leaves the workload's pods as they are. False
+ * when a use takes the whole object (`envFrom`, a volume without `items`),
+ * when nothing is known of the uses, or when the workload is not
+ * referenced (selected by a named `reload` annotation).
+ * @param {WorkloadInfo} info
+ */
+export function usesOnlyKeys(info) {
+  return info.referenced && info.uses.length > 0 && info.uses.every((u) => u.key !== undefined);
+}
+
+/**
+ * Whether the change touches what the workload uses: one of the keys it
+ * uses is in `changedKeys` (the event's `changedKeys`), or it uses the
+ * whole object (see usesOnlyKeys).
+ * @param {WorkloadInfo} info
+ * @param {string[]} changedKeys
+ */
+export function usesAnyOf(info, changedKeys) {
+  return !usesOnlyKeys(info) || info.uses.some((u) => u.key !== undefined && changedKeys.includes(u.key));
+}
+
+/**
+ * The workload kind as Kubernetes names it. Since WIT 0.3.0 a
+ * WorkloadRef's `kind` already is that (`Deployment`, `CronJob`); the
+ * 0.2.0 enum names (`deployment`, `stateful-set`, `daemon-set`) are still
+ * translated. Prefer `w.kind`, or `describe(w)`.
+ * @deprecated
+ * @param {string} kind
+ * @returns {string}
  */
 export function workloadKindName(kind) {
   switch (kind) {
@@ -167,22 +307,24 @@ export function workloadKindName(kind) {
       return 'Deployment';
     case 'stateful-set':
       return 'StatefulSet';
-    default:
+    case 'daemon-set':
       return 'DaemonSet';
+    default:
+      return kind;
   }
 }
 
 /**
  * @typedef {'boolean' | 'string' | 'number' | 'integer' | 'array' | 'object' | 'any'} FieldType
  * @typedef {{type: FieldType, default?: unknown, required?: boolean,
- *   nullable?: boolean, oneOf?: unknown[]}} FieldSpec
+ *   nullable?: boolean, oneOf?: unknown[], items?: FieldType}} FieldSpec
  */
 
 /**
  * serde's words for a JSON value, so errors read like the Rust plugins'.
  * @param {unknown} value
  */
-function describe(value) {
+function describeValue(value) {
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'sequence';
   switch (typeof value) {
@@ -230,8 +372,9 @@ function hasType(value, type) {
 /**
  * Reads the plugin's config (JSON text from the manifest's `config`, as
  * `checkConfig` and `host.config()` give it) against `spec`, one FieldSpec
- * per allowed field. Returns a plain object with every field of `spec`
- * (the default, or `undefined`, when absent).
+ * per allowed field (`items`: the type of an array field's elements).
+ * Returns a plain object with every field of `spec` (the default, or
+ * `undefined`, when absent).
  *
  * Empty text and `null` read as `{}`. Errors are PluginErrors whose text
  * starts with `<plugin> config: `, as in the Rust SDK:
@@ -262,7 +405,7 @@ export function parseConfig(plugin, json, spec) {
     }
   }
   if (!hasType(value, 'object')) {
-    fail(`invalid type: ${describe(value)}, expected a map`);
+    fail(`invalid type: ${describeValue(value)}, expected a map`);
   }
   const fields = Object.keys(spec);
   for (const key of Object.keys(value)) {
@@ -284,7 +427,14 @@ export function parseConfig(plugin, json, spec) {
       continue;
     }
     if (!hasType(v, field.type)) {
-      fail(`invalid type: ${describe(v)}, expected ${EXPECTED[field.type]} (field \`${key}\`)`);
+      fail(`invalid type: ${describeValue(v)}, expected ${EXPECTED[field.type]} (field \`${key}\`)`);
+    }
+    if (field.items !== undefined && Array.isArray(v)) {
+      for (const item of v) {
+        if (!hasType(item, field.items)) {
+          fail(`invalid type: ${describeValue(item)}, expected ${EXPECTED[field.items]} (field \`${key}\`)`);
+        }
+      }
     }
     if (field.oneOf && !field.oneOf.includes(v)) {
       const allowed = field.oneOf.map((o) => JSON.stringify(o)).join(', ');

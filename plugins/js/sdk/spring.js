@@ -8,15 +8,27 @@
 //    (`k=v,k2=v2`): the Services in the object's namespace carrying all of
 //    these labels (host `servicesWithLabels`); else
 // 3. the app named like the object.
+//
+// An object of another kind than ConfigMap and Secret (WIT 0.4.0 `other`)
+// has no target apps: the Spring watcher does not know such kinds.
 
-import { service, servicesWithLabels } from 'wasmwatch:plugin/host@0.2.0';
+import { service, servicesWithLabels } from 'wasmwatch:plugin/host@0.4.0';
 
 /**
- * `spring.cloud.kubernetes.configmap` or `spring.cloud.kubernetes.secret`.
+ * `spring.cloud.kubernetes.configmap` or `spring.cloud.kubernetes.secret`;
+ * `undefined` for other kinds, which the Spring watcher does not know.
  * @param {import('./index.js').ObjectKind} kind
+ * @returns {string | undefined}
  */
 export function annotationPrefix(kind) {
-  return kind === 'config-map' ? 'spring.cloud.kubernetes.configmap' : 'spring.cloud.kubernetes.secret';
+  switch (kind.tag) {
+    case 'config-map':
+      return 'spring.cloud.kubernetes.configmap';
+    case 'secret':
+      return 'spring.cloud.kubernetes.secret';
+    default:
+      return undefined;
+  }
 }
 
 /**
@@ -77,12 +89,14 @@ export class SpringApps {
 
 /**
  * Resolves the target apps of `event` (asks the host only for the labels
- * annotation).
+ * annotation). An object of another kind than ConfigMap and Secret has
+ * none (`named`, no names).
  * @param {import('./index.js').ChangeEvent} event
  * @returns {SpringApps}
  */
 export function targetApps(event) {
   const prefix = annotationPrefix(event.kind);
+  if (prefix === undefined) return new SpringApps('named', [], []);
   const find = (/** @type {string} */ key) => event.annotations.find((kv) => kv.key === key)?.value;
   const apps = find(`${prefix}.apps`);
   if (apps !== undefined) {

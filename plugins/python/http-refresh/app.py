@@ -1,6 +1,6 @@
 """http-refresh in Python: Spring Cloud Kubernetes-compatible actuator
 refresh, the twin of plugins/http-refresh (same config, same actions, same
-config errors).
+config errors), on the Python SDK's world ``wasmwatch:plugin/plugin@0.4.0``.
 
 For a changed ConfigMap or Secret it finds the target apps the way the
 Spring Cloud Kubernetes Configuration Watcher does and asks the host to POST
@@ -13,10 +13,14 @@ Service:
   ``...secret.labels`` (``k=v,k2=v2``), or else
 - the Service named like the object.
 
-Apps without a Service are skipped. The Service annotation
-``boot.spring.io/actuator`` (``http://:9090/myactuator``) overrides the port
-and base path; the default base path is ``/actuator`` and the default port
-the endpoint's first port.
+Apps without a Service are skipped. An object of another kind (WIT 0.4.0's
+``other``, say a SecretProviderClassPodStatus a manifest's ``events.kinds``
+gives the plugin) has no target apps: nothing is done, as in the Rust
+plugin (the SDK's ``spring.target_apps`` returns no apps for it).
+
+The Service annotation ``boot.spring.io/actuator``
+(``http://:9090/myactuator``) overrides the port and base path; the default
+base path is ``/actuator`` and the default port the endpoint's first port.
 
 Config (JSON from the manifest), all optional:
 ``{"strategy": "refresh" | "shutdown", "basePath": "/actuator"}``.

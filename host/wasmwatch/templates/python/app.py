@@ -1,6 +1,10 @@
-"""{{name}}: a wasmwatch plugin. ``handle`` is called once per change of a
-selected ConfigMap or Secret, in a fresh sandbox; what it returns is checked
-against the manifest's capabilities and executed by the host."""
+"""{{name}}: a wasmwatch plugin (world ``wasmwatch:plugin/plugin@0.4.0``,
+wit/0.4.0/plugin.wit). ``handle`` is called once per change of a selected
+ConfigMap or Secret (or of another kind the manifest's ``watch.kinds``
+names: ``kind_name`` gives its kind, ``is_kind(event, group, kind)`` tells
+kinds apart), in a fresh sandbox; what it returns is checked against the
+manifest's capabilities and executed by the host. The SDK's helpers are
+in sdk/wasmwatch_plugin (``action``, ``spring``, ``uses_any_of``, ...)."""
 
 from dataclasses import dataclass
 

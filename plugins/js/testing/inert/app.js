@@ -9,7 +9,7 @@
 // succeeded. Same protocol as plugins/testing/inert (Rust) and
 // plugins/python/testing/inert; host/runtime/tests/inert.rs checks all.
 
-import { config } from 'wasmwatch:plugin/host@0.2.0';
+import { config } from 'wasmwatch:plugin/host@0.4.0';
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 import { instanceNetwork } from 'wasi:sockets/instance-network@0.2.12';
 import { createTcpSocket } from 'wasi:sockets/tcp-create-socket@0.2.12';

@@ -1,6 +1,7 @@
 """Unit tests of the SDK on the host's CPython (no wasm): config parsing,
-event accessors, action builders and Spring target apps, with the host
-imports replaced by fakes. Run with ../test (it generates the bindings)."""
+event accessors, workload helpers, action builders and Spring target apps
+on the types of WIT 0.4.0 (wit/0.4.0/plugin.wit), with the host imports
+replaced by fakes. Run with ../test (it generates the bindings)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from wasmwatch_plugin import spring
 from wit_world.imports import host
 
 
-def event(kind=ww.ObjectKind.CONFIG_MAP, name="orders", annotations=None, data=None):
+def event(kind=ww.CONFIG_MAP, name="orders", annotations=None, data=None, changed_keys=None):
     return ww.ChangeEvent(
         kind=kind,
         change=ww.ChangeType.MODIFIED,
@@ -27,9 +28,25 @@ def event(kind=ww.ObjectKind.CONFIG_MAP, name="orders", annotations=None, data=N
         annotations=[ww.KeyValue(k, v) for k, v in (annotations or {}).items()],
         data=data or [],
         values_included=True,
-        changed_keys=[],
+        changed_keys=changed_keys or [],
         digest="d",
         replay=False,
+    )
+
+
+SPCPS = ww.other_kind("secrets-store.csi.x-k8s.io", "v1", "SecretProviderClassPodStatus")
+
+
+def workload(group, version, kind, name, uses=(), referenced=True):
+    """A WorkloadInfo as host.workloads_referencing returns it; ``uses`` are
+    (via, key) pairs."""
+    return ww.WorkloadInfo(
+        workload=ww.WorkloadRef(group, version, kind, "shop", name),
+        labels=[],
+        annotations=[ww.KeyValue("reloader.stakater.com/auto", "true")],
+        template_annotations=[],
+        referenced=referenced,
+        uses=[ww.ObjectUse(via, key) for via, key in uses],
     )
 
 
@@ -189,8 +206,14 @@ class Accessors(unittest.TestCase):
         self.assertTrue(ww.is_config_map(ev))
         self.assertFalse(ww.is_secret(ev))
         self.assertEqual(ww.kind_name(ev), "ConfigMap")
-        self.assertEqual(ww.kind_name(event(kind=ww.ObjectKind.SECRET)), "Secret")
+        self.assertEqual(ww.kind_name(event(kind=ww.SECRET)), "Secret")
         self.assertEqual(ww.object_id(ev), "shop/orders")
+        self.assertTrue(ww.is_kind(ev, "", "ConfigMap"))
+        self.assertFalse(ww.is_kind(ev, "", "Secret"))
+        self.assertEqual(ww.object_type(ev), ww.ObjectType("", "v1", "ConfigMap"))
+        self.assertEqual(ww.CONFIG_MAP, ww.ObjectKind_ConfigMap())
+        self.assertEqual(ww.SECRET, ww.ObjectKind_Secret())
+        self.assertNotEqual(ww.CONFIG_MAP, ww.SECRET)
 
     def test_actions(self):
         self.assertEqual(
@@ -201,11 +224,17 @@ class Accessors(unittest.TestCase):
             ww.action.publish_json("rabbit", "bus", "#", '{"a":1}'),
             ww.Action_Publish(ww.BusPublish("rabbit", "bus", "#", [ww.Header("content-type", "application/json")], b'{"a":1}')),
         )
-        ref = ww.WorkloadRef(ww.WorkloadKind.DEPLOYMENT, "shop", "orders")
+        ref = ww.WorkloadRef("apps", "v1", "Deployment", "shop", "orders")
         self.assertEqual(
             ww.action.restart(ref, "changed", "h"),
-            ww.Action_Restart(ww.RestartWorkload(ref, "changed", "h")),
+            ww.Action_Restart(ww.RestartWorkload(ref, "changed", "h", None)),
         )
+        self.assertEqual(
+            ww.action.restart(ref, "changed", "h", ww.RestartStrategy.ENV_VARS),
+            ww.Action_Restart(ww.RestartWorkload(ref, "changed", "h", ww.RestartStrategy.ENV_VARS)),
+        )
+        info = workload("apps", "v1", "Deployment", "orders")
+        self.assertEqual(ww.action.restart(info, "changed", "h"), ww.action.restart(ref, "changed", "h"))
         self.assertEqual(
             ww.action.event_warning("Bad", "m"),
             ww.Action_Event(ww.EmitEvent(ww.EventType.WARNING, "Bad", "m")),
@@ -214,6 +243,166 @@ class Accessors(unittest.TestCase):
             ww.action.http(ww.HttpMethod.PUT, "https://x/y", {"a": "b"}, "body"),
             ww.Action_Http(ww.HttpCall(ww.HttpMethod.PUT, "https://x/y", [ww.Header("a", "b")], b"body")),
         )
+        self.assertEqual(
+            ww.action.http_json(ww.HttpMethod.POST, "https://x/y", '{"a":1}'),
+            ww.Action_Http(
+                ww.HttpCall(ww.HttpMethod.POST, "https://x/y", [ww.Header("content-type", "application/json")], b'{"a":1}')
+            ),
+        )
+
+
+class OtherKinds(unittest.TestCase):
+    """WIT 0.4.0: ``object-kind`` is ``config-map``, ``secret`` or
+    ``other(object-type)``."""
+
+    def test_an_other_kind_event(self):
+        ev = event(
+            kind=SPCPS,
+            name="web-0-aws-secrets",
+            data=[ww.DataEntry("status.objects", ww.DataValue_Text('[{"id":"db","version":"2"}]'))],
+        )
+        self.assertIsInstance(ev.kind, ww.ObjectKind_Other)
+        self.assertEqual(ev.kind.value, ww.ObjectType("secrets-store.csi.x-k8s.io", "v1", "SecretProviderClassPodStatus"))
+        self.assertFalse(ww.is_config_map(ev))
+        self.assertFalse(ww.is_secret(ev))
+        self.assertTrue(ww.is_kind(ev, "secrets-store.csi.x-k8s.io", "SecretProviderClassPodStatus"))
+        self.assertFalse(ww.is_kind(ev, "", "SecretProviderClassPodStatus"))
+        self.assertFalse(ww.is_kind(ev, "secrets-store.csi.x-k8s.io", "SecretProviderClass"))
+        self.assertEqual(ww.kind_name(ev), "SecretProviderClassPodStatus")
+        self.assertEqual(ww.object_type(ev).version, "v1")
+        self.assertEqual(ww.text(ev, "status.objects"), '[{"id":"db","version":"2"}]')
+        self.assertEqual(ww.object_id(ev), "shop/web-0-aws-secrets")
+
+    def test_workloads_referencing_takes_the_variant(self):
+        asked = []
+        saved = host.workloads_referencing
+        host.workloads_referencing = lambda kind, ns, name: asked.append((kind, ns, name)) or []
+        try:
+            spc = ww.other_kind("secrets-store.csi.x-k8s.io", "v1", "SecretProviderClass")
+            host.workloads_referencing(spc, "shop", "aws-secrets")
+            host.workloads_referencing(ww.SECRET, "shop", "db")
+        finally:
+            host.workloads_referencing = saved
+        self.assertEqual(
+            asked,
+            [
+                (
+                    ww.ObjectKind_Other(ww.ObjectType("secrets-store.csi.x-k8s.io", "v1", "SecretProviderClass")),
+                    "shop",
+                    "aws-secrets",
+                ),
+                (ww.ObjectKind_Secret(), "shop", "db"),
+            ],
+        )
+
+
+class Workloads(unittest.TestCase):
+    """WIT 0.3.0 and 0.4.0: workloads by group/version/kind, ``referenced``,
+    ``uses``, and restarts with a strategy."""
+
+    def setUp(self):
+        self.cronjob = workload("batch", "v1", "CronJob", "nightly", uses=[(ww.UseVia.ENV, "level")])
+        self.rollout = workload(
+            "argoproj.io",
+            "v1alpha1",
+            "Rollout",
+            "web",
+            uses=[(ww.UseVia.VOLUME, "a.yaml"), (ww.UseVia.VOLUME, "b.yaml")],
+        )
+        self.whole = workload("apps", "v1", "StatefulSet", "db", uses=[(ww.UseVia.ENV_FROM, None), (ww.UseVia.ENV, "level")])
+        self.named = workload("apps", "v1", "Deployment", "api", referenced=False)
+        self.saved = host.workloads_referencing
+
+    def tearDown(self):
+        host.workloads_referencing = self.saved
+
+    def test_kinds_api_versions_and_descriptions(self):
+        self.assertTrue(ww.is_workload_kind(self.cronjob, "batch", "v1", "CronJob"))
+        self.assertTrue(ww.is_workload_kind(self.cronjob.workload, "batch", "v1", "CronJob"))
+        self.assertFalse(ww.is_workload_kind(self.cronjob, "batch", "v1beta1", "CronJob"))
+        self.assertFalse(ww.is_workload_kind(self.cronjob, "", "v1", "CronJob"))
+        self.assertTrue(ww.is_workload_kind(self.rollout, "argoproj.io", "v1alpha1", "Rollout"))
+        self.assertEqual(ww.api_version(self.cronjob), "batch/v1")
+        self.assertEqual(ww.api_version(self.rollout.workload), "argoproj.io/v1alpha1")
+        self.assertEqual(ww.api_version(ww.WorkloadRef("", "v1", "Pod", "shop", "p")), "v1")
+        self.assertEqual(ww.describe(self.cronjob), "CronJob shop/nightly")
+        self.assertEqual(ww.describe(self.rollout.workload), "Rollout shop/web")
+
+    def test_uses_only_keys_and_uses_any_of(self):
+        self.assertTrue(ww.uses_only_keys(self.cronjob))
+        self.assertTrue(ww.uses_only_keys(self.rollout))
+        self.assertFalse(ww.uses_only_keys(self.whole), "envFrom takes the whole object")
+        self.assertFalse(ww.uses_only_keys(self.named), "not referenced: nothing known of its uses")
+        self.assertFalse(
+            ww.uses_only_keys(workload("apps", "v1", "Deployment", "x", uses=[(ww.UseVia.ENV, "k")], referenced=False))
+        )
+        self.assertFalse(ww.uses_only_keys(workload("apps", "v1", "Deployment", "x")), "no uses known")
+        self.assertTrue(ww.uses_any_of(self.cronjob, ["level"]))
+        self.assertFalse(ww.uses_any_of(self.cronjob, ["other", "a.yaml"]))
+        self.assertTrue(ww.uses_any_of(self.rollout, ("b.yaml",)))
+        self.assertFalse(ww.uses_any_of(self.rollout, []))
+        self.assertTrue(ww.uses_any_of(self.whole, []), "the whole object: any change")
+        self.assertTrue(ww.uses_any_of(self.named, []))
+
+    def test_round_trip_of_the_0_4_0_fields(self):
+        """A key-aware plugin over the lookup: the fields it reads are the
+        fields the host gave, and its restarts carry the workloads' refs
+        and the strategy it chose."""
+        found = [self.cronjob, self.rollout, self.whole, self.named]
+        asked = []
+
+        def workloads_referencing(kind, namespace, name):
+            asked.append((kind, namespace, name))
+            return found
+
+        host.workloads_referencing = workloads_referencing
+        ev = event(changed_keys=["level"])
+
+        def decide(ev):
+            actions = []
+            for w in host.workloads_referencing(ev.kind, ev.namespace, ev.name):
+                if not ww.uses_any_of(w, ev.changed_keys):
+                    continue
+                rollout = ww.is_workload_kind(w, "argoproj.io", "v1alpha1", "Rollout")
+                strategy = ww.RestartStrategy.RESTART_AT if rollout else None
+                if not w.referenced:
+                    strategy = ww.RestartStrategy.ANNOTATIONS
+                actions.append(ww.action.restart(w, f"{ww.kind_name(ev)} {ww.object_id(ev)} changed", "configmap/orders:d", strategy))
+            return actions
+
+        self.assertEqual(
+            [a.value for a in decide(ev)],
+            [
+                ww.RestartWorkload(
+                    ww.WorkloadRef("batch", "v1", "CronJob", "shop", "nightly"), "ConfigMap shop/orders changed", "configmap/orders:d", None
+                ),
+                ww.RestartWorkload(
+                    ww.WorkloadRef("apps", "v1", "StatefulSet", "shop", "db"), "ConfigMap shop/orders changed", "configmap/orders:d", None
+                ),
+                ww.RestartWorkload(
+                    ww.WorkloadRef("apps", "v1", "Deployment", "shop", "api"),
+                    "ConfigMap shop/orders changed",
+                    "configmap/orders:d",
+                    ww.RestartStrategy.ANNOTATIONS,
+                ),
+            ],
+        )
+        self.assertEqual(asked, [(ww.CONFIG_MAP, "shop", "orders")])
+        restarted = decide(event(changed_keys=["a.yaml"]))
+        self.assertEqual([ww.describe(a.value.workload) for a in restarted], ["Rollout shop/web", "StatefulSet shop/db", "Deployment shop/api"])
+        self.assertEqual(restarted[0].value.strategy, ww.RestartStrategy.RESTART_AT)
+        # The generated records keep every field as given.
+        self.assertEqual(
+            self.rollout.uses,
+            [ww.ObjectUse(ww.UseVia.VOLUME, "a.yaml"), ww.ObjectUse(ww.UseVia.VOLUME, "b.yaml")],
+        )
+        self.assertEqual(dataclasses.asdict(self.cronjob.workload), {
+            "group": "batch", "version": "v1", "kind": "CronJob", "namespace": "shop", "name": "nightly",
+        })
+        self.assertEqual([f.name for f in dataclasses.fields(ww.WorkloadInfo)][-2:], ["referenced", "uses"])
+        self.assertEqual([f.name for f in dataclasses.fields(ww.RestartWorkload)][-1], "strategy")
+        self.assertEqual([s.name for s in ww.RestartStrategy], ["ANNOTATIONS", "ENV_VARS", "RESTART_AT"])
+        self.assertEqual([v.name for v in ww.UseVia], ["ENV", "ENV_FROM", "VOLUME"])
 
 
 class Spring(unittest.TestCase):
@@ -236,11 +425,11 @@ class Spring(unittest.TestCase):
 
     def test_labelled_and_secret_prefix(self):
         apps = spring.target_apps(
-            event(kind=ww.ObjectKind.SECRET, annotations={"spring.cloud.kubernetes.secret.labels": "tier = back, junk"})
+            event(kind=ww.SECRET, annotations={"spring.cloud.kubernetes.secret.labels": "tier = back, junk"})
         )
         self.assertEqual(apps.names(), ["billing"])
         ignored = spring.target_apps(
-            event(kind=ww.ObjectKind.SECRET, annotations={"spring.cloud.kubernetes.configmap.apps": "billing"})
+            event(kind=ww.SECRET, annotations={"spring.cloud.kubernetes.configmap.apps": "billing"})
         )
         self.assertEqual(ignored, spring.ObjectName("orders"))
 
@@ -248,6 +437,28 @@ class Spring(unittest.TestCase):
         self.assertEqual([s.name for s in spring.target_apps(event()).services("shop")], ["orders"])
         self.assertEqual(spring.target_apps(event(name="ghost")).services("shop"), [])
         self.assertEqual(spring.parse_labels("a=b, c = d ,e"), [ww.KeyValue("a", "b"), ww.KeyValue("c", "d")])
+
+    def test_other_kinds_have_no_target_apps(self):
+        """An object of another kind: no apps, and no lookup at all (the
+        Spring watcher knows ConfigMaps and Secrets only), whatever its
+        annotations say."""
+
+        def refuse(*args):
+            raise AssertionError("looked up Services for another kind")
+
+        host.service = host.services_with_labels = refuse
+        for annotations in [
+            {},
+            {"spring.cloud.kubernetes.configmap.apps": "billing"},
+            {"spring.cloud.kubernetes.secret.labels": "tier=back"},
+        ]:
+            apps = spring.target_apps(event(kind=SPCPS, annotations=annotations))
+            self.assertEqual(apps, spring.Named([]))
+            self.assertEqual(apps.services("shop"), [])
+            self.assertEqual(apps.names(), [])
+        self.assertIsNone(spring.annotation_prefix(SPCPS))
+        self.assertEqual(spring.annotation_prefix(ww.CONFIG_MAP), "spring.cloud.kubernetes.configmap")
+        self.assertEqual(spring.annotation_prefix(ww.SECRET), "spring.cloud.kubernetes.secret")
 
 
 if __name__ == "__main__":

@@ -1,23 +1,46 @@
 """wasmwatch_plugin: write a wasmwatch plugin in a few lines of Python.
 
 A plugin is a WebAssembly component of the world
-``wasmwatch:plugin/plugin@0.2.0`` (``wit/plugin.wit``), built with
+``wasmwatch:plugin/plugin@0.4.0`` (``wit/0.4.0/plugin.wit``), built with
 componentize-py, which generates the bindings (the ``wit_world`` package)
 at build time. This SDK sits beside them and offers:
 
 - every generated type (:class:`ChangeEvent`, :data:`Action`,
-  :class:`ServiceInfo`, ...) and the :mod:`host` imports;
+  :class:`ServiceInfo`, :class:`WorkloadInfo`, ...) and the :mod:`host`
+  imports;
 - :class:`Plugin`, the base class of your ``WitWorld`` class, and
   :class:`PluginError`, the exception that makes ``check_config`` or
   ``handle`` return an error;
 - event accessors: :func:`annotation`, :func:`label`, :func:`text`,
-  :func:`is_config_map`, :func:`is_secret`, :func:`kind_name`,
-  :func:`object_id`, and :func:`lookup` for any label/annotation list;
+  :func:`is_config_map`, :func:`is_secret`, :func:`is_kind`,
+  :func:`kind_name`, :func:`object_type`, :func:`object_id`, and
+  :func:`lookup` for any label/annotation list; :data:`CONFIG_MAP`,
+  :data:`SECRET` and :func:`other_kind` build an :data:`ObjectKind`;
+- workload helpers (a :class:`WorkloadRef` or :class:`WorkloadInfo`):
+  :func:`is_workload_kind`, :func:`api_version`, :func:`describe`,
+  :func:`uses_only_keys`, :func:`uses_any_of`;
 - :mod:`~wasmwatch_plugin.action`: builders for the actions a plugin returns;
 - :func:`parse_config`: the plugin's JSON config into a dict or a dataclass,
   refusing unknown fields; :func:`config_class` resolves a config
   dataclass at build time;
 - :mod:`~wasmwatch_plugin.spring`: Spring Cloud Kubernetes target apps.
+
+What 0.4.0 (and 0.3.0 before it) changed against 0.2.0:
+
+- a workload is named by strings, ``WorkloadRef(group, version, kind,
+  namespace, name)`` (``"apps", "v1", "Deployment"``; ``"batch", "v1",
+  "CronJob"``; ``"argoproj.io", "v1alpha1", "Rollout"``; the core group is
+  ``""``), no longer by a ``WorkloadKind`` enum;
+- :class:`WorkloadInfo` has ``referenced`` (False: only a named ``reload``
+  annotation selects it) and ``uses``, a list of :class:`ObjectUse`
+  ``(via: UseVia.ENV | ENV_FROM | VOLUME, key: str | None)``;
+- :class:`RestartWorkload` has ``strategy``, an optional
+  :class:`RestartStrategy` (``ANNOTATIONS``, ``ENV_VARS``, ``RESTART_AT``);
+- :data:`ObjectKind` is a variant: ``ObjectKind_ConfigMap()``,
+  ``ObjectKind_Secret()`` or ``ObjectKind_Other(ObjectType(group, version,
+  kind))``, a kind the manifest's ``watch.kinds`` names (the CSI driver's
+  SecretProviderClassPodStatus); such an object's ``data`` has one entry per
+  content field path. ``host.workloads_referencing`` takes the same variant.
 
 A plugin (``app.py``)::
 
@@ -30,8 +53,8 @@ A plugin (``app.py``)::
         def handle(self, event: ChangeEvent) -> list[Action]:
             return [action.event_normal("Seen", object_id(event))]
 
-built with ``componentize-py -d wit -w plugin componentize -p sdk -p . app
--o plugin.wasm``. The class must be called ``WitWorld`` and live in the
+built with ``componentize-py -d wit/0.4.0 -w plugin componentize -p sdk -p .
+app -o plugin.wasm``. The class must be called ``WitWorld`` and live in the
 module named on that command line.
 """
 
@@ -63,12 +86,18 @@ from wit_world.imports.types import (
     KeyValue,
     LogLevel,
     ObjectKind,
+    ObjectKind_ConfigMap,
+    ObjectKind_Other,
+    ObjectKind_Secret,
+    ObjectType,
+    ObjectUse,
     RefreshService,
+    RestartStrategy,
     RestartWorkload,
     ServiceInfo,
     ServicePort,
+    UseVia,
     WorkloadInfo,
-    WorkloadKind,
     WorkloadRef,
 )
 
@@ -76,14 +105,25 @@ from . import action, spring
 from .config import config_class, parse_config
 from .error import PluginError
 from .event import (
+    CONFIG_MAP,
+    SECRET,
+    Workload,
     annotation,
+    api_version,
+    describe,
     is_config_map,
+    is_kind,
     is_secret,
+    is_workload_kind,
     kind_name,
     label,
     lookup,
     object_id,
+    object_type,
+    other_kind,
     text,
+    uses_any_of,
+    uses_only_keys,
 )
 
 __all__ = [
@@ -103,8 +143,19 @@ __all__ = [
     "text",
     "is_config_map",
     "is_secret",
+    "is_kind",
     "kind_name",
+    "object_type",
     "object_id",
+    "CONFIG_MAP",
+    "SECRET",
+    "other_kind",
+    "Workload",
+    "is_workload_kind",
+    "api_version",
+    "describe",
+    "uses_only_keys",
+    "uses_any_of",
     "log",
     # Generated types.
     "Action",
@@ -129,12 +180,18 @@ __all__ = [
     "KeyValue",
     "LogLevel",
     "ObjectKind",
+    "ObjectKind_ConfigMap",
+    "ObjectKind_Other",
+    "ObjectKind_Secret",
+    "ObjectType",
+    "ObjectUse",
     "RefreshService",
+    "RestartStrategy",
     "RestartWorkload",
     "ServiceInfo",
     "ServicePort",
+    "UseVia",
     "WorkloadInfo",
-    "WorkloadKind",
     "WorkloadRef",
 ]
 

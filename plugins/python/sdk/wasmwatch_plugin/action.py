@@ -19,7 +19,9 @@ from wit_world.imports.types import (
     HttpCall,
     HttpMethod,
     RefreshService,
+    RestartStrategy,
     RestartWorkload,
+    WorkloadInfo,
     WorkloadRef,
 )
 
@@ -30,6 +32,7 @@ __all__ = [
     "event_normal",
     "event_warning",
     "http",
+    "http_json",
 ]
 
 
@@ -70,10 +73,27 @@ def publish_json(
     )
 
 
-def restart(workload: WorkloadRef, reason: str, content_hash: str) -> Action:
-    """Roll ``workload``'s pods. The host records ``content_hash`` and never
-    restarts the same workload twice for the same hash. Needs ``restart``."""
-    return Action_Restart(RestartWorkload(workload, reason, content_hash))
+def restart(
+    workload: Union[WorkloadRef, WorkloadInfo],
+    reason: str,
+    content_hash: str,
+    strategy: Optional[RestartStrategy] = None,
+) -> Action:
+    """Roll ``workload``'s pods (a :class:`WorkloadRef`, or a
+    :class:`WorkloadInfo` from ``host.workloads_referencing``: its
+    ``workload``). The host records ``content_hash`` and never restarts the
+    same workload twice for the same hash.
+
+    ``strategy`` (a :class:`RestartStrategy`) replaces the plugin's
+    ``delivery.restartStrategy`` for this restart: ``ANNOTATIONS``,
+    ``ENV_VARS``, or ``RESTART_AT`` (an Argo Rollout's ``spec.restartAt``,
+    refused for other kinds); ``None`` keeps it. A workload's
+    ``wasmwatch.io/reload-strategy`` annotation still wins.
+
+    Needs ``restart`` (and, for kinds other than the apps/v1 ones, the kind
+    granted: ``restart: {namespaces: [...], kinds: [batch/v1/CronJob]}``)."""
+    ref = workload.workload if isinstance(workload, WorkloadInfo) else workload
+    return Action_Restart(RestartWorkload(ref, reason, content_hash, strategy))
 
 
 def event_normal(reason: str, message: str) -> Action:
@@ -105,3 +125,9 @@ def http(
             data,
         )
     )
+
+
+def http_json(method: HttpMethod, url: str, json: Union[str, bytes]) -> Action:
+    """:func:`http` with a JSON body (``str`` is encoded as UTF-8) and header
+    ``content-type: application/json``."""
+    return http(method, url, {"content-type": "application/json"}, json)

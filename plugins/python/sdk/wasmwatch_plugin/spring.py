@@ -11,17 +11,26 @@ finds them, shared by http-refresh and bus-refresh:
 
 ``target_apps(event)`` returns one of :class:`Named`, :class:`Labelled` or
 :class:`ObjectName`, all :class:`SpringApps` with ``services(namespace)``
-and ``names()``.
+and ``names()``. An object of another kind than ConfigMap and Secret (WIT
+0.4.0's ``other``, which the Spring watcher does not know) has no target
+apps: an empty :class:`Named`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 from wit_world.imports import host
-from wit_world.imports.types import ChangeEvent, KeyValue, ObjectKind, ServiceInfo
+from wit_world.imports.types import (
+    ChangeEvent,
+    KeyValue,
+    ObjectKind,
+    ObjectKind_ConfigMap,
+    ObjectKind_Secret,
+    ServiceInfo,
+)
 
 from .event import annotation
 
@@ -95,11 +104,14 @@ class ObjectName(SpringApps):
         return [self.name]
 
 
-def annotation_prefix(kind: ObjectKind) -> str:
-    """``spring.cloud.kubernetes.configmap`` or ``spring.cloud.kubernetes.secret``."""
-    if kind == ObjectKind.CONFIG_MAP:
+def annotation_prefix(kind: ObjectKind) -> Optional[str]:
+    """``spring.cloud.kubernetes.configmap`` or ``spring.cloud.kubernetes.secret``;
+    ``None`` for other kinds, which the Spring watcher does not know."""
+    if isinstance(kind, ObjectKind_ConfigMap):
         return "spring.cloud.kubernetes.configmap"
-    return "spring.cloud.kubernetes.secret"
+    if isinstance(kind, ObjectKind_Secret):
+        return "spring.cloud.kubernetes.secret"
+    return None
 
 
 def parse_labels(selector: str) -> List[KeyValue]:
@@ -114,8 +126,11 @@ def parse_labels(selector: str) -> List[KeyValue]:
 
 def target_apps(event: ChangeEvent) -> SpringApps:
     """Resolves the target apps of ``event`` (asks the host only for the
-    labels annotation)."""
+    labels annotation). An object of another kind than ConfigMap and Secret
+    has none (an empty :class:`Named`)."""
     prefix = annotation_prefix(event.kind)
+    if prefix is None:
+        return Named([])
     apps = annotation(event, f"{prefix}.apps")
     if apps is not None:
         return Named([a.strip() for a in apps.split(",") if a.strip()])

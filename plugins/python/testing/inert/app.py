@@ -4,6 +4,11 @@ socket, resolve a name and read the environment, and reports each attempt
 as a Normal Event: ``denied: <error>`` when it failed, ``GRANTED: <what it
 got>`` when it succeeded.
 
+Its subject is the WASI imports componentize-py links, not the WIT
+world: it is built like every Python plugin, with the SDK, so it is a
+``wasmwatch:plugin/plugin@0.4.0`` component (the Rust inert stays on
+0.2.0). host/runtime/tests/inert.rs runs it beside the Rust and JS ones.
+
 Config (JSON), both optional: ``{"connect": "HOST:PORT", "resolve": "NAME"}``
 (defaults ``127.0.0.1:9`` and ``localhost``).
 """

@@ -5,7 +5,10 @@
 //! `<Kind> <namespace>/<name> changed (referenced: <bool>, uses: <uses>)`,
 //! `<uses>` each use as `env:<key>`, `env-from` or `volume[:<key>]`
 //! (without a key: the whole object), comma-separated, so that a test sees
-//! what the lookup answered. Config (JSON, all optional):
+//! what the lookup answered, and the content hash `<kind>/<name>:<digest>`
+//! (`:deleted` for a deletion, as rollout-restart). Being 0.3.0, it is also
+//! the restarting plugin of host/wasmwatch/tests/upgrade.rs, whose previous
+//! version knows no 0.4.0. Config (JSON, all optional):
 //!
 //! - `{"kind": {"group": "batch", "version": "v1", "kind": "CronJob"},
 //!   "name": "nightly"}`: restart that workload (in the event's namespace)
@@ -17,7 +20,7 @@ wit_bindgen::generate!({ path: "../../../wit/0.3.0", world: "plugin" });
 use serde_json::Value;
 use wasmwatch::plugin::host;
 use wasmwatch::plugin::types::{
-    ObjectKind, ObjectUse, RestartStrategy, RestartWorkload, UseVia, WorkloadRef,
+    ChangeType, ObjectKind, ObjectUse, RestartStrategy, RestartWorkload, UseVia, WorkloadRef,
 };
 
 struct P;
@@ -92,7 +95,12 @@ impl Guest for P {
             ObjectKind::Secret => "Secret",
         };
         let object = format!("{kind} {}/{}", event.namespace, event.name);
-        let content_hash = format!("{}/{}:{}", kind.to_lowercase(), event.name, event.digest);
+        // As rollout-restart: a deletion is a content of its own.
+        let version = match event.change {
+            ChangeType::Deleted => "deleted",
+            _ => event.digest.as_str(),
+        };
+        let content_hash = format!("{}/{}:{version}", kind.to_lowercase(), event.name);
         let restart = |workload: WorkloadRef, reason: String| {
             Action::Restart(RestartWorkload {
                 workload,
