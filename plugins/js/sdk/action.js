@@ -131,3 +131,19 @@ export function http(method, url, options = {}) {
     },
   };
 }
+
+/**
+ * One HTTP call with a JSON body (`content-type: application/json`), as the
+ * Rust SDK's `http_json`: `httpJson('post', url, JSON.stringify(note))`.
+ * Needs an `http` grant covering `url`.
+ * @param {import('./index.js').HttpMethod} method
+ * @param {string} url
+ * @param {string | Uint8Array} json
+ * @returns {import('./index.js').Action}
+ */
+export function httpJson(method, url, json) {
+  return http(method, url, {
+    headers: [{ name: 'content-type', value: 'application/json' }],
+    body: json,
+  });
+}

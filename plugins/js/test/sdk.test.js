@@ -152,6 +152,9 @@ test('the other action builders', () => {
   assert.equal(p.tag === 'publish' && new TextDecoder().decode(p.val.payload), '{"a":1}');
   const h = action.http('post', 'http://h', { body: 'x' });
   assert.deepEqual(h.tag === 'http' && [...(h.val.body ?? [])], [120]);
+  const j = action.httpJson('post', 'http://h', '{}');
+  assert.deepEqual(j.tag === 'http' && j.val.headers, [{ name: 'content-type', value: 'application/json' }]);
+  assert.deepEqual(j.tag === 'http' && [...(j.val.body ?? [])], [123, 125]);
 });
 
 test('spring target apps: none for other kinds', () => {
