@@ -496,3 +496,125 @@ fn a_watched_custom_kind_reaches_0_4_0_plugins_and_a_0_3_0_one_naming_it_is_refu
         }]
     );
 }
+
+/// The 0.4.0 fields cross a real Python and a real JavaScript component
+/// (plugins/python/testing/echo and plugins/js/testing/echo, built with
+/// each SDK): a CronJob and an Argo Rollout as the lookup names them,
+/// `uses` with and without keys, `referenced` false for a workload only a
+/// reload annotation names, a restart's strategy, and an object of a
+/// custom kind with its content keys.
+#[test]
+fn python_and_js_plugins_see_0_4_0_workloads_uses_and_custom_kinds() {
+    let lookups = || StaticLookups {
+        workloads: vec![
+            workload(
+                WorkloadKind::from_gvk("batch", "v1", "CronJob"),
+                "nightly",
+                &["env:level", "volume"],
+            ),
+            workload(
+                WorkloadKind::from_gvk("argoproj.io", "v1alpha1", "Rollout"),
+                "canary",
+                &["env-from"],
+            ),
+            named_only(WorkloadKind::Deployment, "named", false),
+        ],
+        ..Default::default()
+    };
+    for module in ["python/testing/echo", "js/testing/echo"] {
+        let m = csi_manifest(module);
+        let config = RuntimeConfig {
+            cache_dir: Some(wasmwatch_testkit::artifact_cache_dir()),
+            ..RuntimeConfig::default()
+        };
+        let plugin = Runtime::new(config, Arc::new(lookups()))
+            .unwrap()
+            .load_blocking(&m.plugins[0], &m.base_dir)
+            .unwrap_or_else(|e| panic!("{module}: {e}"));
+        assert_eq!(plugin.world(), V4, "{module}");
+        let mut said = Vec::new();
+        let mut restarts = Vec::new();
+        for c in plugin.handle_blocking(&orders_changed()).unwrap().actions {
+            match c.action {
+                Action::Event {
+                    reason, message, ..
+                } => said.push(format!("{reason}: {message}")),
+                Action::Restart {
+                    workload,
+                    content_hash,
+                    strategy,
+                    ..
+                } => {
+                    assert_eq!(strategy, Some(RestartStrategy::RestartAt), "{module}");
+                    restarts.push((workload.kind.to_string(), workload.name, content_hash));
+                }
+                other => panic!("{module}: {other:?}"),
+            }
+        }
+        said.sort();
+        assert_eq!(
+            said,
+            [
+                "Object: /v1/ConfigMap a.yaml,b,c",
+                "Workload: apps/v1 Deployment shop/named referenced=false uses=",
+                "Workload: argoproj.io/v1alpha1 Rollout shop/canary referenced=true uses=env-from",
+                "Workload: batch/v1 CronJob shop/nightly referenced=true uses=env:level,volume",
+            ],
+            "{module}"
+        );
+        restarts.sort();
+        let hash = "echo/orders:1".to_string();
+        assert_eq!(
+            restarts,
+            [
+                ("Deployment".to_string(), "named".to_string(), hash.clone()),
+                (
+                    "argoproj.io/v1alpha1/Rollout".to_string(),
+                    "canary".to_string(),
+                    hash.clone()
+                ),
+                (
+                    "batch/v1/CronJob".to_string(),
+                    "nightly".to_string(),
+                    hash.clone()
+                ),
+            ],
+            "{module}"
+        );
+
+        // A custom kind: its group/version/kind and its content's keys.
+        let spec = m.watch.custom(ObjectKind::parse(SPCPS).unwrap()).unwrap();
+        let body = serde_json::json!({"status": {"secretProviderClassName": "vault-db",
+            "objects": [{"id": "secret/db", "version": "v2"}]}});
+        let meta = wasmwatch_core::event::Metadata {
+            name: "api-1-shop-vault-db".into(),
+            namespace: "shop".into(),
+            ..Default::default()
+        };
+        let snapshot = ObjectSnapshot::from_content(
+            ObjectKind::parse(SPCPS).unwrap(),
+            meta,
+            &body,
+            &spec.content,
+        )
+        .unwrap();
+        let ev = ChangeEvent::new(ChangeType::Modified, snapshot, None);
+        let said: Vec<String> = plugin
+            .handle_blocking(&ev)
+            .unwrap()
+            .actions
+            .into_iter()
+            .map(|c| match c.action {
+                Action::Event { message, .. } => message,
+                other => panic!("{module}: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            said,
+            [format!(
+                "{SPCPS} status.objects,status.secretProviderClassName"
+            )],
+            "{module}"
+        );
+    }
+}

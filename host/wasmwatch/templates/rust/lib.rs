@@ -1,5 +1,7 @@
-//! {{name}}: a wasmwatch plugin. `handle` is called once per change of a
-//! selected ConfigMap or Secret, in a fresh sandbox; what it returns is
+//! {{name}}: a wasmwatch plugin (world wasmwatch:plugin/plugin@0.4.0).
+//! `handle` is called once per change of a selected ConfigMap or Secret (or
+//! of another kind the manifest's `watch.kinds` names: `event.kind_name()`,
+//! `event.is_kind(group, kind)`), in a fresh sandbox; what it returns is
 //! checked against the manifest's capabilities and executed by the host.
 use wasmwatch_plugin_sdk::{Action, ChangeEvent, EventExt, Guest, action, parse_config};
 
