@@ -290,10 +290,6 @@ impl ObjectSnapshot {
         if meta.name.is_empty() {
             return Err(ObjectError::Missing("metadata.name"));
         }
-        let namespace = match meta.namespace {
-            ns if ns.is_empty() => "default".to_string(),
-            ns => ns,
-        };
         let (text_field, b64_field) = match kind {
             ObjectKind::ConfigMap => ("data", "binaryData"),
             ObjectKind::Secret => ("stringData", "data"),
@@ -317,16 +313,24 @@ impl ObjectSnapshot {
         for (k, v) in string_map_owned(text, text_field)? {
             data.insert(k, DataValue::Text(v));
         }
-        Ok(ObjectSnapshot {
+        Ok(ObjectSnapshot::assemble(kind, meta, data))
+    }
+
+    /// The snapshot of `meta` and `data` (an empty namespace is `default`).
+    fn assemble(kind: ObjectKind, meta: Metadata, data: BTreeMap<String, DataValue>) -> Self {
+        ObjectSnapshot {
             kind,
-            namespace,
+            namespace: match meta.namespace {
+                ns if ns.is_empty() => "default".to_string(),
+                ns => ns,
+            },
             name: meta.name,
             uid: meta.uid,
             resource_version: meta.resource_version,
             labels: meta.labels,
             annotations: meta.annotations,
             data,
-        })
+        }
     }
 
     /// Reads an object of a custom kind (issue 34 §1): its data is the
@@ -344,10 +348,6 @@ impl ObjectSnapshot {
         if meta.name.is_empty() {
             return Err(ObjectError::Missing("metadata.name"));
         }
-        let namespace = match meta.namespace {
-            ns if ns.is_empty() => "default".to_string(),
-            ns => ns,
-        };
         let mut data = BTreeMap::new();
         for path in content {
             let value = path
@@ -361,16 +361,7 @@ impl ObjectSnapshot {
             };
             data.insert(path.clone(), DataValue::Text(text));
         }
-        Ok(ObjectSnapshot {
-            kind,
-            namespace,
-            name: meta.name,
-            uid: meta.uid,
-            resource_version: meta.resource_version,
-            labels: meta.labels,
-            annotations: meta.annotations,
-            data,
-        })
+        Ok(ObjectSnapshot::assemble(kind, meta, data))
     }
 
     /// Hex SHA-256 of the data: keys and values, length-prefixed, in key order.

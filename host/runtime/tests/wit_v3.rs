@@ -20,12 +20,17 @@ const V2: &str = "wasmwatch:plugin/plugin@0.2.0";
 const V3: &str = "wasmwatch:plugin/plugin@0.3.0";
 const V4: &str = "wasmwatch:plugin/plugin@0.4.0";
 
-fn load(lookups: StaticLookups, entry: &str) -> Plugin {
+/// A runtime answering lookups from `lookups`, with the shared compile cache.
+fn runtime(lookups: StaticLookups) -> Runtime {
     let config = RuntimeConfig {
         cache_dir: Some(wasmwatch_testkit::artifact_cache_dir()),
         ..RuntimeConfig::default()
     };
-    let rt = Runtime::new(config, Arc::new(lookups)).unwrap();
+    Runtime::new(config, Arc::new(lookups)).unwrap()
+}
+
+fn load(lookups: StaticLookups, entry: &str) -> Plugin {
+    let rt = runtime(lookups);
     let yaml = format!(
         "apiVersion: wasmwatch.io/v1alpha1\nkind: PluginManifest\nplugins:\n  - {}\n",
         entry.trim_start()
@@ -409,6 +414,24 @@ fn csi_manifest(module: &str) -> Manifest {
     Manifest::parse(&pin(&yaml), Path::new("/")).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
 }
 
+/// A CSI mount status of pod api-1 for class vault-db, read with `m`'s
+/// content of the kind, changed.
+fn mount_status_rotated(m: &Manifest) -> ChangeEvent {
+    let kind = ObjectKind::parse(SPCPS).unwrap();
+    let spec = m.watch.custom(kind).unwrap();
+    let body = serde_json::json!({"status": {
+        "secretProviderClassName": "vault-db", "podName": "api-1",
+        "objects": [{"id": "secret/db", "version": "v2"}]}});
+    let meta = wasmwatch_core::event::Metadata {
+        name: "api-1-shop-vault-db".into(),
+        namespace: "shop".into(),
+        resource_version: "7".into(),
+        ..Default::default()
+    };
+    let snapshot = ObjectSnapshot::from_content(kind, meta, &body, &spec.content).unwrap();
+    ChangeEvent::new(ChangeType::Modified, snapshot, None)
+}
+
 /// WIT 0.4.0: an object of a kind the manifest watches beyond ConfigMap
 /// and Secret reaches a 0.4.0 plugin, with its group/version/kind and its
 /// content as data, and the plugin's lookup by another such kind (the
@@ -434,15 +457,8 @@ fn a_watched_custom_kind_reaches_0_4_0_plugins_and_a_0_3_0_one_naming_it_is_refu
         workloads: vec![mounting],
         ..Default::default()
     };
-    let rt = |lookups| {
-        let config = RuntimeConfig {
-            cache_dir: Some(wasmwatch_testkit::artifact_cache_dir()),
-            ..RuntimeConfig::default()
-        };
-        Runtime::new(config, Arc::new(lookups)).unwrap()
-    };
     let m = csi_manifest("v3-restart");
-    let err = rt(StaticLookups::default())
+    let err = runtime(StaticLookups::default())
         .load_blocking(&m.plugins[0], &m.base_dir)
         .err()
         .unwrap()
@@ -453,28 +469,11 @@ fn a_watched_custom_kind_reaches_0_4_0_plugins_and_a_0_3_0_one_naming_it_is_refu
     );
 
     let m = csi_manifest("rollout-restart");
-    let spec = m.watch.custom(ObjectKind::parse(SPCPS).unwrap()).unwrap();
-    let plugin = rt(lookups)
+    let plugin = runtime(lookups)
         .load_blocking(&m.plugins[0], &m.base_dir)
         .unwrap();
     assert_eq!(plugin.world(), V4);
-    let body = serde_json::json!({"status": {
-        "secretProviderClassName": "vault-db", "podName": "api-1",
-        "objects": [{"id": "secret/db", "version": "v2"}]}});
-    let meta = wasmwatch_core::event::Metadata {
-        name: "api-1-shop-vault-db".into(),
-        namespace: "shop".into(),
-        resource_version: "7".into(),
-        ..Default::default()
-    };
-    let snapshot = ObjectSnapshot::from_content(
-        ObjectKind::parse(SPCPS).unwrap(),
-        meta,
-        &body,
-        &spec.content,
-    )
-    .unwrap();
-    let ev = ChangeEvent::new(ChangeType::Modified, snapshot, None);
+    let ev = mount_status_rotated(&m);
     let actions: Vec<Action> = plugin
         .handle_blocking(&ev)
         .unwrap()
@@ -523,12 +522,7 @@ fn python_and_js_plugins_see_0_4_0_workloads_uses_and_custom_kinds() {
     };
     for module in ["python/testing/echo", "js/testing/echo"] {
         let m = csi_manifest(module);
-        let config = RuntimeConfig {
-            cache_dir: Some(wasmwatch_testkit::artifact_cache_dir()),
-            ..RuntimeConfig::default()
-        };
-        let plugin = Runtime::new(config, Arc::new(lookups()))
-            .unwrap()
+        let plugin = runtime(lookups())
             .load_blocking(&m.plugins[0], &m.base_dir)
             .unwrap_or_else(|e| panic!("{module}: {e}"));
         assert_eq!(plugin.world(), V4, "{module}");
@@ -583,22 +577,7 @@ fn python_and_js_plugins_see_0_4_0_workloads_uses_and_custom_kinds() {
         );
 
         // A custom kind: its group/version/kind and its content's keys.
-        let spec = m.watch.custom(ObjectKind::parse(SPCPS).unwrap()).unwrap();
-        let body = serde_json::json!({"status": {"secretProviderClassName": "vault-db",
-            "objects": [{"id": "secret/db", "version": "v2"}]}});
-        let meta = wasmwatch_core::event::Metadata {
-            name: "api-1-shop-vault-db".into(),
-            namespace: "shop".into(),
-            ..Default::default()
-        };
-        let snapshot = ObjectSnapshot::from_content(
-            ObjectKind::parse(SPCPS).unwrap(),
-            meta,
-            &body,
-            &spec.content,
-        )
-        .unwrap();
-        let ev = ChangeEvent::new(ChangeType::Modified, snapshot, None);
+        let ev = mount_status_rotated(&m);
         let said: Vec<String> = plugin
             .handle_blocking(&ev)
             .unwrap()
