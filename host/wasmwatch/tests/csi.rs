@@ -126,10 +126,13 @@ async fn state(c: &kube::Client, name: &str, class: &str) -> (i64, Option<String
     (generation, annotations.get(&key).cloned())
 }
 
+fn csi_kind() -> ObjectKind {
+    ObjectKind::parse(SECRET_PROVIDER_CLASS_POD_STATUS).unwrap()
+}
+
 /// The stored checkpoint of the mount statuses in `shop`.
 async fn csi_checkpoint(c: &kube::Client) -> Option<u64> {
-    let kind = ObjectKind::parse(SECRET_PROVIDER_CLASS_POD_STATUS).unwrap();
-    checkpoint_of(c, kind.stem(), NS).await
+    checkpoint_of(c, csi_kind().stem(), NS).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -248,7 +251,27 @@ async fn csi_rotations_restart_reloaders_workloads_once_and_a_gap_past_the_histo
         || async { csi_checkpoint(c).await.is_some_and(|v| v >= rv) },
     )
     .await;
-    // The stored index is saved every few seconds.
+    // The stored index is saved every few seconds, with what it may be
+    // trusted for (issue 33) for the statuses as for ConfigMaps.
+    eventually(
+        Duration::from_secs(15),
+        "the statuses' index trusted",
+        || async {
+            let api: Api<k8s_openapi::api::coordination::v1::Lease> =
+                Api::namespaced(c.clone(), "default");
+            let lease = api.get_opt("wasmwatch-state").await.unwrap();
+            lease
+                .and_then(|l| l.metadata.annotations)
+                .and_then(|a| a.get(wasmwatch_kube::checkpoint::TRUST_ANNOTATION).cloned())
+                .is_some_and(|t| {
+                    wasmwatch_kube::checkpoint::Trust::parse(&t).is_ok_and(|t| {
+                        t.trusted(csi_kind(), &wasmwatch_core::Scope::from_key(NS))
+                            .is_some()
+                    })
+                })
+        },
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     let b = Replica::start(&e.kubeconfig, &e.manifest, "replica-b");
     let mut a = a;

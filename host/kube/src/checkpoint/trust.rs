@@ -47,7 +47,24 @@ pub const TRUST_BYTES: usize = 32 * 1024;
 /// apps; `None`: every object (too many to name, or not known).
 pub type Unhandled = BTreeMap<(ObjectKind, Scope), Option<BTreeSet<(String, String)>>>;
 
-const KINDS: [ObjectKind; 2] = [ObjectKind::ConfigMap, ObjectKind::Secret];
+/// A kind's name in the annotation: `configmap`, `secret`, or a custom
+/// kind's `apiVersion/Kind` (issue 34 §1).
+fn kind_key(kind: ObjectKind) -> String {
+    match kind {
+        ObjectKind::Custom(k) => k.name().to_string(),
+        builtin => builtin.as_str().to_ascii_lowercase(),
+    }
+}
+
+/// The kind [`kind_key`] names (a custom kind is interned).
+fn kind_of_key(key: &str) -> Option<ObjectKind> {
+    match key {
+        "configmap" => Some(ObjectKind::ConfigMap),
+        "secret" => Some(ObjectKind::Secret),
+        other if other.contains('/') => ObjectKind::parse(other).ok(),
+        _ => None,
+    }
+}
 
 /// The annotation's content.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -105,12 +122,12 @@ impl Trust {
     pub fn format(&self) -> Option<String> {
         let mut text = format!("term {}\n", self.term);
         let mut any = false;
-        for kind in KINDS {
+        for kind in ObjectKind::known() {
             let Some(at) = self.at.format(kind) else {
                 continue;
             };
             any = true;
-            let name = kind.as_str().to_ascii_lowercase();
+            let name = kind_key(kind);
             text.push_str(&format!("{name}-at {at}\n"));
             let names = self.unhandled.get(&kind).into_iter().flatten();
             let names: Vec<String> = names.map(|(ns, n)| format!("{ns}/{n}")).collect();
@@ -140,9 +157,7 @@ impl Trust {
             let Some((kind, what)) = key.rsplit_once('-') else {
                 return Err(format!("{TRUST_ANNOTATION}: cannot read {line:?}"));
             };
-            let kind = KINDS
-                .into_iter()
-                .find(|k| k.as_str().eq_ignore_ascii_case(kind))
+            let kind = kind_of_key(kind)
                 .ok_or_else(|| format!("{TRUST_ANNOTATION}: unknown kind in {line:?}"))?;
             match what {
                 "at" => trust
@@ -179,6 +194,40 @@ mod tests {
                 (ns.to_string(), n.to_string())
             })
             .collect()
+    }
+
+    /// A custom kind's streams are trusted like ConfigMaps' (issue 34 §1),
+    /// under its `apiVersion/Kind`, whatever `-` its group holds.
+    #[test]
+    fn a_custom_kinds_trust_round_trips() {
+        let kind = ObjectKind::parse("secrets-store.csi.x-k8s.io/v1/SecretProviderClassPodStatus")
+            .unwrap();
+        let prod = Scope::from_key("prod");
+        let mut at = Checkpoints::default();
+        at.set(kind, &prod, "42");
+        let unhandled: Unhandled = [(
+            (kind, prod.clone()),
+            Some(names(&["prod/api-1-prod-vault"])),
+        )]
+        .into();
+        let trust = Trust::of("a/3 uid".into(), &at, &unhandled);
+        let text = trust.format().unwrap();
+        assert!(
+            text.contains(
+                "secrets-store.csi.x-k8s.io/v1/SecretProviderClassPodStatus-at prod=42\n"
+            ),
+            "{text}"
+        );
+        let read = Trust::parse(&text).unwrap();
+        assert_eq!(read, trust);
+        assert_eq!(
+            read.trusted(kind, &prod),
+            Some(Trusted {
+                at: 42,
+                unhandled: names(&["prod/api-1-prod-vault"])
+            })
+        );
+        assert!(Trust::parse("term a/1 u\nPolicy-at prod=1").is_err());
     }
 
     #[test]
