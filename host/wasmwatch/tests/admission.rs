@@ -59,21 +59,6 @@ spec:
           envFrom: [{configMapRef: {name: cfg}}]
 ";
 
-fn kubectl(e: &TestEnv, args: &[&str]) -> String {
-    let out = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&e.kubeconfig)
-        .args(args)
-        .output()
-        .expect("kubectl is installed (tests/prepare)");
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 async fn free_port() -> u16 {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     l.local_addr().unwrap().port()
@@ -102,7 +87,7 @@ async fn a_replace_without_the_records_keeps_them_and_rolls_nothing() {
     let file = e.dir.path().join("web.yaml");
     std::fs::write(&file, WEB).unwrap();
     let file = file.to_str().unwrap().to_string();
-    kubectl(&e, &["create", "-f", &file]);
+    e.kubectl(&["create", "-f", &file], None);
 
     // The webhook as deploy/overlays/webhook has it, at a loopback URL
     // (no caBundle: wasmwatch writes it).
@@ -182,7 +167,7 @@ async fn a_replace_without_the_records_keeps_them_and_rolls_nothing() {
     assert!(records.get("kubectl.kubernetes.io/restartedAt").is_some());
 
     // GitOps replaces it from git: the records stay, nothing rolls.
-    kubectl(&e, &["replace", "-f", &file]);
+    e.kubectl(&["replace", "-f", &file], None);
     let (g2, after) = web(c).await;
     assert_eq!((g2, &after), (g1, &records), "kept as it was");
     let calls: Vec<_> = e
@@ -196,7 +181,7 @@ async fn a_replace_without_the_records_keeps_them_and_rolls_nothing() {
     // Down, with failurePolicy Ignore: the replace goes through, as
     // without a webhook.
     drop(replica);
-    kubectl(&e, &["replace", "-f", &file]);
+    e.kubectl(&["replace", "-f", &file], None);
     let (g3, dropped) = web(c).await;
     assert_eq!(g3, g1 + 1, "{dropped}");
     assert!(dropped.get(key).is_none(), "{dropped}");

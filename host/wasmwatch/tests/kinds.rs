@@ -570,33 +570,6 @@ spec:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 ";
 
-fn kubectl(e: &TestEnv, args: &[&str], stdin: Option<&str>) {
-    use std::io::Write;
-    let mut child = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&e.kubeconfig)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl is installed (tests/prepare)");
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Issue 34 §2: discovery is followed while running. Argo Rollouts' CRD
 /// installed (by kubectl) after `wasmwatch run` started: its Rollouts are
 /// looked up within the discovery interval (1 s here, 30 s by default) and
@@ -635,7 +608,7 @@ async fn a_crd_installed_while_running_is_used_and_one_deleted_is_dropped() {
     .await;
     let before = e.server.open_watches();
 
-    kubectl(&e, &["apply", "-f", "-"], Some(ROLLOUT_CRD));
+    e.kubectl(&["apply", "-f", "-"], Some(ROLLOUT_CRD));
     apply(
         c,
         json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
@@ -654,7 +627,7 @@ async fn a_crd_installed_while_running_is_used_and_one_deleted_is_dropped() {
     wait_recorded(c, ROLLOUT, "canary", TEMPLATE, &h2).await;
     wait_recorded(c, DEPLOYMENT, "web", TEMPLATE, &h2).await;
 
-    kubectl(&e, &["delete", "crd", "rollouts.argoproj.io"], None);
+    e.kubectl(&["delete", "crd", "rollouts.argoproj.io"], None);
     eventually(WITHIN, "the Rollouts' watch ends", || async {
         e.server.open_watches() == before
     })

@@ -117,6 +117,35 @@ pub struct TestEnv {
     pub manifest: std::path::PathBuf,
 }
 
+impl TestEnv {
+    /// `kubectl --kubeconfig <this env's> ARGS`, with `stdin` fed to it;
+    /// its stdout. Fails the test, with kubectl's stderr, when it fails.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl is installed (tests/prepare)");
+        let mut input = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).unwrap();
+        }
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
 pub async fn test_env(manifest: &str, ns: &str) -> TestEnv {
     test_env_with(wasmwatch_apiserver::Config::default(), manifest, ns).await
 }
