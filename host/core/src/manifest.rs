@@ -270,8 +270,8 @@ pub struct CustomKindSpec {
     pub api_version: String,
     /// The kind, e.g. `SecretProviderClassPodStatus`.
     pub kind: String,
-    /// The resource's plural name (default: the kind in lower case, made
-    /// plural as kubectl does: `-s`, `-es`, `-ies`).
+    /// The resource's plural name (default: the kind in lower case made
+    /// plural as kube-rs does: `-s`, `-es`, `-ies`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plural: Option<String>,
     /// Field paths (dotted, e.g. `status.objects`) whose values are the
@@ -288,23 +288,6 @@ impl CustomKindSpec {
             .split_once('/')
             .unwrap_or(("", &self.api_version));
         ObjectKind::Custom(crate::kind::CustomKind::intern(group, version, &self.kind))
-    }
-
-    /// [`CustomKindSpec::plural`], or the kind made plural.
-    pub fn plural(&self) -> String {
-        if let Some(p) = &self.plural {
-            return p.clone();
-        }
-        let lower = self.kind.to_ascii_lowercase();
-        if lower.ends_with(['s', 'x', 'z']) || lower.ends_with("ch") || lower.ends_with("sh") {
-            format!("{lower}es")
-        } else if let Some(stem) = lower.strip_suffix('y')
-            && !stem.ends_with(['a', 'e', 'i', 'o', 'u'])
-        {
-            format!("{stem}ies")
-        } else {
-            format!("{lower}s")
-        }
     }
 
     /// What is wrong with it, if anything: one line per problem.

@@ -336,16 +336,13 @@ fn api_resource(target: &WatchTarget) -> ApiResource {
     match (target.kind, &target.custom) {
         (ObjectKind::ConfigMap, _) => ApiResource::erase::<ConfigMap>(&()),
         (ObjectKind::Secret, _) => ApiResource::erase::<Secret>(&()),
-        (ObjectKind::Custom(k), spec) => ApiResource {
-            group: k.group().to_string(),
-            version: k.version().to_string(),
-            api_version: k.api_version().to_string(),
-            kind: k.kind().to_string(),
-            plural: spec.as_ref().map_or_else(
-                || format!("{}s", k.kind().to_ascii_lowercase()),
-                |s| s.plural(),
-            ),
-        },
+        (ObjectKind::Custom(k), spec) => {
+            let gvk = kube::api::GroupVersionKind::gvk(k.group(), k.version(), k.kind());
+            match spec.as_ref().and_then(|s| s.plural.as_deref()) {
+                Some(plural) => ApiResource::from_gvk_with_plural(&gvk, plural),
+                None => ApiResource::from_gvk(&gvk),
+            }
+        }
     }
 }
 

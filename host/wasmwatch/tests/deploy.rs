@@ -614,7 +614,13 @@ fn check_rbac(overlay: &str, i: &Install, manifest: &Manifest) {
             let (group, res) = match kind {
                 ObjectKind::ConfigMap => ("", "configmaps".to_string()),
                 ObjectKind::Secret => ("", "secrets".to_string()),
-                ObjectKind::Custom(k) => (k.group(), manifest.watch.custom(kind).unwrap().plural()),
+                ObjectKind::Custom(k) => {
+                    let gvk = kube::api::GroupVersionKind::gvk(k.group(), k.version(), k.kind());
+                    let given = manifest.watch.custom(kind).unwrap().plural;
+                    let plural =
+                        given.unwrap_or_else(|| kube::api::ApiResource::from_gvk(&gvk).plural);
+                    (k.group(), plural)
+                }
             };
             let res = res.as_str();
             for v in read {

@@ -986,3 +986,33 @@ async fn a_relist_against_a_trusted_index_delivers_only_what_it_cannot_trust() {
         ["Resynced b@10 replay [k]", "listed 30", "index a,b"]
     );
 }
+
+/// A custom kind's resource: its plural as the manifest gives it, else
+/// kube-rs's plural of the kind.
+#[test]
+fn a_custom_kinds_resource_takes_the_given_plural_or_kube_rs_one() {
+    let kind = ObjectKind::parse("example.com/v1/Policy").unwrap();
+    let spec = |plural: Option<&str>| CustomKindSpec {
+        api_version: "example.com/v1".into(),
+        kind: "Policy".into(),
+        plural: plural.map(str::to_string),
+        content: vec!["spec".into()],
+    };
+    let of = |plural: Option<&str>| {
+        api_resource(&WatchTarget {
+            kind,
+            custom: Some(Arc::new(spec(plural))),
+            ..target()
+        })
+    };
+    let ar = of(None);
+    assert_eq!(
+        (
+            ar.group.as_str(),
+            ar.api_version.as_str(),
+            ar.plural.as_str()
+        ),
+        ("example.com", "example.com/v1", "policies")
+    );
+    assert_eq!(of(Some("rules")).plural, "rules");
+}
