@@ -23,6 +23,7 @@ pub mod kind;
 pub mod lookups;
 pub mod manifest;
 pub mod needs;
+pub mod prefilter;
 mod repair;
 pub mod scope;
 pub mod selector;

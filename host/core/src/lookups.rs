@@ -235,6 +235,23 @@ pub trait Lookups: Send + Sync {
     ) -> Vec<ServiceInfo>;
     /// The ready endpoints of a Service; empty if it has none or does not exist.
     fn ready_endpoints(&self, namespace: &str, service: &str) -> Vec<Endpoint>;
+
+    /// Whether [`Lookups::workloads_referencing`] would find any (a
+    /// host-side prefilter asks this per change: no copies needed).
+    fn used_by_workload(&self, kind: ObjectKind, namespace: &str, name: &str) -> bool {
+        !self.workloads_referencing(kind, namespace, name).is_empty()
+    }
+
+    /// Whether Service `namespace/name` exists.
+    fn has_service(&self, namespace: &str, name: &str) -> bool {
+        self.service(namespace, name).is_some()
+    }
+
+    /// The uid of Service `namespace/name`, when known (for Events about
+    /// it: `kubectl describe` finds an object's Events by its uid).
+    fn service_uid(&self, _namespace: &str, _name: &str) -> Option<String> {
+        None
+    }
 }
 
 /// Lookups from fixed lists.

@@ -67,6 +67,10 @@ pub struct Needs {
     pub secret_values: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<MetadataReads>,
+    /// Host-side prefilters: conditions every object the plugin is called
+    /// for meets ([`crate::prefilter`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub only: Vec<String>,
 }
 
 /// The labels and annotations of the changed object a plugin reads.
@@ -187,7 +191,7 @@ fn leb_u32(bytes: &[u8]) -> Option<(u32, &[u8])> {
 /// guards `{config.KEY=A,B}` / `{config.KEY|DEFAULT=A,B}` replaced by
 /// nothing; `None` when a key is missing and has no default, or when a
 /// guard's value is none of its list.
-fn expand(template: &str, config: &serde_json::Value) -> Option<String> {
+pub(crate) fn expand(template: &str, config: &serde_json::Value) -> Option<String> {
     let mut out = String::new();
     let mut rest = template;
     while let Some(start) = rest.find("{config.") {

@@ -4,10 +4,10 @@
 //!
 //! | action | done | failed for good |
 //! |---|---|---|
-//! | `refreshService` | `Refreshed` (`… of Service ns/svc: 3 pods answered`) | `RefreshFailed` |
+//! | `refreshService` | `Refreshed` on the Service (`… of Service ns/svc: 3 pods answered`), once per refresh however many changes it carried | `RefreshFailed` |
 //! | `http` (a webhook) | `WebhookCalled` (`POST https://… answered 200`) | `WebhookFailed` |
 //! | `publish` | `RefreshPublished` | `RefreshFailed` |
-//! | `restart` | `Restarted` on the object, `Reloaded` on the workload in Stakater Reloader's words (only when the template was patched; one per object whose content the patch recorded) | `RefreshFailed`; and `ReloadFail` (Warning, Reloader's words) on the workload for every failed attempt, retried or not |
+//! | `restart` | `Reloaded` on the workload in Stakater Reloader's words (only when the template was patched; one per object whose content the patch recorded) | `RefreshFailed`; and `ReloadFail` (Warning, Reloader's words) on the workload for every failed attempt, retried or not |
 //! | `event` | the Event itself (written by the action, not aggregated) | `RefreshFailed` |
 //! | (none: the plugin call failed through its retries) | | `PluginFailed` (`plugin P failed: …; the change is dead-lettered`) |
 //!
@@ -135,24 +135,14 @@ impl Executors {
         }
         // Recorded (and aggregated) off the delivery path, like the other
         // host Events.
+        // On the workload only (issue 35): a `Restarted` on each changed
+        // object cost a write per change; failures still go on the object.
         for (origin, _) in origins.iter().zip(&written).filter(|(_, w)| **w) {
             self.events.record_workload(
                 workload,
                 EventType::Normal,
                 "Reloaded",
                 reloaded_message(origin, workload),
-            );
-            self.events.record(
-                origin,
-                EventType::Normal,
-                "Restarted",
-                format!(
-                    "rollout restart of {} {}/{} (plugin {})",
-                    crate::workload::kind_name(&workload.kind),
-                    workload.namespace,
-                    workload.name,
-                    origin.plugin
-                ),
             );
         }
         Ok(Executed::default())
@@ -296,6 +286,28 @@ impl Execute for Executors {
         let Some((reason, what)) = success_event(action, executed) else {
             return;
         };
+        // A refresh is told on the app it refreshed, once however many
+        // changes it carried, and aggregates per app there (as Reloader's
+        // `Reloaded` does on the workload; issue 35): not an Event per
+        // changed object, which cost an API write per change.
+        if let Action::RefreshService {
+            namespace, service, ..
+        } = action
+        {
+            let Some(plugin) = origins.first().map(|o| o.plugin.as_str()) else {
+                return;
+            };
+            self.events.record_service(
+                namespace,
+                service,
+                self.http.service_uid(namespace, service),
+                plugin,
+                EventType::Normal,
+                reason,
+                format!("{what} (plugin {plugin})"),
+            );
+            return;
+        }
         for origin in origins {
             let message = format!("{what} (plugin {})", origin.plugin);
             self.events

@@ -175,6 +175,11 @@ impl HttpExecutor {
     /// Any failing pod makes the whole refresh an error naming the failing
     /// pods: retryable if every failure is, else permanent. A retry calls
     /// every pod again (actuator refreshes are idempotent).
+    /// The uid of Service `namespace/name`, as the lookups know it.
+    pub fn service_uid(&self, namespace: &str, name: &str) -> Option<String> {
+        self.lookups.service_uid(namespace, name)
+    }
+
     pub async fn refresh_service(
         &self,
         namespace: &str,

@@ -259,6 +259,31 @@ impl EventRecorder {
         self.submit(object, "", event_type, reason, message)
     }
 
+    /// Records an occurrence of an Event on Service `namespace/name` (an
+    /// app), aggregated per Service, plugin and message; false when it was
+    /// dropped.
+    pub fn record_service(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<String>,
+        plugin: &str,
+        event_type: EventType,
+        reason: &'static str,
+        message: String,
+    ) -> bool {
+        let object = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Service".into()),
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            uid,
+            resource_version: None,
+            field_path: None,
+        };
+        self.submit(object, plugin, event_type, reason, message)
+    }
+
     fn submit(
         &self,
         object: ObjectReference,

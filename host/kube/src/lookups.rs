@@ -266,6 +266,23 @@ impl Lookups for KubeLookups {
     fn ready_endpoints(&self, namespace: &str, service: &str) -> Vec<Endpoint> {
         self.read().ready_endpoints(namespace, service)
     }
+
+    fn used_by_workload(&self, kind: ObjectKind, namespace: &str, name: &str) -> bool {
+        self.read().used_by_workload(kind, namespace, name)
+    }
+
+    fn has_service(&self, namespace: &str, name: &str) -> bool {
+        self.read()
+            .namespaces
+            .get(namespace)
+            .is_some_and(|n| n.services.contains_key(name))
+    }
+
+    fn service_uid(&self, namespace: &str, name: &str) -> Option<String> {
+        let cache = self.read();
+        let entry = cache.namespaces.get(namespace)?.services.get(name)?;
+        entry.uid.as_deref().map(str::to_string)
+    }
 }
 
 struct StreamCtx<'a> {
@@ -836,6 +853,8 @@ impl WorkloadEntry {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ServiceEntry {
+    /// For Events about the Service (`kubectl describe` finds them by it).
+    uid: Option<Box<str>>,
     labels: Pairs,
     annotations: Pairs,
     ports: Box<[ServicePort]>,
@@ -1093,6 +1112,7 @@ impl Cache {
             })
             .collect();
         let entry = ServiceEntry {
+            uid: meta.uid.as_deref().map(Box::from),
             labels: pairs(meta.labels.as_ref(), &[]),
             annotations: pairs(meta.annotations.as_ref(), DROPPED_ANNOTATIONS),
             ports,
@@ -1218,6 +1238,28 @@ impl Cache {
                 only_named.then(|| info(*r, wname, entry))
             });
         referencing.chain(named).collect()
+    }
+
+    /// Whether [`Cache::workloads_referencing`] would find any, without
+    /// copying what it finds.
+    pub fn used_by_workload(&self, kind: ObjectKind, namespace: &str, name: &str) -> bool {
+        let Some(n) = self.namespaces.get(namespace) else {
+            return false;
+        };
+        let from = (kind, Box::from(name), 0u8, Box::from(""));
+        let referenced = n
+            .referencing
+            .range(from..)
+            .take_while(|(k, obj, _, _)| *k == kind && &**obj == name)
+            .any(|(_, _, r, wname)| n.workload(*r, wname).is_some());
+        referenced
+            || n.named
+                .range((kind, 0u8, Box::from(""))..)
+                .take_while(|(k, _, _)| *k == kind)
+                .any(|(_, r, wname)| {
+                    n.workload(*r, wname)
+                        .is_some_and(|entry| entry.names_for_reload(kind, name))
+                })
     }
 
     pub fn service(&self, namespace: &str, name: &str) -> Option<ServiceInfo> {

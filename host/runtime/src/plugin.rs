@@ -68,6 +68,9 @@ pub struct Plugin {
     /// The labels and annotations of a changed object it declares it reads
     /// (`wasmwatch:needs` `metadata`, placeholders filled from its config).
     metadata_reads: Option<wasmwatch_core::needs::MetadataReads>,
+    /// The conditions it declares every object it is called for meets
+    /// (`wasmwatch:needs` `only`).
+    prefilter: wasmwatch_core::prefilter::Prefilter,
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -124,11 +127,19 @@ impl Runtime {
         };
         // What it reads of an object's labels and annotations, if it says
         // (`wasmwatch validate` reports a section it cannot read).
-        let metadata_reads = wasmwatch_core::needs::Needs::from_wasm(&bytes)
+        // And the host-side prefilters it declares (issue 35), whose
+        // labels and annotations the stored index keeps too.
+        let needs = wasmwatch_core::needs::Needs::from_wasm(&bytes)
             .ok()
             .flatten()
-            .and_then(|n| n.metadata)
-            .map(|m| m.expanded(&entry.config));
+            .unwrap_or_default();
+        let (prefilter, unknown) =
+            wasmwatch_core::prefilter::Prefilter::of(&needs.only, &entry.config);
+        for e in unknown {
+            tracing::warn!(plugin = %plugin, "prefilter left out: {e}");
+        }
+        let metadata_reads =
+            prefilter.join_reads(needs.metadata.map(|m| m.expanded(&entry.config)));
         let inner = &self.inner;
         let compiled = {
             let engine = inner.engine.clone();
@@ -226,6 +237,7 @@ impl Runtime {
             module_sha256: actual,
             refused: AtomicU64::new(0),
             metadata_reads,
+            prefilter,
         };
         // The first instantiation checks the exports' types; later ones
         // rely on it, and so does `output::call_handle`.
@@ -341,6 +353,21 @@ impl Plugin {
     /// when it does not declare them (any of them, then).
     pub fn metadata_reads(&self) -> Option<&wasmwatch_core::needs::MetadataReads> {
         self.metadata_reads.as_ref()
+    }
+
+    /// The host-side prefilters it declares (empty: every selected
+    /// object is its to judge).
+    pub fn prefilter(&self) -> &wasmwatch_core::prefilter::Prefilter {
+        &self.prefilter
+    }
+
+    /// The first of its prefilters `event` does not meet, judged on the
+    /// lookups its calls see; `None`: it is called.
+    pub fn skips(&self, event: &ChangeEvent) -> Option<&wasmwatch_core::prefilter::Condition> {
+        if self.prefilter.is_empty() {
+            return None;
+        }
+        self.prefilter.rejects(event, &*self.runtime.inner.lookups)
     }
 
     pub fn capabilities(&self) -> &Capabilities {

@@ -205,6 +205,20 @@ async fn show(
         reloader: &reloader,
     };
     for plugin in plugins.iter().filter(|p| p.filter().matches(&event)) {
+        // What `run` does: a change failing a prefilter the plugin
+        // declares costs no call.
+        if let Some(condition) = plugin.skips(&event) {
+            let line = json!({
+                "object": object,
+                "kind": event.object.kind.as_str(),
+                "change": event.change,
+                "resourceVersion": resource_version,
+                "plugin": plugin.name(),
+                "skipped": format!("fails the plugin's prefilter {condition}: not called"),
+            });
+            println!("{line}");
+            continue;
+        }
         let line = match plugin.handle(&event).await {
             Ok(decision) => json!({
                 "object": object,

@@ -174,6 +174,9 @@ pub struct Metrics {
     pub plugin_invocations: Labelled<Counter>,
     /// Changes folded into a plugin's waiting call on the same object.
     pub changes_folded: Labelled<Counter>,
+    /// Plugin calls not made: the change failed a prefilter the plugin
+    /// declares (issue 35).
+    pub plugin_calls_skipped: Labelled<Counter>,
     pub plugin_duration: Labelled<Histogram>,
     pub actions: Labelled<Counter>,
     pub action_retries: Labelled<Counter>,
@@ -259,6 +262,13 @@ impl Metrics {
                  (they arrived while the plugin's call on it still waited for its turn), \
                  per plugin.",
                 &["plugin"],
+            ),
+            plugin_calls_skipped: counters(
+                r,
+                "wasmwatch_plugin_calls_skipped",
+                "Plugin calls not made because the change failed a prefilter the plugin declares \
+                 (wasmwatch:needs only), per plugin and condition.",
+                &["plugin", "condition"],
             ),
             plugin_duration: register(
                 r,
@@ -655,6 +665,7 @@ mod tests {
             &m.events_handled,
             &m.plugin_invocations,
             &m.changes_folded,
+            &m.plugin_calls_skipped,
             &m.actions,
             &m.action_retries,
             &m.dead_letters,
@@ -692,6 +703,7 @@ mod tests {
                 "wasmwatch_plugin_duration_seconds_bucket",
                 "wasmwatch_plugin_duration_seconds_count",
                 "wasmwatch_plugin_duration_seconds_sum",
+                "wasmwatch_plugin_calls_skipped_total",
                 "wasmwatch_plugin_invocations_total",
                 "wasmwatch_queue_depth",
                 "wasmwatch_resyncs_total",

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use wasmwatch_core::manifest::{Checked, Problem};
 use wasmwatch_core::needs::{Needs, shortfalls};
+use wasmwatch_core::prefilter::Prefilter;
 use wasmwatch_core::{Manifest, StaticLookups};
 use wasmwatch_runtime::LoadError;
 
@@ -122,7 +123,22 @@ pub(crate) fn run(
                         .map_err(|e| e.to_string())
                         .and_then(|bytes| Needs::from_wasm(&bytes));
                     match needs {
-                        Ok(Some(needs)) => warnings.extend(shortfalls(&m, i, &needs)),
+                        Ok(Some(needs)) => {
+                            warnings.extend(shortfalls(&m, i, &needs));
+                            let (prefilter, unknown) = Prefilter::of(&needs.only, &entry.config);
+                            if !prefilter.is_empty() {
+                                println!(
+                                    "plugin {}: called only for objects that meet its prefilter: {prefilter}",
+                                    entry.name
+                                );
+                            }
+                            warnings.extend(unknown.into_iter().map(|e| Problem {
+                                path: format!("plugins[{i}].module"),
+                                message: format!(
+                                    "a prefilter the plugin declares is left out (the plugin is called without it): {e}"
+                                ),
+                            }));
+                        }
                         Ok(None) => {}
                         Err(e) => warnings.push(Problem {
                             path: format!("plugins[{i}].module"),

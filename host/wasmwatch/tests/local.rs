@@ -177,7 +177,7 @@ fn kubectl_get_shows_a_clusters_columns_against_the_local_run() {
     let start = Instant::now();
     let events = loop {
         let events = kubectl(&["-n", "shop", "get", "events"]);
-        if ["Refreshed", "Restarted", "Reloaded"]
+        if ["Refreshed", "Reloaded"]
             .iter()
             .all(|r| events.contains(r))
             || start.elapsed() > Duration::from_secs(60)
@@ -200,7 +200,7 @@ fn kubectl_get_shows_a_clusters_columns_against_the_local_run() {
         .find(|l| l.contains("Refreshed"))
         .unwrap_or_else(|| panic!("no Refreshed event: {events}"));
     assert!(
-        refreshed.contains("Normal") && refreshed.contains("configmap/orders"),
+        refreshed.contains("Normal") && refreshed.contains("service/orders"),
         "{events}"
     );
     let all = kubectl(&["get", "events,cm,deploy,lease", "-A"]);

@@ -1,7 +1,7 @@
 //! `/metrics` and Events as an operator sees them: a real `wasmwatch run`
 //! process refreshes a real HTTP app; its `/metrics` OpenMetrics text parses
 //! with an independent Prometheus parser (prometheus-parse) and the counters
-//! move with the change; a `Refreshed` Event lands on the ConfigMap.
+//! move with the change; a `Refreshed` Event lands on the app's Service.
 mod common;
 
 use std::time::Duration;
@@ -195,7 +195,8 @@ async fn metrics_parse_and_move_and_a_refresh_leaves_an_event_on_the_object() {
             .collect::<Vec<_>>()
     );
 
-    // The Event on the ConfigMap, as `kubectl describe` finds it.
+    // The Event on the app's Service (issue 35), with its uid, as
+    // `kubectl describe service` finds it.
     let events: Api<Event> = Api::namespaced(client.clone(), "shop");
     eventually(Duration::from_secs(5), "a Refreshed Event", || async {
         events
@@ -206,8 +207,9 @@ async fn metrics_parse_and_move_and_a_refresh_leaves_an_event_on_the_object() {
             .iter()
             .any(|e| {
                 e.reason.as_deref() == Some("Refreshed")
-                    && e.involved_object.kind.as_deref() == Some("ConfigMap")
+                    && e.involved_object.kind.as_deref() == Some("Service")
                     && e.involved_object.name.as_deref() == Some("orders")
+                    && e.involved_object.uid.is_some()
                     && e.message.as_deref().is_some_and(|m| {
                         m.contains("plugin http-refresh") && m.contains(": 2 pods answered")
                     })

@@ -76,8 +76,10 @@ fn parse_actuator(value: &str) -> (Option<u16>, Option<String>) {
 // It refreshes Services in the namespace of each event it gets.
 // The object's annotations it reads (`spring::target_apps`): a stored
 // index keeps only these of each object (and what label selectors name).
+// It decides nothing for an object whose target apps have no Service: the
+// host skips those calls (`usedBySpringService`, issue 35).
 wasmwatch_plugin_sdk::declare_needs!(
-    r#"{"refresh": ["{namespace}"], "metadata": {"annotations": ["spring.cloud.kubernetes.configmap.apps", "spring.cloud.kubernetes.secret.apps", "spring.cloud.kubernetes.configmap.labels", "spring.cloud.kubernetes.secret.labels"]}}"#
+    r#"{"refresh": ["{namespace}"], "metadata": {"annotations": ["spring.cloud.kubernetes.configmap.apps", "spring.cloud.kubernetes.secret.apps", "spring.cloud.kubernetes.configmap.labels", "spring.cloud.kubernetes.secret.labels"]}, "only": ["usedBySpringService"]}"#
 );
 
 struct HttpRefresh;

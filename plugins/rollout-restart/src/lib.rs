@@ -844,7 +844,7 @@ fn alert(url: &str, sink: Sink, message: &str) -> Action {
 // `metadata`: the changed object's annotations it reads (`match`,
 // `ignore`); a stored index keeps only these of each object.
 wasmwatch_plugin_sdk::declare_needs!(
-    r#"{"restart": ["{config.mode|restart=restart,alert}{namespace}"], "http": ["{config.mode=webhook}{config.webhook.url}", "{config.mode=alert}{config.alert.url}"], "metadata": {"annotations": ["{config.annotations.match|reloader.stakater.com/match}", "{config.annotations.ignore|reloader.stakater.com/ignore}", "wasmwatch.io/match", "wasmwatch.io/ignore"]}}"#
+    r#"{"restart": ["{config.mode|restart=restart,alert}{namespace}"], "http": ["{config.mode=webhook}{config.webhook.url}", "{config.mode=alert}{config.alert.url}"], "metadata": {"annotations": ["{config.annotations.match|reloader.stakater.com/match}", "{config.annotations.ignore|reloader.stakater.com/ignore}", "wasmwatch.io/match", "wasmwatch.io/ignore"]}, "only": ["usedByWorkload{config.webhook.always|false=false}"]}"#
 );
 
 struct RolloutRestart;

@@ -38,6 +38,10 @@
 //! its own runtime (threads `bench-apiserver`), so its CPU is read from those
 //! threads' schedstat; "caused" subtracts the control's.
 //!
+//! `BENCH_MIX=90` (issue 35's realistic mix): 90% of the ConfigMaps, and
+//! so of the changes, concern no app (no label, no Spring annotation, no
+//! Service of their name); latencies and the burst count the apps' changes.
+//!
 //! `BENCH_PERF=DIR` records perf profiles of each phase (`BENCH_PERF_MODE=stat`:
 //! counts), `BENCH_MANIFEST=FILE` replaces wasmwatch's manifest, and an idle
 //! row gives each watcher's CPU per second with no change, before the load.
@@ -271,6 +275,34 @@ fn app_of(i: usize) -> usize {
     i % APPS
 }
 
+/// `BENCH_MIX=P` (issue 35's realistic mix): P% of the ConfigMaps (and so
+/// of the changes, which go round robin over them) are used by no app:
+/// no label, no Spring annotation, no Service of their name (as Helm's
+/// release objects, `kube-root-ca.crt`, other controllers' leader-election
+/// ConfigMaps). Default 0: every ConfigMap is an app's (the product path).
+fn unused_percent() -> usize {
+    static MIX: OnceLock<usize> = OnceLock::new();
+    *MIX.get_or_init(|| {
+        let p: usize = std::env::var("BENCH_MIX")
+            .ok()
+            .map(|v| v.parse().expect("BENCH_MIX: a percentage"))
+            .unwrap_or(0);
+        assert!(
+            p < 100 && (p == 0 || 100 % (100 - p) == 0),
+            "BENCH_MIX: 0, 50, 75, 80, 90, ..."
+        );
+        p
+    })
+}
+
+/// Whether ConfigMap `i` is an app's: one in every `100 / (100 - P)` runs
+/// of `NAMESPACES` consecutive objects, so the used ones still spread over
+/// the namespaces and apps (`cm-0`..`cm-9` -> `app-0`..`app-9`, ...).
+fn used(i: usize) -> bool {
+    let p = unused_percent();
+    p == 0 || (i / NAMESPACES) % (100 / (100 - p)) == 0
+}
+
 fn value(k: impl std::fmt::Display, pad: &str) -> String {
     format!("{k}-{pad}")
 }
@@ -315,15 +347,18 @@ async fn bed(objects: usize) -> Bed {
         let (cms, pad) = (cms.clone(), pad.clone());
         tasks.push(tokio::spawn(async move {
             for i in (w..objects).step_by(8) {
+                let name = format!("cm-{i}");
+                let cm = if used(i) {
+                    labelled(&name, &format!("app-{}", app_of(i)), &value(i, &pad))
+                } else {
+                    serde_json::from_value(serde_json::json!({
+                        "metadata": {"name": name},
+                        "data": {"application.yaml": value(i, &pad)}
+                    }))
+                    .unwrap()
+                };
                 cms[ns_of(i)]
-                    .create(
-                        &PostParams::default(),
-                        &labelled(
-                            &format!("cm-{i}"),
-                            &format!("app-{}", app_of(i)),
-                            &value(i, &pad),
-                        ),
-                    )
+                    .create(&PostParams::default(), &cm)
                     .await
                     .unwrap();
             }
@@ -530,7 +565,9 @@ async fn paced_at(bed: &Bed, pid: Option<u32>, tag: &str, count: usize, tick: Du
         let i = k % bed.objects;
         let at = Instant::now();
         bed.change(i, format!("{tag}{k}")).await;
-        writes[app_of(i)].push(at);
+        if used(i) {
+            writes[app_of(i)].push(at);
+        }
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let cpu = pid.map(process_cpu).unwrap_or_default() - cpu0;
@@ -601,7 +638,9 @@ async fn burst(bed: &Bed, pid: Option<u32>, tag: &str) -> Burst {
                     value(format!("{tag}w{w}k{k}"), &pad),
                 )
                 .await;
-                last[app_of(i)] = Some(at);
+                if used(i) {
+                    last[app_of(i)] = Some(at);
+                }
             }
             last
         }));
@@ -625,7 +664,8 @@ async fn burst(bed: &Bed, pid: Option<u32>, tag: &str) -> Burst {
         let done = pid.is_none()
             || bed.pods.iter().enumerate().all(|(j, p)| {
                 let last = p.lock().unwrap().last().copied();
-                matches!((last, last_write[j]), (Some(h), Some(w)) if h >= w)
+                last_write[j].is_none()
+                    || matches!((last, last_write[j]), (Some(h), Some(w)) if h >= w)
             });
         if (done && quiet_since.elapsed() >= Duration::from_secs(1))
             || t.elapsed() > Duration::from_secs(120)
@@ -642,6 +682,8 @@ async fn burst(bed: &Bed, pid: Option<u32>, tag: &str) -> Burst {
         let last = p.lock().unwrap().last().copied();
         match (last, last_write[j]) {
             (Some(h), Some(w)) if h >= w => all = all.max(h - t),
+            // No change of an app's object in this mix.
+            (_, None) if unused_percent() > 0 => {}
             _ => apps_missed += 1,
         }
     }
@@ -910,7 +952,8 @@ pub async fn compare(runs: usize) {
     }
     println!();
     println!(
-        "compare: wasmwatch (http-refresh + rollout-restart, debounce 0) vs the kube-rs informer baseline; ConfigMaps of 10 KiB in {NAMESPACES} namespaces, {APPS} apps; medians of {runs} runs (range), ratio = median of the per-run ratios wasmwatch / baseline"
+        "compare: wasmwatch (http-refresh + rollout-restart, debounce 0) vs the kube-rs informer baseline; ConfigMaps of 10 KiB in {NAMESPACES} namespaces, {APPS} apps, {}% of them (and of the changes) used by no app (BENCH_MIX); medians of {runs} runs (range), ratio = median of the per-run ratios wasmwatch / baseline",
+        unused_percent()
     );
     println!();
     println!("| measure | wasmwatch | baseline | ratio |");

@@ -144,6 +144,7 @@ impl Service {
     fn route(&self) -> wasmwatch_kube::term::Route {
         let plugins: Vec<_> = self.plugins.iter().map(|l| l.plugin.clone()).collect();
         let in_scope = self.namespaces.clone();
+        let skipped = self.metrics.plugin_calls_skipped.clone();
         Box::new(move |event: &ChangeEvent| {
             if !in_scope.admits(&event.object.namespace) {
                 tracing::debug!(namespace = %event.object.namespace, "not delivered: namespace out of scope");
@@ -153,6 +154,15 @@ impl Service {
                 .iter()
                 .enumerate()
                 .filter(|(_, p)| p.filter().matches(event))
+                // The plugin's own declared rule, judged here: no call
+                // (issue 35).
+                .filter(|(_, p)| match p.skips(event) {
+                    None => true,
+                    Some(condition) => {
+                        skipped.inc(&[p.name(), &condition.to_string()]);
+                        false
+                    }
+                })
                 .map(|(i, _)| i)
                 .collect()
         })

@@ -47,7 +47,29 @@ struct Config {
     /// Return no earlier than this many ms after `handle` started.
     #[serde(default)]
     hold_ms: Option<u64>,
+    /// Read by the host only: the label its prefilter requires (below).
+    #[allow(dead_code)]
+    #[serde(default)]
+    only_label: Option<String>,
 }
+
+/// Its needs (issue 35's prefilter test): with `only_label` in its config
+/// the host calls it only for objects carrying that label; the empty
+/// `metadata` makes the stored index keep only what the prefilter names,
+/// so a deletion found at a resync shows whether the host kept it.
+#[used]
+#[unsafe(link_section = "wasmwatch:needs")]
+static NEEDS: [u8; NEEDS_JSON.len()] = {
+    let bytes = NEEDS_JSON.as_bytes();
+    let mut out = [0u8; NEEDS_JSON.len()];
+    let mut i = 0;
+    while i < out.len() {
+        out[i] = bytes[i];
+        i += 1;
+    }
+    out
+};
+const NEEDS_JSON: &str = r#"{"metadata": {}, "only": ["label:{config.only_label}"]}"#;
 
 const MODES: &[&str] = &[
     "noop",
