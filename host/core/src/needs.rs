@@ -22,7 +22,10 @@
 //!   it, the stored index keeps only those (and the keys the manifest's
 //!   label selectors name): a deletion found at a resync still carries
 //!   what routes it, and a large cluster's index stays small. Undeclared:
-//!   everything is kept.
+//!   everything is kept;
+//! - `only`: host-side prefilters, conditions every object the plugin is
+//!   called for meets (see [`crate::prefilter`]): a change failing one
+//!   costs no call.
 //!
 //! In any string, `{config.KEY}` is the string (or number) `KEY` of the
 //! plugin's `config`, and `{config.KEY|DEFAULT}` the same with a default;

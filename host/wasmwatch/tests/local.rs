@@ -177,9 +177,7 @@ fn kubectl_get_shows_a_clusters_columns_against_the_local_run() {
     let start = Instant::now();
     let events = loop {
         let events = kubectl(&["-n", "shop", "get", "events"]);
-        if ["Refreshed", "Reloaded"]
-            .iter()
-            .all(|r| events.contains(r))
+        if ["Refreshed", "Reloaded"].iter().all(|r| events.contains(r))
             || start.elapsed() > Duration::from_secs(60)
         {
             break events;

@@ -63,7 +63,7 @@ fn value(s: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_parse_and_move_and_a_refresh_leaves_an_event_on_the_object() {
+async fn metrics_parse_and_move_and_a_refresh_leaves_an_event_on_the_service() {
     let server = Server::start(Config::default()).await.unwrap();
     let client = server.client().unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -46,6 +46,14 @@ async fn replica(e: &TestEnv, identity: &str) -> Replica {
     r
 }
 
+/// Until the leader stored its baseline: changes from then on are its.
+async fn baseline(e: &TestEnv) {
+    eventually(Duration::from_secs(30), "the baseline stored", || async {
+        checkpoint(&e.client, NS).await.is_some()
+    })
+    .await;
+}
+
 async fn set(cms: &Api<ConfigMap>, name: &str, value: &str) -> u64 {
     let patch = json!({"data": {"k": value}});
     let cm = cms
@@ -103,6 +111,7 @@ plugins:
     .await;
     let r = replica(&e, "solo").await;
     eventually(Duration::from_secs(10), "it leads", || r.leading()).await;
+    baseline(&e).await;
 
     set(&cms, "orders", "2").await;
     set(&cms, "mounted", "2").await;
@@ -257,6 +266,7 @@ plugins:
 
     let mut a = replica(&e, "replica-a").await;
     eventually(Duration::from_secs(10), "replica a leads", || a.leading()).await;
+    baseline(&e).await;
     set(&cms, "b", "2").await;
     let last = set(&cms, "a", "2").await;
     eventually(Duration::from_secs(30), "a's change delivered", || async {

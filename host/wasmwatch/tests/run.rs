@@ -34,8 +34,8 @@ plugins:
   - name: seen
     module: {module:misbehave}
     sha256: {sha256:misbehave}
-    config: {mode: ok}
-    events: {kinds: [ConfigMap], labelSelector: watch=me}
+    config: {mode: ok, only_label: watch}
+    events: {kinds: [ConfigMap]}
     capabilities: {events: true}
 "),
     )
@@ -58,8 +58,8 @@ plugins:
     assert_eq!(ready["watches"], 2, "ConfigMaps and Secrets in `default`");
     server.wait_for_watches(2).await;
 
-    // Baseline delivered nothing; now: a selected modification, an
-    // unselected creation, a selected creation.
+    // Baseline delivered nothing; now: a modification, a creation the
+    // plugin's prefilter rejects, a creation.
     let mut a = api.get("a").await.unwrap();
     a.data.as_mut().unwrap().insert("v".into(), "2".into());
     api.replace("a", &PostParams::default(), &a).await.unwrap();
@@ -74,11 +74,23 @@ plugins:
     .unwrap();
 
     let mut seen = Vec::new();
-    while seen.len() < 2 {
+    let mut skipped = Vec::new();
+    while seen.len() + skipped.len() < 3 {
         let line = lines_rx
             .recv_timeout(Duration::from_secs(10))
             .expect("a decision line");
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if let Some(why) = v["skipped"].as_str() {
+            // The plugin's prefilter (`label:watch`, from its config):
+            // shown, not called (issue 35).
+            assert_eq!(v["plugin"], "seen", "{line}");
+            assert_eq!(
+                why, "fails the plugin's prefilter label:watch: not called",
+                "{line}"
+            );
+            skipped.push(v["object"].as_str().unwrap().to_string());
+            continue;
+        }
         assert_eq!(v["decision"]["plugin"], "seen", "{line}");
         let action = &v["decision"]["actions"][0];
         assert_eq!(action["verdict"], "allowed", "{line}");
@@ -94,8 +106,9 @@ plugins:
             ("default/a".to_string(), "modified".to_string()),
             ("default/c".to_string(), "added".to_string())
         ],
-        "b is not selected by the plugin's label selector"
+        "b fails the plugin's prefilter"
     );
+    assert_eq!(skipped, vec!["default/b".to_string()]);
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();

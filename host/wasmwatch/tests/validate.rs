@@ -84,6 +84,13 @@ fn manifests_that_can_never_work_are_warned_about_naming_the_fields() {
             stdout.contains("valid, 1 plugin(s), 1 warning (--strict makes warnings fail)"),
             "{name}: {stdout}"
         );
+        // Its prefilter, as the plugin declares it (issue 35).
+        assert!(
+            stdout.contains(
+                "plugin http-refresh: called only for objects that meet its prefilter: usedBySpringService"
+            ),
+            "{name}: {stdout}"
+        );
         let out = validate(dir.path(), &format!("{name}.yaml"), &manifest, true);
         assert_eq!(
             out.status.code(),
@@ -170,13 +177,26 @@ fn the_bundled_plugins_declare_what_they_need() {
             .to_vec(),
         })
     };
+    let http_refresh = Needs {
+        refresh: vec!["{namespace}".into()],
+        metadata: spring(),
+        only: vec!["usedBySpringService".into()],
+        ..Needs::default()
+    };
+    assert_eq!(needs("http-refresh"), http_refresh);
+    // The Python and JavaScript builds append the same (their needs.json).
+    let section = |path: std::path::PathBuf| {
+        Needs::from_wasm(&std::fs::read(&path).unwrap())
+            .unwrap()
+            .unwrap_or_else(|| panic!("{} declares no needs", path.display()))
+    };
     assert_eq!(
-        needs("http-refresh"),
-        Needs {
-            refresh: vec!["{namespace}".into()],
-            metadata: spring(),
-            ..Needs::default()
-        }
+        section(wasmwatch_testkit::python_plugin("http-refresh")),
+        http_refresh
+    );
+    assert_eq!(
+        section(wasmwatch_testkit::js_plugin("rollout-restart")),
+        needs("rollout-restart")
     );
     assert_eq!(
         needs("rollout-restart"),
@@ -197,6 +217,7 @@ fn the_bundled_plugins_declare_what_they_need() {
                 .map(String::from)
                 .to_vec(),
             }),
+            only: vec!["usedByWorkload{config.webhook.always|false=false}".into()],
             ..Needs::default()
         }
     );

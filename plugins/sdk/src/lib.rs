@@ -81,7 +81,10 @@ pub mod spring;
 ///
 /// Keys: `refresh` and `restart` (namespaces; `{namespace}` is each one
 /// the plugin's events come from), `bus` (`connection/destination`), `http`
-/// (URLs), `events` and `secretValues` (booleans). `{config.KEY}` and
+/// (URLs), `events` and `secretValues` (booleans); not grants: `metadata`
+/// (the object's labels and annotations it reads) and `only` (host-side
+/// prefilters: `usedByWorkload`, `usedBySpringService`, `label:KEY[=V]`,
+/// `annotation:KEY[=V]`; a change failing one costs no call). `{config.KEY}` and
 /// `{config.KEY|DEFAULT}` read the plugin's config (`KEY` may be a dotted
 /// path, `webhook.url`); a guard `{config.KEY=A,B}` keeps the need only
 /// when the value is `A` or `B`. The format is in plugins/README.md
