@@ -297,10 +297,12 @@ impl Execute for Executors {
             let Some(plugin) = origins.first().map(|o| o.plugin.as_str()) else {
                 return;
             };
-            self.events.record_service(
-                namespace,
-                service,
-                self.http.service_uid(namespace, service),
+            self.events.record_on(
+                crate::recorder::service_reference(
+                    namespace,
+                    service,
+                    self.http.service_uid(namespace, service),
+                ),
                 plugin,
                 EventType::Normal,
                 reason,

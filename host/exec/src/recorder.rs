@@ -102,6 +102,20 @@ use wasmwatch_core::action::{EventType, WorkloadRef};
 use crate::workload::KubeExecutor;
 use crate::{ExecError, Origin};
 
+/// Service `namespace/name` as an Event's involved object (`uid`: from the
+/// lookups' cache; `kubectl describe service` finds Events by it).
+pub fn service_reference(namespace: &str, name: &str, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        name: Some(name.into()),
+        namespace: Some(namespace.into()),
+        uid,
+        resource_version: None,
+        field_path: None,
+    }
+}
+
 /// Keys queued for a write, as client-go's queue of 1000 Events.
 pub const DEFAULT_CAPACITY: usize = 1000;
 /// Keys written at once.
@@ -259,28 +273,17 @@ impl EventRecorder {
         self.submit(object, "", event_type, reason, message)
     }
 
-    /// Records an occurrence of an Event on Service `namespace/name` (an
-    /// app), aggregated per Service, plugin and message; false when it was
-    /// dropped.
-    pub fn record_service(
+    /// Records an occurrence of an Event on `object` (an app's Service,
+    /// [`service_reference`]), aggregated per object, plugin and message;
+    /// false when it was dropped.
+    pub fn record_on(
         &self,
-        namespace: &str,
-        name: &str,
-        uid: Option<String>,
+        object: ObjectReference,
         plugin: &str,
         event_type: EventType,
         reason: &'static str,
         message: String,
     ) -> bool {
-        let object = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Service".into()),
-            name: Some(name.into()),
-            namespace: Some(namespace.into()),
-            uid,
-            resource_version: None,
-            field_path: None,
-        };
         self.submit(object, plugin, event_type, reason, message)
     }
 

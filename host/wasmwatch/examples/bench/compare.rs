@@ -300,7 +300,7 @@ fn unused_percent() -> usize {
 /// the namespaces and apps (`cm-0`..`cm-9` -> `app-0`..`app-9`, ...).
 fn used(i: usize) -> bool {
     let p = unused_percent();
-    p == 0 || (i / NAMESPACES) % (100 / (100 - p)) == 0
+    p == 0 || (i / NAMESPACES).is_multiple_of(100 / (100 - p))
 }
 
 fn value(k: impl std::fmt::Display, pad: &str) -> String {
