@@ -223,14 +223,16 @@ plugins:
     assert!(counted, "the app's Event counts 2 refreshes");
 }
 
-/// A test plugin declaring `label:wasmwatch.test/watched`: objects without
-/// the label cost no call. The plugin declares it reads no label, so the
+/// A test plugin declaring `label:wasmwatch.test/watched` and
+/// `annotation:wasmwatch.test/owner`: an object without both costs no
+/// call. The plugin declares it reads no label or annotation, so the
 /// stored index keeps of each object only what the prefilter names: a
 /// deletion the next leader finds at a resync (the history compacted in a
-/// leaderless gap) still carries the label, and reaches the plugin; the
-/// unlabelled object's deletion does not.
+/// leaderless gap) still carries them, and reaches the plugin; the
+/// deletions of the objects missing one do not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_label_prefilter_skips_calls_and_a_deletion_found_at_a_resync_is_still_routed() {
+async fn label_and_annotation_prefilters_skip_calls_and_a_deletion_found_at_a_resync_is_still_routed()
+ {
     let ledger = Pod::start().await;
     let manifest = format!(
         "apiVersion: wasmwatch.io/v1alpha1
@@ -242,7 +244,7 @@ plugins:
     module: {{module:misbehave}}
     sha256: {{sha256:misbehave}}
     events: {{kinds: [ConfigMap]}}
-    config: {{mode: ledger, url: \"http://{}/ledger\", only_label: wasmwatch.test/watched}}
+    config: {{mode: ledger, url: \"http://{}/ledger\", only_label: wasmwatch.test/watched, only_annotation: wasmwatch.test/owner}}
     capabilities: {{http: [\"http://127.0.0.1:*/\"]}}
     delivery: {{debounce: 0s}}
 ",
@@ -250,41 +252,56 @@ plugins:
     );
     let e = test_env(&manifest, NS).await;
     let cms: Api<ConfigMap> = Api::namespaced(e.client.clone(), NS);
-    let watched = json!({"wasmwatch.test/watched": "yes", "team": "a"});
-    cms.create(&PostParams::default(), &config_map("a", watched))
-        .await
-        .unwrap();
-    cms.create(
-        &PostParams::default(),
-        &config_map("b", json!({"team": "a"})),
-    )
-    .await
-    .unwrap();
+    let labelled = json!({"wasmwatch.test/watched": "yes", "team": "a"});
+    let owned = json!({"wasmwatch.test/owner": "team-a", "note": "x"});
+    let object = |name: &str, labels: &serde_json::Value, annotations: &serde_json::Value| {
+        let mut cm = config_map(name, labels.clone());
+        cm.metadata.annotations = serde_json::from_value(annotations.clone()).unwrap();
+        cm
+    };
+    for cm in [
+        object("a", &labelled, &owned),
+        object("b", &labelled, &json!({})),
+        object("c", &json!({"team": "a"}), &owned),
+    ] {
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
     let hits = || ledger.hits("POST /ledger");
-    let skipped = "wasmwatch_plugin_calls_skipped_total{plugin=\"ledger\",condition=\"label:wasmwatch.test/watched\"}";
+    let skipped = |condition: &str| {
+        format!(
+            "wasmwatch_plugin_calls_skipped_total{{plugin=\"ledger\",condition=\"{condition}\"}}"
+        )
+    };
+    let (no_label, no_annotation) = (
+        skipped("label:wasmwatch.test/watched"),
+        skipped("annotation:wasmwatch.test/owner"),
+    );
     let calls = "wasmwatch_plugin_invocations_total{plugin=\"ledger\",outcome=\"ok\"}";
 
     let mut a = replica(&e, "replica-a").await;
     eventually(Duration::from_secs(10), "replica a leads", || a.leading()).await;
     baseline(&e).await;
     set(&cms, "b", "2").await;
+    set(&cms, "c", "2").await;
     let last = set(&cms, "a", "2").await;
     eventually(Duration::from_secs(30), "a's change delivered", || async {
         hits() == 1
     })
     .await;
-    eventually(Duration::from_secs(10), "checkpoint past both", || async {
+    eventually(Duration::from_secs(10), "checkpoint past all", || async {
         checkpoint(&e.client, NS).await.is_some_and(|rv| rv >= last)
     })
     .await;
-    assert_eq!(a.metric(skipped).await, 1.0, "b's change costs no call");
+    assert_eq!(a.metric(&no_annotation).await, 1.0, "b costs no call");
+    assert_eq!(a.metric(&no_label).await, 1.0, "c costs no call");
     assert_eq!(a.metric(calls).await, 1.0);
     a.child.kill().unwrap();
     a.child.wait().unwrap();
 
-    // Both deleted while nobody leads, and the history lost.
-    cms.delete("a", &DeleteParams::default()).await.unwrap();
-    cms.delete("b", &DeleteParams::default()).await.unwrap();
+    // All deleted while nobody leads, and the history lost.
+    for name in ["a", "b", "c"] {
+        cms.delete(name, &DeleteParams::default()).await.unwrap();
+    }
     e.server.faults().compact_history();
 
     let b = replica(&e, "replica-b").await;
@@ -295,9 +312,11 @@ plugins:
         || async { hits() == 2 },
     )
     .await;
-    eventually(Duration::from_secs(10), "b's deletion skipped", || async {
-        b.metric(skipped).await == 1.0
-    })
+    eventually(
+        Duration::from_secs(10),
+        "b's and c's deletions skipped",
+        || async { b.metric(&no_annotation).await == 1.0 && b.metric(&no_label).await == 1.0 },
+    )
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(hits(), 2);

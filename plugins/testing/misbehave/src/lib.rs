@@ -51,10 +51,15 @@ struct Config {
     #[allow(dead_code)]
     #[serde(default)]
     only_label: Option<String>,
+    /// Read by the host only: the annotation its prefilter requires.
+    #[allow(dead_code)]
+    #[serde(default)]
+    only_annotation: Option<String>,
 }
 
-/// Its needs (issue 35's prefilter test): with `only_label` in its config
-/// the host calls it only for objects carrying that label; the empty
+/// Its needs (issue 35's prefilter test): with `only_label` (and
+/// `only_annotation`) in its config the host calls it only for objects
+/// carrying that label (and annotation); the empty
 /// `metadata` makes the stored index keep only what the prefilter names,
 /// so a deletion found at a resync shows whether the host kept it.
 #[used]
@@ -69,7 +74,7 @@ static NEEDS: [u8; NEEDS_JSON.len()] = {
     }
     out
 };
-const NEEDS_JSON: &str = r#"{"metadata": {}, "only": ["label:{config.only_label}"]}"#;
+const NEEDS_JSON: &str = r#"{"metadata": {}, "only": ["label:{config.only_label}", "annotation:{config.only_annotation}"]}"#;
 
 const MODES: &[&str] = &[
     "noop",
