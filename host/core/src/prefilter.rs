@@ -35,7 +35,12 @@
 //! change is handled (its checkpoint moves) as one no plugin selects. The
 //! labels and annotations a condition names are kept in the stored index
 //! (they join the plugin's `metadata` reads), so a deletion found at a
-//! resync is judged on what the object carried.
+//! resync is judged on what the object carried, with one limit: the index
+//! never keeps an annotation value over 512 bytes (nor
+//! `last-applied-configuration`), so an `annotation:` condition on such an
+//! annotation rejects the deletions found at a resync. And an index line
+//! written before a plugin declared a new condition keeps its old keys
+//! until the object is seen again.
 use std::collections::BTreeMap;
 use std::fmt;
 

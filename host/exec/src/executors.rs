@@ -294,9 +294,19 @@ impl Execute for Executors {
             namespace, service, ..
         } = action
         {
-            let Some(plugin) = origins.first().map(|o| o.plugin.as_str()) else {
+            // Refreshes of one target from two plugins coalesce: name
+            // each plugin once.
+            let mut plugins: Vec<&str> = Vec::new();
+            for o in origins {
+                if !plugins.contains(&o.plugin.as_str()) {
+                    plugins.push(&o.plugin);
+                }
+            }
+            if plugins.is_empty() {
                 return;
-            };
+            }
+            let plugin = plugins.join(", ");
+            let plugin = plugin.as_str();
             self.events.record_on(
                 crate::recorder::service_reference(
                     namespace,

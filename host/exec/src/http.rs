@@ -161,6 +161,11 @@ impl HttpExecutor {
         self.send(&self.verified, method, url, headers, body).await
     }
 
+    /// The uid of Service `namespace/name`, as the lookups know it.
+    pub fn service_uid(&self, namespace: &str, name: &str) -> Option<String> {
+        self.lookups.service_uid(namespace, name)
+    }
+
     /// Calls `path` on every ready endpoint of the Service, concurrently.
     ///
     /// The port is `port` if given, else the endpoint's first port, else the
@@ -175,11 +180,6 @@ impl HttpExecutor {
     /// Any failing pod makes the whole refresh an error naming the failing
     /// pods: retryable if every failure is, else permanent. A retry calls
     /// every pod again (actuator refreshes are idempotent).
-    /// The uid of Service `namespace/name`, as the lookups know it.
-    pub fn service_uid(&self, namespace: &str, name: &str) -> Option<String> {
-        self.lookups.service_uid(namespace, name)
-    }
-
     pub async fn refresh_service(
         &self,
         namespace: &str,

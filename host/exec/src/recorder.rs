@@ -1,5 +1,5 @@
-//! The host's own Events about its work (`Refreshed`, `WebhookCalled`,
-//! `RefreshPublished`, `Restarted`, `Reloaded`, `ReloadFail`,
+//! The host's own Events about its work (`Refreshed` on the Service,
+//! `WebhookCalled`, `RefreshPublished`, `Reloaded`, `ReloadFail`,
 //! `RefreshFailed`, `WebhookFailed`; which, in [`crate::executors`]),
 //! recorded off the delivery path and aggregated the way client-go's event
 //! correlator does.
@@ -29,12 +29,12 @@
 //! `wasmwatch.io/plugin` annotation) and the **message**; the reporting
 //! component and instance are the [`KubeExecutor`]'s, one per recorder.
 //! The message is part of the key, as in client-go's dedup key, because
-//! the host's messages say *what* was done: `Restarted` names the
-//! workload, `Refreshed` the Service and how many pods answered,
-//! `WebhookCalled` the URL and status, failures their error. An object
-//! behind two Deployments is restarted twice per change; one Event per
-//! workload keeps both visible, where one Event with the latest message
-//! would hide the other. Messages that vary every time (an error naming a
+//! the host's messages say *what* was done: `Reloaded` names the
+//! object, `Refreshed` the Service and how many pods answered,
+//! `WebhookCalled` the URL and status, failures their error. A workload
+//! restarted for two ConfigMaps gets a `Reloaded` naming each; one Event
+//! per message keeps both visible, where one Event with the latest
+//! message would hide the other. Messages that vary every time (an error naming a
 //! pod address) must not cost an Event each, so, like client-go's
 //! `EventAggregator`, a *group* (the key without the message) holds at
 //! most [`DEFAULT_MAX_MESSAGES`] (10) distinct messages within the window;
