@@ -257,7 +257,7 @@ impl EventRecorder {
         message: String,
     ) -> bool {
         let object = self.shared.kube.object_reference(origin);
-        self.submit(object, &origin.plugin, event_type, reason, message)
+        self.record_on(object, &origin.plugin, event_type, reason, message)
     }
 
     /// Records an occurrence of an Event on a workload (with its uid when
@@ -270,24 +270,13 @@ impl EventRecorder {
         message: String,
     ) -> bool {
         let object = self.shared.kube.workload_reference(workload);
-        self.submit(object, "", event_type, reason, message)
+        self.record_on(object, "", event_type, reason, message)
     }
 
     /// Records an occurrence of an Event on `object` (an app's Service,
     /// [`service_reference`]), aggregated per object, plugin and message;
     /// false when it was dropped.
     pub fn record_on(
-        &self,
-        object: ObjectReference,
-        plugin: &str,
-        event_type: EventType,
-        reason: &'static str,
-        message: String,
-    ) -> bool {
-        self.submit(object, plugin, event_type, reason, message)
-    }
-
-    fn submit(
         &self,
         object: ObjectReference,
         plugin: &str,

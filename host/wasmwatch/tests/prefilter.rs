@@ -26,26 +26,6 @@ fn config_map(name: &str, labels: serde_json::Value) -> ConfigMap {
     .unwrap()
 }
 
-/// A replica named `identity`, once its watches are open.
-async fn replica(e: &TestEnv, identity: &str) -> Replica {
-    let before = e.server.open_watches();
-    let (k, m, id) = (
-        e.kubeconfig.clone(),
-        e.manifest.clone(),
-        identity.to_string(),
-    );
-    let r = tokio::task::spawn_blocking(move || Replica::start(&k, &m, &id))
-        .await
-        .unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(15),
-        e.server.wait_for_watches(before + WATCHES),
-    )
-    .await
-    .expect("the watches open");
-    r
-}
-
 /// Until the leader stored its baseline: changes from then on are its.
 async fn baseline(e: &TestEnv) {
     eventually(Duration::from_secs(30), "the baseline stored", || async {
@@ -109,7 +89,7 @@ plugins:
             "envFrom": [{"configMapRef": {"name": "mounted"}}]}]}),
     )
     .await;
-    let r = replica(&e, "solo").await;
+    let r = replica_named(&e, "solo", WATCHES).await;
     eventually(Duration::from_secs(10), "it leads", || r.leading()).await;
     baseline(&e).await;
 
@@ -278,7 +258,7 @@ plugins:
     );
     let calls = "wasmwatch_plugin_invocations_total{plugin=\"ledger\",outcome=\"ok\"}";
 
-    let mut a = replica(&e, "replica-a").await;
+    let mut a = replica_named(&e, "replica-a", WATCHES).await;
     eventually(Duration::from_secs(10), "replica a leads", || a.leading()).await;
     baseline(&e).await;
     set(&cms, "b", "2").await;
@@ -304,7 +284,7 @@ plugins:
     }
     e.server.faults().compact_history();
 
-    let b = replica(&e, "replica-b").await;
+    let b = replica_named(&e, "replica-b", WATCHES).await;
     eventually(Duration::from_secs(15), "replica b leads", || b.leading()).await;
     eventually(
         Duration::from_secs(10),

@@ -551,9 +551,19 @@ pub fn normalised_objects(
 /// eight, one per watched kind and scope, the Namespaces' with a selector):
 /// changes from then on are its to handle.
 pub async fn replica_watching(e: &TestEnv, watches: usize) -> Replica {
+    replica_named(e, "r", watches).await
+}
+
+/// [`replica_watching`] with the identity `identity` (replicas that take
+/// over from one another need their own).
+pub async fn replica_named(e: &TestEnv, identity: &str, watches: usize) -> Replica {
     let before = e.server.open_watches();
-    let (k, m) = (e.kubeconfig.clone(), e.manifest.clone());
-    let r = tokio::task::spawn_blocking(move || Replica::start(&k, &m, "r"))
+    let (k, m, id) = (
+        e.kubeconfig.clone(),
+        e.manifest.clone(),
+        identity.to_string(),
+    );
+    let r = tokio::task::spawn_blocking(move || Replica::start(&k, &m, &id))
         .await
         .unwrap();
     tokio::time::timeout(
