@@ -23,6 +23,7 @@ pub mod digest_key;
 pub mod elector;
 pub mod lookups;
 pub mod namespaces;
+pub mod parsed;
 pub mod references;
 pub mod shell;
 pub mod term;

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use futures_util::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
 
 use crate::apis::ObjectApi;
 use tokio::sync::mpsc;
@@ -264,7 +264,7 @@ pub struct Relist {
 
 /// The watch loop for one target. `A`: the collection's API (kube's, or
 /// the simulator's; see [`crate::apis`]).
-pub struct WatchLoop<A = Api<DynamicObject>> {
+pub struct WatchLoop<A = crate::parsed::Collection> {
     api: A,
     target: WatchTarget,
     index: ObjectIndex,
@@ -355,10 +355,7 @@ impl WatchLoop {
     /// with `replay` set.
     pub fn new(client: kube::Client, target: WatchTarget, checkpoint: Option<String>) -> WatchLoop {
         let ar = api_resource(&target);
-        let api = match target.scope.namespace() {
-            Some(ns) => Api::namespaced_with(client, ns, &ar),
-            None => Api::all_with(client, &ar),
-        };
+        let api = crate::parsed::Collection::new(client, target.scope.namespace(), &ar);
         WatchLoop::with_api(api, target, checkpoint)
     }
 
