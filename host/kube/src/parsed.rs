@@ -111,11 +111,11 @@ impl Resource for Parsed {
 /// A list page without `ObjectList`'s flattened types (which buffer the
 /// whole page before its items are parsed).
 #[derive(serde::Deserialize)]
-struct Page {
+pub struct Page {
     #[serde(default)]
-    metadata: ListMeta,
+    pub metadata: ListMeta,
     #[serde(default, deserialize_with = "null_as_empty")]
-    items: Vec<Parsed>,
+    pub items: Vec<Parsed>,
 }
 
 fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Parsed>, D::Error> {

@@ -565,6 +565,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn series_found_without_labels_are_the_family_s_series() {
+        let m = Metrics::default();
+        // More series than are found fast: every one still counts, in the
+        // family that renders (a handle kept by one clone is the
+        // registry's series).
+        let plugins: Vec<String> = (0..SERIES_FOUND_FAST + 6)
+            .map(|i| format!("p{i}"))
+            .collect();
+        for round in 0..3 {
+            for (i, p) in plugins.iter().enumerate() {
+                if round < 2 || i % 2 == 0 {
+                    m.plugin_invocations.inc(&[p, "ok"]);
+                }
+            }
+        }
+        m.plugin_invocations.inc(&["p1", "error"]);
+        let text = m.render();
+        for (i, p) in plugins.iter().enumerate() {
+            let n = if i % 2 == 0 { 3 } else { 2 };
+            let line = format!(
+                "wasmwatch_plugin_invocations_total{{plugin=\"{p}\",outcome=\"ok\"}} {n}\n"
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(
+            text.contains(
+                "wasmwatch_plugin_invocations_total{plugin=\"p1\",outcome=\"error\"} 1\n"
+            )
+        );
+        assert_eq!(
+            m.plugin_invocations.made.read().unwrap().len(),
+            SERIES_FOUND_FAST
+        );
+    }
+
+    #[test]
     fn encodes_openmetrics_counters_gauges_histograms_and_process_metrics() {
         let m = Metrics::default();
         m.events_received.inc(&["ConfigMap"]);
