@@ -14,7 +14,9 @@
 //!   folder; else nothing is found.
 //!
 //! The plugin is loaded (and compiled) once; every case runs in a fresh
-//! sandbox like every event in the service.
+//! sandbox like every event in the service. A case the host would never
+//! hand the plugin (its manifest entry's `events` filter, or the plugin's
+//! own prefilter, `wasmwatch:needs` `only`) is still run, with a note.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -184,6 +186,15 @@ pub fn run(
         if !loaded.filter().matches(&event) {
             eprintln!(
                 "note: {}: plugin {plugin:?} would never get this event (its manifest entry's `events` filter does not select it); tested anyway",
+                case.name
+            );
+        }
+        // What `run` and `run --dry-run` do with the plugin's own declared
+        // prefilter, judged on this case's lookups: said, and the case is
+        // still tested (its golden file records what the plugin decides).
+        if let Some(condition) = loaded.skips(&event) {
+            eprintln!(
+                "note: {}: the host would not call plugin {plugin:?} for this event (it fails the plugin's prefilter {condition}); tested anyway",
                 case.name
             );
         }

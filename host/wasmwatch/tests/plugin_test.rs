@@ -263,3 +263,36 @@ fn a_case_the_filter_never_selects_is_noted() {
         "{stderr}"
     );
 }
+
+/// A case the plugin's own prefilter rejects (http-refresh declares
+/// `usedBySpringService`; `no-service` names an app without a Service) is
+/// still tested, with a note that the host would not call the plugin for
+/// it, as `run --dry-run` says; the cases it admits get no such note.
+#[test]
+fn a_case_the_plugin_s_prefilter_rejects_is_noted() {
+    let cases = copied_cases();
+    let m = manifest(cases.path(), "http-refresh", "http-refresh");
+    let out = wasmwatch(&[
+        "plugin",
+        "test",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--plugin",
+        "http-refresh",
+        cases.path().to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{}\n{stderr}", text(&out.stdout));
+    assert!(
+        stderr.contains(
+            "note: no-service: the host would not call plugin \"http-refresh\" for this event (it fails the plugin's prefilter usedBySpringService); tested anyway"
+        ),
+        "{stderr}"
+    );
+    for admitted in ["labels", "by-name", "apps-annotation"] {
+        assert!(
+            !stderr.contains(&format!("note: {admitted}: the host would not call")),
+            "{admitted}: {stderr}"
+        );
+    }
+}
