@@ -47,8 +47,11 @@ pub struct Labelled<M> {
     /// families; building and hashing a label set each time was ~2% of
     /// the CPU per change in issue 35's realistic mix. Handles share the
     /// family's series; no series is ever removed.
-    made: Arc<std::sync::RwLock<Vec<(Box<[String]>, M)>>>,
+    made: Arc<std::sync::RwLock<Made<M>>>,
 }
+
+/// Series by their label values ([`Labelled`]).
+type Made<M> = Vec<(Box<[String]>, M)>;
 
 /// Series per family [`Labelled`] finds without building labels (a
 /// family's series are a few kinds, plugins, outcomes).
