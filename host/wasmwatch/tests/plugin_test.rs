@@ -95,6 +95,19 @@ fn the_js_rollout_restart_matches_the_rust_golden_files() {
 }
 
 /// Copies the http-refresh cases to a temporary folder (to change them).
+/// `plugin test` of http-refresh (manifest `m`) over the cases in `dir`.
+fn test_http_refresh(m: &Path, dir: &Path) -> Output {
+    wasmwatch(&[
+        "plugin",
+        "test",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--plugin",
+        "http-refresh",
+        dir.to_str().unwrap(),
+    ])
+}
+
 fn copied_cases() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let from = repo_root().join("plugins/http-refresh/tests");
@@ -199,15 +212,7 @@ fn an_expected_error_is_a_golden_outcome_too() {
 fn bad_invocations_name_the_problem() {
     let dir = tempfile::tempdir().unwrap();
     let m = manifest(dir.path(), "http-refresh", "http-refresh");
-    let out = wasmwatch(&[
-        "plugin",
-        "test",
-        "--manifest",
-        m.to_str().unwrap(),
-        "--plugin",
-        "http-refresh",
-        dir.path().to_str().unwrap(),
-    ]);
+    let out = test_http_refresh(&m, dir.path());
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stderr).contains("no test cases: expected files named NAME.event.yaml"),
@@ -247,15 +252,7 @@ fn a_case_the_filter_never_selects_is_noted() {
         ),
     )
     .unwrap();
-    let out = wasmwatch(&[
-        "plugin",
-        "test",
-        "--manifest",
-        m.to_str().unwrap(),
-        "--plugin",
-        "http-refresh",
-        cases.path().to_str().unwrap(),
-    ]);
+    let out = test_http_refresh(&m, cases.path());
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{}", text(&out.stdout));
     assert!(
@@ -272,15 +269,7 @@ fn a_case_the_filter_never_selects_is_noted() {
 fn a_case_the_plugin_s_prefilter_rejects_is_noted() {
     let cases = copied_cases();
     let m = manifest(cases.path(), "http-refresh", "http-refresh");
-    let out = wasmwatch(&[
-        "plugin",
-        "test",
-        "--manifest",
-        m.to_str().unwrap(),
-        "--plugin",
-        "http-refresh",
-        cases.path().to_str().unwrap(),
-    ]);
+    let out = test_http_refresh(&m, cases.path());
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{}\n{stderr}", text(&out.stdout));
     assert!(
