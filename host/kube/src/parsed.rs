@@ -127,7 +127,8 @@ fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Parsed>, D::Erro
 pub struct Collection {
     client: kube::Client,
     resource: ApiResource,
-    namespace: Option<String>,
+    /// The collection's requests (its lists go through [`Page`]).
+    request: kube::core::Request,
     objects: Api<Parsed>,
     metadata: Api<DynamicObject>,
 }
@@ -147,7 +148,7 @@ impl Collection {
         Collection {
             client,
             resource: resource.clone(),
-            namespace: namespace.map(str::to_string),
+            request: kube::core::Request::new(Parsed::url_path(resource, namespace)),
             objects,
             metadata,
         }
@@ -156,10 +157,7 @@ impl Collection {
 
 impl ObjectApi for Collection {
     async fn list(&self, lp: &ListParams) -> kube::Result<ObjectList<DynamicObject>> {
-        let url = Parsed::url_path(&self.resource, self.namespace.as_deref());
-        let mut request = kube::core::Request::new(url)
-            .list(lp)
-            .map_err(kube::Error::BuildRequest)?;
+        let mut request = self.request.list(lp).map_err(kube::Error::BuildRequest)?;
         request.extensions_mut().insert("list");
         let page: Page = self.client.request(request).await?;
         Ok(ObjectList {

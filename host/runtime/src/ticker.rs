@@ -52,15 +52,9 @@ const ZERO: Timespec = Timespec {
 };
 
 impl Shared {
-    /// Arms the timer: every `every` from now on (`None`: disarmed).
-    fn set(&self, every: Option<Timespec>) {
-        let every = every.unwrap_or(ZERO);
-        self.set_spec(every, every);
-    }
-
     /// First expiry after `value` (zero: disarmed), then every `interval`
     /// (zero: once).
-    fn set_spec(&self, value: Timespec, interval: Timespec) {
+    fn set(&self, value: Timespec, interval: Timespec) {
         let spec = Itimerspec {
             it_interval: interval,
             it_value: value,
@@ -115,7 +109,7 @@ impl EpochTicker {
         let mut running = self.running();
         *running += 1;
         if *running == 1 {
-            self.shared.set(Some(self.shared.tick));
+            self.shared.set(self.shared.tick, self.shared.tick);
         }
         Ticking(self)
     }
@@ -139,7 +133,7 @@ impl Drop for Ticking<'_> {
         let mut running = self.0.running();
         *running -= 1;
         if *running == 0 {
-            self.0.shared.set(None);
+            self.0.shared.set(ZERO, ZERO);
         }
     }
 }
@@ -153,7 +147,7 @@ impl Drop for EpochTicker {
             tv_sec: 0,
             tv_nsec: 1,
         };
-        self.shared.set_spec(now, ZERO);
+        self.shared.set(now, ZERO);
     }
 }
 

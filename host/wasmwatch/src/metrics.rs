@@ -68,12 +68,10 @@ impl<M: Clone> Labelled<M> {
 
     fn with(&self, values: &[&str], f: impl FnOnce(&M)) {
         debug_assert_eq!(values.len(), self.names.len(), "{:?}", self.names);
+        let same = |v: &[String]| v.iter().map(String::as_str).eq(values.iter().copied());
         {
             let made = self.made.read().unwrap_or_else(|e| e.into_inner());
-            let found = made
-                .iter()
-                .find(|(v, _)| v.iter().map(String::as_str).eq(values.iter().copied()));
-            if let Some((_, m)) = found {
+            if let Some((_, m)) = made.iter().find(|(v, _)| same(v)) {
                 f(m);
                 return;
             }
@@ -86,11 +84,7 @@ impl<M: Clone> Labelled<M> {
             .collect();
         let m = self.family.get_or_create(&labels).clone();
         let mut made = self.made.write().unwrap_or_else(|e| e.into_inner());
-        if made.len() < SERIES_FOUND_FAST
-            && !made
-                .iter()
-                .any(|(v, _)| v.iter().map(String::as_str).eq(values.iter().copied()))
-        {
+        if made.len() < SERIES_FOUND_FAST && !made.iter().any(|(v, _)| same(v)) {
             made.push((values.iter().map(|v| v.to_string()).collect(), m.clone()));
         }
         drop(made);

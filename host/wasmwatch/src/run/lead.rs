@@ -145,17 +145,6 @@ impl Service {
         let plugins: Vec<_> = self.plugins.iter().map(|l| l.plugin.clone()).collect();
         let in_scope = self.namespaces.clone();
         let skipped = self.metrics.plugin_calls_skipped.clone();
-        // Each plugin's conditions as the metric names them, made once.
-        let conditions: Vec<Vec<String>> = plugins
-            .iter()
-            .map(|p| {
-                p.prefilter()
-                    .conditions
-                    .iter()
-                    .map(|c| c.to_string())
-                    .collect()
-            })
-            .collect();
         Box::new(move |event: &ChangeEvent| {
             if !in_scope.admits(&event.object.namespace) {
                 tracing::debug!(namespace = %event.object.namespace, "not delivered: namespace out of scope");
@@ -167,19 +156,10 @@ impl Service {
                 .filter(|(_, p)| p.filter().matches(event))
                 // The plugin's own declared rule, judged here: no call
                 // (issue 35).
-                .filter(|(i, p)| match p.skips(event) {
+                .filter(|(_, p)| match p.skips(event) {
                     None => true,
                     Some(condition) => {
-                        let named = p
-                            .prefilter()
-                            .conditions
-                            .iter()
-                            .position(|c| std::ptr::eq(c, condition))
-                            .map(|at| conditions[*i][at].as_str());
-                        match named {
-                            Some(name) => skipped.inc(&[p.name(), name]),
-                            None => skipped.inc(&[p.name(), &condition.to_string()]),
-                        }
+                        skipped.inc(&[p.name(), &condition.to_string()]);
                         false
                     }
                 })
