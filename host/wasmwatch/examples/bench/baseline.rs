@@ -58,6 +58,9 @@ pub async fn run() {
         .default_backoff(),
     );
     tokio::spawn(slice_events.for_each(|_| std::future::ready(())));
+    if std::env::var_os("BASELINE_FLOOR").is_some() {
+        return floor(client, slices).await;
+    }
     let (configmaps, writer) = reflector::store::<ConfigMap>();
     let cm_events = reflector(
         writer,
@@ -93,56 +96,126 @@ pub async fn run() {
             println!("{}", serde_json::json!({"ready": true, "baseline": true}));
         });
     }
-    let http: Http = Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build_http();
+    let http = http();
     futures_util::pin_mut!(cm_events);
     while let Some(event) = cm_events.next().await {
         let Ok(watcher::Event::Apply(cm)) = event else {
             continue;
         };
-        if cm.labels().get(LABEL).map(String::as_str) != Some("true") {
-            continue;
-        }
-        let namespace = cm.namespace().unwrap_or_default();
-        let apps: Vec<String> = match cm.annotations().get(APPS) {
-            Some(list) => list
-                .split(',')
-                .map(str::trim)
-                .filter(|a| !a.is_empty())
-                .map(String::from)
-                .collect(),
-            None => vec![cm.name_any()],
+        refresh(&cm, &slices, &http);
+    }
+}
+
+fn http() -> Http {
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build_http()
+}
+
+/// `BASELINE_FLOOR=1` (issue 35): the least any watcher of every ConfigMap
+/// pays, to weigh what a watcher could save at all. It reads the raw watch
+/// stream (kube's client, the same HTTP path) line by line, finds the
+/// resourceVersion to resume from and the label by a byte search, and
+/// parses and refreshes only the labelled changes, as the informer does;
+/// the others are dropped unparsed and nothing is stored. Not a correct
+/// watcher (no relist, no store of ConfigMaps): a measuring stick only.
+async fn floor(client: kube::Client, slices: reflector::Store<EndpointSlice>) {
+    use futures_util::AsyncBufReadExt;
+    use kube::api::{ListParams, WatchEvent, WatchParams};
+    let api = Api::<ConfigMap>::all(client.clone());
+    let _ = slices.wait_until_ready().await;
+    let mut rv = api
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .expect("list ConfigMaps")
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    println!("{}", serde_json::json!({"ready": true, "baseline": true}));
+    let http = http();
+    let label = memchr::memmem::Finder::new(br#""spring.cloud.kubernetes.config":"true""#);
+    let version = memchr::memmem::Finder::new(br#""resourceVersion":""#);
+    let mut line = Vec::new();
+    loop {
+        let request = kube::core::Request::new("/api/v1/configmaps")
+            .watch(&WatchParams::default().timeout(290), &rv)
+            .expect("a watch request");
+        let body = match client.request_stream(request).await {
+            Ok(body) => body,
+            Err(e) => {
+                eprintln!("floor: watch: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
         };
-        for app in &apps {
-            for slice in slices.state() {
-                if slice.metadata.namespace.as_deref() != Some(namespace.as_str())
-                    || slice.labels().get(SERVICE_NAME) != Some(app)
-                {
+        futures_util::pin_mut!(body);
+        loop {
+            line.clear();
+            match body.read_until(b'\n', &mut line).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if let Some(at) = version.find(&line) {
+                let rest = &line[at + version.needle().len()..];
+                if let Some(end) = memchr::memchr(b'"', rest) {
+                    rv = String::from_utf8_lossy(&rest[..end]).into_owned();
+                }
+            }
+            if label.find(&line).is_none() {
+                continue;
+            }
+            if let Ok(WatchEvent::Added(cm) | WatchEvent::Modified(cm)) =
+                serde_json::from_slice::<WatchEvent<ConfigMap>>(&line)
+            {
+                refresh(&cm, &slices, &http);
+            }
+        }
+    }
+}
+
+/// The POSTs for a change of `cm`, if it is labelled.
+fn refresh(cm: &ConfigMap, slices: &reflector::Store<EndpointSlice>, http: &Http) {
+    if cm.labels().get(LABEL).map(String::as_str) != Some("true") {
+        return;
+    }
+    let namespace = cm.namespace().unwrap_or_default();
+    let apps: Vec<String> = match cm.annotations().get(APPS) {
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(String::from)
+            .collect(),
+        None => vec![cm.name_any()],
+    };
+    for app in &apps {
+        for slice in slices.state() {
+            if slice.metadata.namespace.as_deref() != Some(namespace.as_str())
+                || slice.labels().get(SERVICE_NAME) != Some(app)
+            {
+                continue;
+            }
+            let Some(port) = slice
+                .ports
+                .as_ref()
+                .and_then(|p| p.first())
+                .and_then(|p| p.port)
+            else {
+                continue;
+            };
+            for ep in slice.endpoints.iter().flatten() {
+                if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
                     continue;
                 }
-                let Some(port) = slice
-                    .ports
-                    .as_ref()
-                    .and_then(|p| p.first())
-                    .and_then(|p| p.port)
-                else {
+                let Some(address) = ep.addresses.first() else {
                     continue;
                 };
-                for ep in slice.endpoints.iter().flatten() {
-                    if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
-                        continue;
-                    }
-                    let Some(address) = ep.addresses.first() else {
-                        continue;
-                    };
-                    let uri = if address.contains(':') {
-                        format!("http://[{address}]:{port}/actuator/refresh")
-                    } else {
-                        format!("http://{address}:{port}/actuator/refresh")
-                    };
-                    tokio::spawn(post(http.clone(), uri));
-                }
+                let uri = if address.contains(':') {
+                    format!("http://[{address}]:{port}/actuator/refresh")
+                } else {
+                    format!("http://{address}:{port}/actuator/refresh")
+                };
+                tokio::spawn(post(http.clone(), uri));
             }
         }
     }

@@ -42,6 +42,11 @@
 //! so of the changes, concern no app (no label, no Spring annotation, no
 //! Service of their name); latencies and the burst count the apps' changes.
 //!
+//! `BASELINE_FLOOR=1` puts a floor in the baseline's place: it reads the
+//! raw ConfigMap watch stream and parses and refreshes only the labelled
+//! changes (`baseline::floor`), the least any watcher of every ConfigMap
+//! pays, to weigh what a watcher could save at all.
+//!
 //! `BENCH_PERF=DIR` records perf profiles of each phase (`BENCH_PERF_MODE=stat`:
 //! counts), `BENCH_MANIFEST=FILE` replaces wasmwatch's manifest, and an idle
 //! row gives each watcher's CPU per second with no change, before the load.
