@@ -64,11 +64,42 @@ struct Meta {
     keyed: bool,
 }
 
-/// Annotation values longer than this are not remembered (they are payloads,
-/// like `kubectl.kubernetes.io/last-applied-configuration`, not routing).
+/// When every annotation is remembered ([`Remember::All`]), values longer
+/// than this are not (they are payloads, like
+/// `kubectl.kubernetes.io/last-applied-configuration`, not routing).
 const MAX_REMEMBERED_VALUE: usize = 512;
 
+/// When only the declared annotations are remembered, a plugin reads each
+/// of them, however long: Spring's list of apps
+/// (`spring.cloud.kubernetes.configmap.apps`) passes 512 bytes at ~40
+/// apps, and a deletion found at a resync without it would refresh the
+/// wrong apps, or none. They are kept, shortest first, up to this many
+/// bytes of values per object, so that a line still fits a segment
+/// (host/kube's `SHARD_BYTES`, 200 KiB); a value past that is not
+/// remembered, as a long one is not in [`Remember::All`].
+const MAX_DECLARED_BYTES: usize = 32 * 1024;
+
 fn remembered(o: &ObjectSnapshot, keyed: bool, remember: &Remember) -> Meta {
+    let mut annotations: Vec<(&String, &String)> = o
+        .annotations
+        .iter()
+        .filter(|(k, v)| {
+            k.as_str() != "kubectl.kubernetes.io/last-applied-configuration"
+                && remember.annotation(k)
+                && (matches!(remember, Remember::Only { .. }) || v.len() <= MAX_REMEMBERED_VALUE)
+        })
+        .collect();
+    if matches!(remember, Remember::Only { .. }) {
+        annotations.sort_by_key(|(_, v)| v.len());
+        let mut budget = MAX_DECLARED_BYTES;
+        annotations.retain(|(_, v)| match budget.checked_sub(v.len()) {
+            Some(left) => {
+                budget = left;
+                true
+            }
+            None => false,
+        });
+    }
     Meta {
         keyed,
         labels: o
@@ -77,14 +108,8 @@ fn remembered(o: &ObjectSnapshot, keyed: bool, remember: &Remember) -> Meta {
             .filter(|(k, _)| remember.label(k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
-        annotations: o
-            .annotations
-            .iter()
-            .filter(|(k, v)| {
-                v.len() <= MAX_REMEMBERED_VALUE
-                    && k.as_str() != "kubectl.kubernetes.io/last-applied-configuration"
-                    && remember.annotation(k)
-            })
+        annotations: annotations
+            .into_iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
     }
@@ -1184,6 +1209,31 @@ mod tests {
             BTreeMap::from([("app".into(), "shop".into())])
         );
         assert_eq!(gone[0].object.annotations.len(), 2);
+        // A declared annotation is remembered however long (Spring's list
+        // of 100 apps: 1.7 KB), within the object's budget.
+        let apps = (0..100)
+            .map(|i| format!("app-{i:03}-orders"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut long = object();
+        long.annotations.insert(
+            "spring.cloud.kubernetes.configmap.apps".into(),
+            apps.clone(),
+        );
+        long.annotations
+            .insert("acme.io/payload".into(), "x".repeat(MAX_DECLARED_BYTES));
+        let mut idx = ObjectIndex::new(ObjectKind::ConfigMap)
+            .with_remember(Arc::new(Remember::of([Some(reads.clone())], ["app"])));
+        idx.apply(Seen::Added, long, false);
+        let gone = idx.resync(vec![], false);
+        let kept = &gone[0].object.annotations;
+        assert_eq!(kept["spring.cloud.kubernetes.configmap.apps"], apps);
+        assert_eq!(kept["acme.io/team"], "x");
+        assert!(
+            !kept.contains_key("acme.io/payload"),
+            "past the budget: {:?}",
+            kept.keys()
+        );
         // A change of a key nobody reads delivers nothing and keeps it out
         // (the line's hash of all labels and annotations, which
         // `metadataChanges` compares, still follows it).
