@@ -64,54 +64,51 @@ struct Meta {
     keyed: bool,
 }
 
-/// When every annotation is remembered ([`Remember::All`]), values longer
-/// than this are not (they are payloads, like
+/// When every annotation is remembered ([`Remember::keeps_everything`]),
+/// undeclared values longer than this are not (they are payloads, like
 /// `kubectl.kubernetes.io/last-applied-configuration`, not routing).
 const MAX_REMEMBERED_VALUE: usize = 512;
 
-/// When only the declared annotations are remembered, a plugin reads each
-/// of them, however long: Spring's list of apps
-/// (`spring.cloud.kubernetes.configmap.apps`) passes 512 bytes at ~40
-/// apps, and a deletion found at a resync without it would refresh the
-/// wrong apps, or none. They are kept, shortest first, up to this many
-/// bytes of values per object, so that a line still fits a segment
-/// (host/kube's `SHARD_BYTES`, 200 KiB); a value past that is not
-/// remembered, as a long one is not in [`Remember::All`].
+/// A declared annotation (a plugin reads it) is remembered however long:
+/// Spring's list of apps (`spring.cloud.kubernetes.configmap.apps`) passes
+/// 512 bytes at ~40 apps, and a deletion found at a resync without it
+/// would refresh the wrong apps, or none. Declared values are kept,
+/// shortest first, up to this many bytes per object, so that a line
+/// still fits a segment (host/kube's `SHARD_BYTES`, 200 KiB); a value
+/// past that is not remembered.
 const MAX_DECLARED_BYTES: usize = 32 * 1024;
 
 fn remembered(o: &ObjectSnapshot, keyed: bool, remember: &Remember) -> Meta {
-    let mut annotations: Vec<(&String, &String)> = o
-        .annotations
-        .iter()
-        .filter(|(k, v)| {
-            k.as_str() != "kubectl.kubernetes.io/last-applied-configuration"
-                && remember.annotation(k)
-                && (matches!(remember, Remember::Only { .. }) || v.len() <= MAX_REMEMBERED_VALUE)
-        })
-        .collect();
-    if matches!(remember, Remember::Only { .. }) {
-        annotations.sort_by_key(|(_, v)| v.len());
-        let mut budget = MAX_DECLARED_BYTES;
-        annotations.retain(|(_, v)| match budget.checked_sub(v.len()) {
-            Some(left) => {
-                budget = left;
-                true
-            }
-            None => false,
-        });
+    let mut annotations = BTreeMap::new();
+    let mut declared: Vec<(&String, &String)> = Vec::new();
+    for (k, v) in &o.annotations {
+        if k.as_str() == "kubectl.kubernetes.io/last-applied-configuration" {
+            continue;
+        }
+        if remember.annotations.has(k) {
+            declared.push((k, v));
+        } else if remember.all && v.len() <= MAX_REMEMBERED_VALUE {
+            annotations.insert(k.clone(), v.clone());
+        }
+    }
+    declared.sort_by_key(|(_, v)| v.len());
+    let mut budget = MAX_DECLARED_BYTES;
+    for (k, v) in declared {
+        let Some(left) = budget.checked_sub(v.len()) else {
+            break;
+        };
+        budget = left;
+        annotations.insert(k.clone(), v.clone());
     }
     Meta {
         keyed,
         labels: o
             .labels
             .iter()
-            .filter(|(k, _)| remember.label(k))
+            .filter(|(k, _)| remember.all || remember.labels.has(k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
-        annotations: annotations
-            .into_iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
+        annotations,
     }
 }
 
@@ -122,14 +119,24 @@ fn remembered(o: &ObjectSnapshot, keyed: bool, remember: &Remember) -> Meta {
 /// resync carries what is remembered, and routing and the plugins read no
 /// other key of it. Keys outside the declaration are dropped from a line
 /// when its object is next seen.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Remember {
-    #[default]
-    All,
-    Only {
-        labels: Keys,
-        annotations: Keys,
-    },
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remember {
+    /// Every label and annotation (some plugin of the kind declares
+    /// nothing), or only the declared ones.
+    all: bool,
+    labels: Keys,
+    annotations: Keys,
+}
+
+impl Default for Remember {
+    /// Everything.
+    fn default() -> Remember {
+        Remember {
+            all: true,
+            labels: Keys::default(),
+            annotations: Keys::default(),
+        }
+    }
 }
 
 /// A set of label or annotation keys; a key ending in `*` stands for every
@@ -163,33 +170,33 @@ impl Remember {
         reads: impl IntoIterator<Item = Option<crate::needs::MetadataReads>>,
         selector_keys: impl IntoIterator<Item = &'a str>,
     ) -> Remember {
-        let (mut labels, mut annotations) = (Keys::default(), Keys::default());
+        let mut remember = Remember {
+            all: false,
+            ..Remember::default()
+        };
         for r in reads {
-            let Some(r) = r else {
-                return Remember::All;
-            };
-            r.labels.iter().for_each(|k| labels.add(k));
-            r.annotations.iter().for_each(|k| annotations.add(k));
+            match r {
+                // The others' declared keys still count: their values are
+                // kept however long.
+                None => remember.all = true,
+                Some(r) => {
+                    r.labels.iter().for_each(|k| remember.labels.add(k));
+                    r.annotations
+                        .iter()
+                        .for_each(|k| remember.annotations.add(k));
+                }
+            }
         }
-        selector_keys.into_iter().for_each(|k| labels.add(k));
-        Remember::Only {
-            labels,
-            annotations,
-        }
+        selector_keys
+            .into_iter()
+            .for_each(|k| remember.labels.add(k));
+        remember
     }
 
-    fn label(&self, key: &str) -> bool {
-        match self {
-            Remember::All => true,
-            Remember::Only { labels, .. } => labels.has(key),
-        }
-    }
-
-    fn annotation(&self, key: &str) -> bool {
-        match self {
-            Remember::All => true,
-            Remember::Only { annotations, .. } => annotations.has(key),
-        }
+    /// Whether every label and annotation is kept (some plugin declares
+    /// nothing).
+    pub fn keeps_everything(&self) -> bool {
+        self.all
     }
 }
 
@@ -350,7 +357,7 @@ impl ObjectIndex {
         if before.keyed || !now.keyed {
             Cow::Borrowed(now)
         } else {
-            Cow::Owned(Handled::of(o, None, &Remember::All).0)
+            Cow::Owned(Handled::of(o, None, &Remember::default()).0)
         }
     }
 
@@ -1247,10 +1254,27 @@ mod tests {
         assert_eq!(idx.apply_noting(Seen::Modified, relabelled, false).0, None);
         assert!(!idx.encode().contains("helm"));
         // One plugin without a declaration: everything is kept.
-        assert_eq!(Remember::of([Some(reads), None], ["app"]), Remember::All);
+        assert!(Remember::of([Some(reads.clone()), None], ["app"]).keeps_everything());
         let mut all = ObjectIndex::new(ObjectKind::ConfigMap);
         all.apply(Seen::Added, object(), false);
         assert!(all.encode().contains("description"));
+        // Everything kept: long values only of the keys some plugin
+        // declares.
+        let mut long = object();
+        long.annotations.insert(
+            "spring.cloud.kubernetes.configmap.apps".into(),
+            apps.clone(),
+        );
+        long.annotations
+            .insert("kubernetes.io/description".into(), "d".repeat(600));
+        let mut all = ObjectIndex::new(ObjectKind::ConfigMap)
+            .with_remember(Arc::new(Remember::of([Some(reads), None], ["app"])));
+        all.apply(Seen::Added, long, false);
+        let gone = all.resync(vec![], false);
+        let kept = &gone[0].object.annotations;
+        assert_eq!(kept["spring.cloud.kubernetes.configmap.apps"], apps);
+        assert_eq!(kept["meta.helm.sh/release-name"], "shop");
+        assert!(!kept.contains_key("kubernetes.io/description"));
     }
 
     #[test]
