@@ -302,3 +302,74 @@ plugins:
     assert_eq!(hits(), 2);
     assert_eq!(b.metric(calls).await, 1.0, "a's deletion only");
 }
+
+/// Spring's list of apps passes 512 bytes at ~40 apps. http-refresh
+/// declares it reads that annotation, so the stored index keeps it whole,
+/// and a deletion the next leader finds at a resync (the history compacted
+/// in a leaderless gap) refreshes the apps it lists. Until 2026-12-07 the
+/// index dropped annotation values over 512 bytes: this deletion reached
+/// no app (the ConfigMap's namesake has no Service, so the call was
+/// skipped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_found_at_a_resync_refreshes_the_apps_of_a_long_spring_list() {
+    let manifest = "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+watch: {kinds: [ConfigMap], namespaces: [shop]}
+ha: {enabled: true, namespace: default, leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 500ms}
+plugins:
+  - name: http-refresh
+    module: {module:http-refresh}
+    sha256: {sha256:http-refresh}
+    events: {kinds: [ConfigMap]}
+    capabilities: {refresh: [shop]}
+    delivery: {debounce: 0s}
+";
+    let e = test_env(manifest, NS).await;
+    let orders = Pod::start().await;
+    service(&e.client, NS, "orders", &[&orders], &[]).await;
+    let apps: Vec<String> = (0..40)
+        .map(|i| format!("app-{i:02}-of-the-shop"))
+        .chain(["orders".to_string()])
+        .collect();
+    let apps = apps.join(",");
+    assert!(apps.len() > 512, "{} bytes", apps.len());
+    let cms: Api<ConfigMap> = Api::namespaced(e.client.clone(), NS);
+    let mut cm = config_map("settings", json!({}));
+    cm.metadata.annotations = Some(
+        [(
+            "spring.cloud.kubernetes.configmap.apps".to_string(),
+            apps.clone(),
+        )]
+        .into(),
+    );
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+
+    let mut a = replica_named(&e, "replica-a", WATCHES).await;
+    eventually(Duration::from_secs(10), "replica a leads", || a.leading()).await;
+    baseline(&e).await;
+    let last = set(&cms, "settings", "2").await;
+    eventually(Duration::from_secs(30), "orders refreshed", || async {
+        orders.hits(REFRESH) == 1
+    })
+    .await;
+    eventually(Duration::from_secs(10), "checkpoint past it", || async {
+        checkpoint(&e.client, NS).await.is_some_and(|rv| rv >= last)
+    })
+    .await;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+
+    cms.delete("settings", &DeleteParams::default())
+        .await
+        .unwrap();
+    e.server.faults().compact_history();
+
+    let b = replica_named(&e, "replica-b", WATCHES).await;
+    eventually(Duration::from_secs(15), "replica b leads", || b.leading()).await;
+    eventually(
+        Duration::from_secs(15),
+        "the deletion refreshed orders",
+        || async { orders.hits(REFRESH) == 2 },
+    )
+    .await;
+}
