@@ -933,6 +933,30 @@ fn encode_line(out: &mut String, key: &(String, String), h: &Handled) {
     out.push('\n');
 }
 
+/// An entry's line without its key hashes and remembered labels and
+/// annotations (only its keying stays): `ns/name digest metadata` and
+/// `{"k":true}` when keyed. For a line too long for a segment (an object
+/// with thousands of keys): stored so, the object is still known to a new
+/// leader (a deletion in a gap past the history is found; an unchanged
+/// object stays quiet; a change reports every key changed, as for an
+/// object whose keys were unknown), where dropping the line forgot it.
+/// `None` for any other line (a patch, a removal).
+pub fn shortened_line(line: &str) -> Option<String> {
+    let line = line.trim_end_matches('\n');
+    let mut parts = line.splitn(4, ' ');
+    let (id, digest, metadata) = (parts.next()?, parts.next()?, parts.next()?);
+    let hex = |h: &str| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit());
+    if !id.contains('/') || !hex(digest) || !hex(metadata) {
+        return None;
+    }
+    // `Meta` serializes `k` last, and only when true.
+    let keyed = line.ends_with("\"k\":true}");
+    Some(format!(
+        "{id} {digest} {metadata} {}\n",
+        if keyed { " {\"k\":true}" } else { "" }
+    ))
+}
+
 /// The mark of a line that changes an entry's data only: `ns/name +
 /// digest k=h;j=-` sets the digest and the hashes of the keys named (`-`:
 /// the key is gone), and keeps the rest of the entry the index has. A

@@ -1508,8 +1508,14 @@ impl Planning {
             sizes,
         } = self;
         let fit = |text: String| {
-            let (fit, dropped) = segments::fit_lines(&text, SHARD_BYTES);
-            for object in dropped {
+            let (fit, unfit) = segments::fit_lines(&text, SHARD_BYTES);
+            for object in unfit.shortened {
+                tracing::warn!(
+                    %object,
+                    "object's entry too large for the stored index; stored without its key hashes and labels (a new leader reports every key of it changed)"
+                );
+            }
+            for object in unfit.removed {
                 tracing::warn!(
                     %object,
                     "object too large for the stored index; a resync will deliver it again"

@@ -537,6 +537,43 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
     assert!(got.part(&Scope::from_key("prod")).is_empty());
 }
 
+/// An object with thousands of keys has an entry too long for a segment
+/// (200 KiB): it is stored without its key hashes, so the next leader
+/// still knows it, with its digests (a deletion in a gap past the history
+/// is found, an unchanged object stays quiet). The whole entry once
+/// became the object's removal, and such a deletion was lost.
+#[tokio::test]
+async fn an_entry_too_long_for_a_segment_is_stored_shortened_and_its_object_stays_known() {
+    let server = Server::start(Config::default()).await.unwrap();
+    let mut a = store(&server, term("pod-a", 1));
+    let cps = a.claim().await.unwrap().checkpoints;
+    let keys: Vec<String> = (0..12_000)
+        .map(|i| format!("key-{i:05}={i:016x}"))
+        .collect();
+    let small = format!("shop/small {:016x} {:016x} k={:016x}\n", 3, 4, 5);
+    let text = format!("shop/big {:016x} {:016x} {}\n{small}", 1, 2, keys.join(";"));
+    assert!(text.len() > 200 * 1024, "{} bytes", text.len());
+    let ix = ObjectIndex::decode(ObjectKind::ConfigMap, &text).unwrap();
+    a.save(
+        &cps,
+        &[StreamIndex {
+            kind: ObjectKind::ConfigMap,
+            scope: Scope::from_key("shop"),
+            index: ix,
+            at: None,
+        }],
+    )
+    .await
+    .unwrap();
+    let claimed = store(&server, term("pod-b", 2)).claim().await.unwrap();
+    let got = &claimed.indexes[&ObjectKind::ConfigMap];
+    let shortened = format!("shop/big {:016x} {:016x} \n{small}", 1, 2);
+    assert_eq!(
+        got.part(&Scope::from_key("shop")),
+        ObjectIndex::decode(ObjectKind::ConfigMap, &shortened).unwrap()
+    );
+}
+
 /// A leader paused in the middle of a save (after its fence check) wakes
 /// after a successor claimed the state and stored an index with Y. Its
 /// shard write came before its state write: it used to replace the shard

@@ -489,28 +489,48 @@ pub fn split_kinds(
     Ok(out)
 }
 
+/// What [`fit_lines`] did to lines over a segment: objects whose entry
+/// was stored shortened ([`wasmwatch_core::index::shortened_line`]), and
+/// objects stored as removed (a patch line, or a name too long even so).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Unfit {
+    pub shortened: Vec<String>,
+    pub removed: Vec<String>,
+}
+
 /// `text` with every line over `max` bytes (an object with thousands of
-/// keys) replaced by its object's removal, and those objects' names: such
-/// an entry would make a segment the API server refuses, and every save
-/// would fail; without it, only that object is delivered again at a
-/// resync.
-pub fn fit_lines(text: &str, max: usize) -> (std::borrow::Cow<'_, str>, Vec<String>) {
+/// keys) replaced by its entry without key hashes and remembered labels,
+/// or, where that is no entry or still too long, by its object's
+/// removal: such a line would make a segment the API server refuses,
+/// and every save would fail. A shortened entry keeps the object known
+/// (its deletion in a gap past the history is found); a removed one is
+/// delivered again at a resync, and its deletion in such a gap is not
+/// seen.
+pub fn fit_lines(text: &str, max: usize) -> (std::borrow::Cow<'_, str>, Unfit) {
+    let mut unfit = Unfit::default();
     if !text.split_inclusive('\n').any(|l| l.len() > max) {
-        return (std::borrow::Cow::Borrowed(text), Vec::new());
+        return (std::borrow::Cow::Borrowed(text), unfit);
     }
     let mut out = String::new();
-    let mut dropped = Vec::new();
     for line in text.split_inclusive('\n') {
-        if line.len() > max {
-            let id = line.split(' ').next().unwrap_or_default();
-            out.push_str(id);
-            out.push_str(" -\n");
-            dropped.push(id.to_string());
-        } else {
+        if line.len() <= max {
             out.push_str(line);
+            continue;
+        }
+        let id = line.split(' ').next().unwrap_or_default();
+        match wasmwatch_core::index::shortened_line(line).filter(|l| l.len() <= max) {
+            Some(short) => {
+                out.push_str(&short);
+                unfit.shortened.push(id.to_string());
+            }
+            None => {
+                out.push_str(id);
+                out.push_str(" -\n");
+                unfit.removed.push(id.to_string());
+            }
         }
     }
-    (std::borrow::Cow::Owned(out), dropped)
+    (std::borrow::Cow::Owned(out), unfit)
 }
 
 /// Numbers non-empty texts from `next` on.
@@ -584,11 +604,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_line_too_long_for_a_segment_becomes_its_objects_removal() {
+    fn a_line_too_long_for_a_segment_is_shortened_or_else_its_objects_removal() {
         let text = format!("a/x 1\na/big {}\na/y 2\n", "k".repeat(50));
-        let (fit, dropped) = fit_lines(&text, 20);
+        let (fit, unfit) = fit_lines(&text, 20);
         assert_eq!(fit, "a/x 1\na/big -\na/y 2\n");
-        assert_eq!(dropped, ["a/big"]);
+        assert_eq!(unfit.removed, ["a/big"]);
+        // An entry: its key hashes and remembered labels go, its digests
+        // and keying stay, and it still reads as the object's entry.
+        let (d, m) = ("00000000000000aa", "00000000000000bb");
+        let keys: Vec<String> = (0..2000)
+            .map(|i| format!("key-{i}=00000000000000cc"))
+            .collect();
+        let keyed = format!(
+            "a/big {d} {m} {} {{\"a\":{{\"x\":\"y\"}},\"k\":true}}\n",
+            keys.join(";")
+        );
+        let plain = format!("a/plain {d} {m} {}\n", keys.join(";"));
+        let patch = format!("a/patched + {d} {}\n", keys.join(";"));
+        let text = format!("{keyed}{plain}{patch}");
+        let (fit, unfit) = fit_lines(&text, 100);
+        assert_eq!(
+            fit,
+            format!("a/big {d} {m}  {{\"k\":true}}\na/plain {d} {m} \na/patched -\n")
+        );
+        assert_eq!(unfit.shortened, ["a/big", "a/plain"]);
+        assert_eq!(unfit.removed, ["a/patched"]);
+        let index = wasmwatch_core::index::ObjectIndex::decode(ObjectKind::Secret, &fit).unwrap();
+        assert_eq!(index.len(), 2);
         assert!(matches!(
             fit_lines("a/x 1\n", 20).0,
             std::borrow::Cow::Borrowed(_)
