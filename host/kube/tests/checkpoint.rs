@@ -446,6 +446,16 @@ fn with(mut a: ObjectIndex, b: &ObjectIndex) -> ObjectIndex {
     a
 }
 
+/// `ix` as the index of the ConfigMaps of namespace `shop`.
+fn shop_stream(ix: ObjectIndex) -> StreamIndex {
+    StreamIndex {
+        kind: ObjectKind::ConfigMap,
+        scope: Scope::from_key("shop"),
+        index: ix,
+        at: None,
+    }
+}
+
 fn index(lines: &[(&str, u128)]) -> ObjectIndex {
     let text: String = lines
         .iter()
@@ -472,12 +482,7 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
     a.save(
         &cps,
         &[
-            StreamIndex {
-                kind: ObjectKind::ConfigMap,
-                scope: Scope::from_key("shop"),
-                index: shop_ix.clone(),
-                at: None,
-            },
+            shop_stream(shop_ix.clone()),
             StreamIndex {
                 kind: ObjectKind::ConfigMap,
                 scope: Scope::from_key("prod"),
@@ -498,17 +503,7 @@ async fn the_object_index_is_stored_in_shards_and_claimed_by_the_next_leader() {
     // Only one stream's index moves on: the other namespace's part stays.
     let mut shop2 = shop_ix.clone();
     shop2.extend(&index(&[("shop/new", 42)]));
-    a.save(
-        &cps,
-        &[StreamIndex {
-            kind: ObjectKind::ConfigMap,
-            scope: Scope::from_key("shop"),
-            index: shop2.clone(),
-            at: None,
-        }],
-    )
-    .await
-    .unwrap();
+    a.save(&cps, &[shop_stream(shop2.clone())]).await.unwrap();
 
     let mut b = store(&server, term("pod-b", 2));
     let claimed = b.claim().await.unwrap();
@@ -554,17 +549,7 @@ async fn an_entry_too_long_for_a_segment_is_stored_shortened_and_its_object_stay
     let text = format!("shop/big {:016x} {:016x} {}\n{small}", 1, 2, keys.join(";"));
     assert!(text.len() > 200 * 1024, "{} bytes", text.len());
     let ix = ObjectIndex::decode(ObjectKind::ConfigMap, &text).unwrap();
-    a.save(
-        &cps,
-        &[StreamIndex {
-            kind: ObjectKind::ConfigMap,
-            scope: Scope::from_key("shop"),
-            index: ix,
-            at: None,
-        }],
-    )
-    .await
-    .unwrap();
+    a.save(&cps, &[shop_stream(ix)]).await.unwrap();
     let claimed = store(&server, term("pod-b", 2)).claim().await.unwrap();
     let got = &claimed.indexes[&ObjectKind::ConfigMap];
     let shortened = format!("shop/big {:016x} {:016x} \n{small}", 1, 2);
@@ -585,23 +570,19 @@ async fn a_paused_leader_cannot_overwrite_the_index_shards_of_its_successor() {
     let server = Server::start(Config::default()).await.unwrap();
     let mut old = store(&server, term("pod-a", 3));
     let cps = old.claim().await.unwrap().checkpoints;
-    let stream = |ix: ObjectIndex| StreamIndex {
-        kind: ObjectKind::ConfigMap,
-        scope: Scope::from_key("shop"),
-        index: ix,
-        at: None,
-    };
-    old.save(&cps, &[stream(index(&[("shop/x", 1)]))])
+    old.save(&cps, &[shop_stream(index(&[("shop/x", 1)]))])
         .await
         .unwrap();
 
     let mut new = store(&server, term("pod-b", 4));
     let cps_b = new.claim().await.unwrap().checkpoints;
     let with_y = index(&[("shop/x", 1), ("shop/y", 2)]);
-    new.save(&cps_b, &[stream(with_y.clone())]).await.unwrap();
+    new.save(&cps_b, &[shop_stream(with_y.clone())])
+        .await
+        .unwrap();
 
     let err = old
-        .save(&cps, &[stream(index(&[("shop/x", 5)]))])
+        .save(&cps, &[shop_stream(index(&[("shop/x", 5)]))])
         .await
         .unwrap_err();
     assert!(err.is_fenced(), "{err}");
@@ -621,17 +602,9 @@ async fn the_next_leader_knows_which_scopes_the_stored_index_covers() {
     let server = Server::start(Config::default()).await.unwrap();
     let mut a = store(&server, term("pod-a", 1));
     let cps = a.claim().await.unwrap().checkpoints;
-    a.save(
-        &cps,
-        &[StreamIndex {
-            kind: ObjectKind::ConfigMap,
-            scope: Scope::from_key("shop"),
-            index: index(&[("shop/x", 1)]),
-            at: None,
-        }],
-    )
-    .await
-    .unwrap();
+    a.save(&cps, &[shop_stream(index(&[("shop/x", 1)]))])
+        .await
+        .unwrap();
     assert_eq!(
         annotation(&server, "wasmwatch.io/configmap-index-scopes"),
         "shop"
@@ -665,22 +638,16 @@ async fn a_save_writes_what_changed_not_the_whole_index() {
                 .collect::<Vec<_>>(),
         )
     };
-    let stream = |ix: ObjectIndex| StreamIndex {
-        kind: ObjectKind::ConfigMap,
-        scope: Scope::from_key("shop"),
-        index: ix,
-        at: None,
-    };
-    a.save(&cps, &[stream(ix(&|_| 0))]).await.unwrap();
+    a.save(&cps, &[shop_stream(ix(&|_| 0))]).await.unwrap();
     let before = lease_writes(&server).len();
-    a.save(&cps, &[stream(ix(&|_| 0))]).await.unwrap();
+    a.save(&cps, &[shop_stream(ix(&|_| 0))]).await.unwrap();
     assert_eq!(
         lease_writes(&server)[before..],
         ["update wasmwatch-state"],
         "unchanged: the state Lease only"
     );
     let before = lease_writes(&server).len();
-    a.save(&cps, &[stream(ix(&|i| (i == 7) as u128))])
+    a.save(&cps, &[shop_stream(ix(&|i| (i == 7) as u128))])
         .await
         .unwrap();
     assert_eq!(lease_writes(&server)[before..], ["update wasmwatch-state"]);
@@ -695,7 +662,7 @@ async fn a_save_writes_what_changed_not_the_whole_index() {
     // Every object changed: the difference is written as new segments,
     // then the state Lease names them.
     let before = lease_writes(&server).len();
-    a.save(&cps, &[stream(ix(&|_| 1))]).await.unwrap();
+    a.save(&cps, &[shop_stream(ix(&|_| 1))]).await.unwrap();
     let after = &lease_writes(&server)[before..];
     let commit = after
         .iter()
@@ -721,17 +688,11 @@ async fn a_full_rewrite_deletes_the_segments_it_replaces() {
     let mut a = store(&server, term("pod-a", 1));
     let cps = a.claim().await.unwrap().checkpoints;
     let ix = |bump: u128| shop(3000, bump);
-    let stream = |ix: ObjectIndex| StreamIndex {
-        kind: ObjectKind::ConfigMap,
-        scope: Scope::from_key("shop"),
-        index: ix,
-        at: None,
-    };
-    a.save(&cps, &[stream(ix(0))]).await.unwrap();
+    a.save(&cps, &[shop_stream(ix(0))]).await.unwrap();
     let first = named_segments(&server);
     let mut seen = first.clone();
     for bump in 1..=4 {
-        a.save(&cps, &[stream(ix(bump))]).await.unwrap();
+        a.save(&cps, &[shop_stream(ix(bump))]).await.unwrap();
         seen.extend(named_segments(&server));
     }
     let now = named_segments(&server);
@@ -810,16 +771,10 @@ async fn an_index_in_shards_of_the_format_before_segments_is_read_and_rewritten(
 #[tokio::test]
 async fn after_a_rollback_and_back_the_shards_of_the_old_version_win_over_the_stale_log() {
     let server = Server::start(Config::default()).await.unwrap();
-    let stream = |ix: ObjectIndex| StreamIndex {
-        kind: ObjectKind::ConfigMap,
-        scope: Scope::from_key("shop"),
-        index: ix,
-        at: None,
-    };
     let mut a = store(&server, term("pod-a", 1));
     let mut cps = a.claim().await.unwrap().checkpoints;
     cps.set(ObjectKind::ConfigMap, &Scope::from_key("shop"), "5");
-    a.save(&cps, &[stream(shop(3000, 0))]).await.unwrap();
+    a.save(&cps, &[shop_stream(shop(3000, 0))]).await.unwrap();
     let stale = named_segments(&server);
     assert!(stale.len() >= 2, "{stale:?}");
     // The version before segments (ae9dce3^) claims and saves: it reads
@@ -913,12 +868,7 @@ async fn a_save_failing_at_any_of_its_requests_leaves_the_old_state_or_the_new_o
     // The new index changes every object and adds a third more: more than
     // the stored base, so its save rewrites the whole index.
     let (old, new) = (ix(1, 6000), ix(2, 8000));
-    let stream = |ix: &ObjectIndex| StreamIndex {
-        kind: ObjectKind::ConfigMap,
-        scope: Scope::from_key("shop"),
-        index: ix.clone(),
-        at: None,
-    };
+    let stream = |ix: &ObjectIndex| shop_stream(ix.clone());
     let cps = |rv: &str| {
         let mut c = wasmwatch_kube::checkpoint::Checkpoints::default();
         c.set(ObjectKind::ConfigMap, &Scope::from_key("shop"), rv);
@@ -1027,12 +977,7 @@ async fn a_failed_save_is_retried_past_what_it_created_and_that_is_deleted() {
         skip: 0,
         answer: FaultAnswer::Status(500),
     });
-    let stream = StreamIndex {
-        kind: ObjectKind::ConfigMap,
-        scope: Scope::from_key("shop"),
-        index: ix.clone(),
-        at: None,
-    };
+    let stream = shop_stream(ix.clone());
     let err = a.save(&cps, &[stream]).await.unwrap_err();
     assert!(!err.is_fenced(), "{err}");
     assert!(annotation(&server, "wasmwatch.io/index-log").is_null());
@@ -1135,12 +1080,7 @@ async fn changes_of_both_kinds_go_into_one_tail_and_one_segment() {
     let cps = a.claim().await.unwrap().checkpoints;
     let streams = |bump: u128, n: u128| {
         [
-            StreamIndex {
-                kind: ObjectKind::ConfigMap,
-                scope: Scope::from_key("shop"),
-                index: with(shop(3000, 0), &shop(n, bump)),
-                at: None,
-            },
+            shop_stream(with(shop(3000, 0), &shop(n, bump))),
             StreamIndex {
                 kind: ObjectKind::Secret,
                 scope: Scope::from_key("vault"),
@@ -1293,17 +1233,7 @@ async fn after_a_rollback_to_a_log_per_kind_and_back_its_log_wins_over_the_stale
     let server = Server::start(Config::default()).await.unwrap();
     let mut a = store(&server, term("pod-a", 1));
     let cps = a.claim().await.unwrap().checkpoints;
-    a.save(
-        &cps,
-        &[StreamIndex {
-            kind: ObjectKind::ConfigMap,
-            scope: Scope::from_key("shop"),
-            index: shop(3000, 0),
-            at: None,
-        }],
-    )
-    .await
-    .unwrap();
+    a.save(&cps, &[shop_stream(shop(3000, 0))]).await.unwrap();
     let stale = named_segments(&server);
     let next: u64 = annotation(&server, "wasmwatch.io/index-next-segment")
         .as_str()
@@ -1330,13 +1260,7 @@ async fn a_per_kind_log_beside_the_log_wins_even_when_it_cannot_be_read() {
     let server = Server::start(Config::default()).await.unwrap();
     let mut a = store(&server, term("pod-a", 1));
     let cps = a.claim().await.unwrap().checkpoints;
-    let stream = |index| StreamIndex {
-        kind: ObjectKind::ConfigMap,
-        scope: Scope::from_key("shop"),
-        index,
-        at: None,
-    };
-    a.save(&cps, &[stream(shop(100, 0))]).await.unwrap();
+    a.save(&cps, &[shop_stream(shop(100, 0))]).await.unwrap();
     let next: u64 = annotation(&server, "wasmwatch.io/index-next-segment")
         .as_str()
         .unwrap()
@@ -1382,12 +1306,6 @@ async fn full_tiers_are_merged_and_successors_merge_the_tiers_they_found() {
                 .collect::<Vec<_>>(),
         )
     };
-    let stream = |ix: ObjectIndex| StreamIndex {
-        kind: ObjectKind::ConfigMap,
-        scope: Scope::from_key("shop"),
-        index: ix,
-        at: None,
-    };
     // Save `i` changes 50 objects of its own.
     let change = |d: &mut Vec<u128>, i: usize| {
         for digest in &mut d[i * 50..i * 50 + 50] {
@@ -1405,12 +1323,16 @@ async fn full_tiers_are_merged_and_successors_merge_the_tiers_they_found() {
     let tiers = || log().tiers.iter().map(|t| t.0).collect::<Vec<_>>();
     let mut a = store(&server, term("pod-a", 1)).sizes(sizes);
     let cps = a.claim().await.unwrap().checkpoints;
-    a.save(&cps, &[stream(current(&digests))]).await.unwrap();
+    a.save(&cps, &[shop_stream(current(&digests))])
+        .await
+        .unwrap();
     let base = log().segments;
     let mut seen = Vec::new();
     for i in 1..=5 {
         change(&mut digests, i);
-        a.save(&cps, &[stream(current(&digests))]).await.unwrap();
+        a.save(&cps, &[shop_stream(current(&digests))])
+            .await
+            .unwrap();
         seen.push(tiers());
     }
     assert_eq!(
@@ -1440,7 +1362,7 @@ async fn full_tiers_are_merged_and_successors_merge_the_tiers_they_found() {
         while i < until {
             i += 1;
             change(&mut digests, i);
-            next.save(&claimed.checkpoints, &[stream(current(&digests))])
+            next.save(&claimed.checkpoints, &[shop_stream(current(&digests))])
                 .await
                 .unwrap();
         }
