@@ -18,6 +18,20 @@ const NS: &str = "shop";
 /// The lookups' watches, and one ConfigMap watch.
 const WATCHES: usize = 9;
 
+/// The bundled http-refresh over namespace `shop`, HA with short leases.
+const HTTP_REFRESH: &str = "apiVersion: wasmwatch.io/v1alpha1
+kind: PluginManifest
+watch: {kinds: [ConfigMap], namespaces: [shop]}
+ha: {enabled: true, namespace: default, leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 500ms}
+plugins:
+  - name: http-refresh
+    module: {module:http-refresh}
+    sha256: {sha256:http-refresh}
+    events: {kinds: [ConfigMap]}
+    capabilities: {refresh: [shop]}
+    delivery: {debounce: 0s}
+";
+
 fn config_map(name: &str, labels: serde_json::Value) -> ConfigMap {
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": labels},
@@ -51,25 +65,16 @@ async fn set(cms: &Api<ConfigMap>, name: &str, value: &str) -> u64 {
 /// Service and the Deployment, once, and not on the ConfigMaps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bundled_plugins_are_not_called_for_objects_no_app_uses_and_tell_the_app() {
-    let manifest = "apiVersion: wasmwatch.io/v1alpha1
-kind: PluginManifest
-watch: {kinds: [ConfigMap], namespaces: [shop]}
-ha: {enabled: true, namespace: default, leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 500ms}
-plugins:
-  - name: http-refresh
-    module: {module:http-refresh}
-    sha256: {sha256:http-refresh}
-    events: {kinds: [ConfigMap]}
-    capabilities: {refresh: [shop]}
-    delivery: {debounce: 0s}
-  - name: rollout-restart
-    module: {module:rollout-restart}
-    sha256: {sha256:rollout-restart}
-    events: {kinds: [ConfigMap]}
-    capabilities: {restart: [shop]}
-    delivery: {debounce: 0s}
-";
-    let e = test_env(manifest, NS).await;
+    let manifest = format!(
+        "{HTTP_REFRESH}  - name: rollout-restart
+    module: {{module:rollout-restart}}
+    sha256: {{sha256:rollout-restart}}
+    events: {{kinds: [ConfigMap]}}
+    capabilities: {{restart: [shop]}}
+    delivery: {{debounce: 0s}}
+"
+    );
+    let e = test_env(&manifest, NS).await;
     let orders = Pod::start().await;
     service(&e.client, NS, "orders", &[&orders], &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(e.client.clone(), NS);
@@ -312,19 +317,7 @@ plugins:
 /// skipped).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deletion_found_at_a_resync_refreshes_the_apps_of_a_long_spring_list() {
-    let manifest = "apiVersion: wasmwatch.io/v1alpha1
-kind: PluginManifest
-watch: {kinds: [ConfigMap], namespaces: [shop]}
-ha: {enabled: true, namespace: default, leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 500ms}
-plugins:
-  - name: http-refresh
-    module: {module:http-refresh}
-    sha256: {sha256:http-refresh}
-    events: {kinds: [ConfigMap]}
-    capabilities: {refresh: [shop]}
-    delivery: {debounce: 0s}
-";
-    let e = test_env(manifest, NS).await;
+    let e = test_env(HTTP_REFRESH, NS).await;
     let orders = Pod::start().await;
     service(&e.client, NS, "orders", &[&orders], &[]).await;
     let apps: Vec<String> = (0..40)
