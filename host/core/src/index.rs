@@ -942,19 +942,25 @@ fn encode_line(out: &mut String, key: &(String, String), h: &Handled) {
 /// object whose keys were unknown), where dropping the line forgot it.
 /// `None` for any other line (a patch, a removal).
 pub fn shortened_line(line: &str) -> Option<String> {
-    let line = line.trim_end_matches('\n');
-    let mut parts = line.splitn(4, ' ');
-    let (id, digest, metadata) = (parts.next()?, parts.next()?, parts.next()?);
-    let hex = |h: &str| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit());
-    if !id.contains('/') || !hex(digest) || !hex(metadata) {
-        return None;
-    }
-    // `Meta` serializes `k` last, and only when true.
-    let keyed = line.ends_with("\"k\":true}");
-    Some(format!(
-        "{id} {digest} {metadata} {}\n",
-        if keyed { " {\"k\":true}" } else { "" }
-    ))
+    let mut entry = ObjectIndex::new(ObjectKind::ConfigMap);
+    entry.apply_text(line).ok()?;
+    let (key, h) = entry.objects.iter().next()?;
+    let meta = Meta {
+        keyed: h.keyed,
+        ..Meta::default()
+    };
+    let short = Handled {
+        keys: Vec::new(),
+        meta: h.keyed.then(|| {
+            serde_json::to_string(&meta)
+                .expect("string maps serialize")
+                .into()
+        }),
+        ..(**h).clone()
+    };
+    let mut out = String::new();
+    encode_line(&mut out, key, &short);
+    Some(out)
 }
 
 /// The mark of a line that changes an entry's data only: `ns/name +
